@@ -1,0 +1,148 @@
+# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""New and changed methods of Paddle's ``DygraphShardingOptimizer`` (V1).
+
+This module is the single source of these methods: ``paddle_overlay.apply()``
+sets them onto the installed class, and ``tools/make_patch.py`` splices the
+same source text into Paddle's ``dygraph_sharding_optimizer.py``.
+
+Each name in ``OVERLAY_WRAPS`` replaces a method Paddle already has; the
+original stays reachable as ``_origin_<name without leading underscores>``
+(set by ``apply()``, renamed in the patch) and runs unchanged whenever
+broadcast overlap is off. Every other method here is new.
+"""
+
+from paddle import framework
+
+from .broadcast_overlap import StageOneBroadcastOverlap
+
+# Methods that replace an existing one and call it as _origin_<name>.
+OVERLAY_WRAPS = ("_sharding_sync_parameters", "minimize", "step")
+
+
+class DygraphShardingOptimizer:
+    """Overlay of ``DygraphShardingOptimizer``: holds only the new and
+    changed methods; never instantiated."""
+
+    def _set_broadcast_overlap(self, broadcast_overlap, layers=None, strict=False):
+        """Overlap the post-update parameter broadcast with the next forward.
+
+        When on, after each ``step()``/``minimize()`` every owner rank
+        broadcasts its updated parameters with ``sync_op=False`` in the order
+        forward first uses them (recorded before the first update and agreed
+        across the sharding group), and a forward pre-hook on each layer that
+        owns parameters waits only for that layer's own tasks. Anything that
+        reads or writes parameters through the optimizer or the model's
+        ``state_dict``/``set_state_dict`` waits first, so no manual
+        ``paddle.device.synchronize()`` is needed before ``paddle.save``.
+        Same entry point as upstream Paddle PR #63945; see NOTE [broadcast
+        overlap] in ``broadcast_overlap.py`` for what differs.
+
+        Args:
+            broadcast_overlap (bool): True to turn overlap on, False to turn
+                it off (waits for pending tasks and removes every hook).
+            layers (paddle.nn.Layer): the model that runs the forward;
+                required when turning overlap on.
+            strict (bool): also wait for every pending task in the pre-hook
+                of ``layers`` itself; use it when the model reads parameters
+                without calling their owner layer. Default False.
+
+        Raises:
+            TypeError: ``broadcast_overlap`` or ``strict`` is not a bool, or
+                ``layers`` is not a ``paddle.nn.Layer``.
+            ValueError: ``layers`` is None or owns none of the optimizer's
+                parameters; sharding degree is 1; ``tensor_fusion`` or
+                ``comm_overlap`` is set in ``sharding_configs``.
+            Nothing is changed when an error is raised.
+        """
+        if not isinstance(broadcast_overlap, bool):
+            raise TypeError(
+                "broadcast_overlap must be a bool, got "
+                f"{type(broadcast_overlap).__name__}."
+            )
+        current = self.__dict__.get("_broadcast_overlap_impl")
+        if not broadcast_overlap:
+            if current is not None:
+                current.close()
+            self._broadcast_overlap_impl = None
+            self._broadcast_overlap = False
+            return
+
+        if self._sharding_world_size < 2:
+            raise ValueError(
+                "broadcast overlap needs sharding stage 1 with sharding_degree "
+                f">= 2; this optimizer's sharding degree is "
+                f"{self._sharding_world_size}. Set strategy.hybrid_configs"
+                "['sharding_degree'] to the number of sharding ranks."
+            )
+        for option in ("tensor_fusion", "comm_overlap"):
+            if getattr(self, option, False):
+                raise ValueError(
+                    f"broadcast overlap does not support sharding_configs."
+                    f"{option} = True (fused parameter buffers); set it to "
+                    "False or leave broadcast overlap off."
+                )
+        group = self._hcg.get_sharding_parallel_group()
+        src_of = {
+            id(p): group.ranks[rank]
+            for rank, params in self._rank2params.items()
+            for p in params
+        }
+        params = list(self._origin_parameter_list)
+        new = StageOneBroadcastOverlap(
+            params, [src_of[id(p)] for p in params], group, layers, strict
+        )
+        if current is not None:
+            current.close()
+        new.open()
+        self._broadcast_overlap_impl = new
+        self._broadcast_overlap = True
+
+    def _sharding_sync_parameters(self):
+        """Broadcast the updated parameters from their owners.
+
+        With broadcast overlap on, launches them asynchronously in the agreed
+        forward order (waited by forward pre-hooks); otherwise runs the
+        installed Paddle's blocking version unchanged.
+        """
+        overlap = self.__dict__.get("_broadcast_overlap_impl")
+        if overlap is None:
+            return self._origin_sharding_sync_parameters()
+        with framework.no_grad():
+            overlap.launch()
+
+    def step(self):
+        """Wait for pending broadcasts, then run Paddle's ``step()``."""
+        overlap = self.__dict__.get("_broadcast_overlap_impl")
+        if overlap is not None:
+            overlap.wait_before_update()
+        return self._origin_step()
+
+    def minimize(
+        self, loss, startup_program=None, parameters=None, no_grad_set=None
+    ):
+        """Wait for pending broadcasts, then run Paddle's ``minimize()``."""
+        overlap = self.__dict__.get("_broadcast_overlap_impl")
+        if overlap is not None:
+            overlap.wait_before_update()
+        return self._origin_minimize(
+            loss, startup_program, parameters, no_grad_set
+        )
+
+    def state_dict(self):
+        """The inner optimizer's ``state_dict()``, after pending broadcasts."""
+        overlap = self.__dict__.get("_broadcast_overlap_impl")
+        if overlap is not None:
+            overlap.wait_all()
+        return self._inner_opt.state_dict()

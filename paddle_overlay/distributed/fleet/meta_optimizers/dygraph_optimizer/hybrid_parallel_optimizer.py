@@ -1,0 +1,62 @@
+# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""New and changed methods of Paddle's ``HybridParallelOptimizer``.
+
+Single source for ``paddle_overlay.apply()`` and ``tools/make_patch.py``
+(see ``dygraph_sharding_optimizer.py`` in this folder for the convention).
+"""
+
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+    DygraphShardingOptimizer,
+)
+
+OVERLAY_WRAPS = ()
+
+
+class HybridParallelOptimizer:
+    """Overlay of ``HybridParallelOptimizer``: holds only the new and
+    changed methods; never instantiated."""
+
+    def _set_broadcast_overlap(self, broadcast_overlap, layers=None, strict=False):
+        """Turn broadcast overlap on or off for the wrapped sharding optimizer.
+
+        The object ``fleet.distributed_optimizer`` returns delegates to its
+        ``DygraphShardingOptimizer``; arguments, behaviour and errors are
+        those of ``DygraphShardingOptimizer._set_broadcast_overlap``.
+
+        Raises:
+            TypeError: ``broadcast_overlap`` is not a bool (and see above).
+            ValueError: turning overlap on while the wrapped optimizer is not
+                sharding stage 1 V1 (``sharding_degree`` 1, or
+                ``sharding_configs.split_param = True`` which selects V2).
+        """
+        if not isinstance(broadcast_overlap, bool):
+            raise TypeError(
+                "broadcast_overlap must be a bool, got "
+                f"{type(broadcast_overlap).__name__}."
+            )
+        inner = self._inner_opt
+        if not isinstance(inner, DygraphShardingOptimizer):
+            if broadcast_overlap:
+                raise ValueError(
+                    "broadcast overlap needs sharding stage 1 (V1): set "
+                    "strategy.hybrid_configs['sharding_degree'] >= 2 and keep "
+                    "sharding_configs.split_param = False; the wrapped "
+                    f"optimizer is a {type(inner).__name__}."
+                )
+            self._broadcast_overlap = False
+            return
+        inner._set_broadcast_overlap(broadcast_overlap, layers, strict=strict)
+        self._broadcast_overlap = broadcast_overlap
+        self._layers = layers if broadcast_overlap else None
