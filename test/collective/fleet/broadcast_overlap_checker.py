@@ -1,0 +1,155 @@
+# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Wait checker for the stage-1 broadcast overlap tests.
+
+On gloo an async broadcast has finished when it returns, so a missing
+``task.wait()`` never shows as a wrong number on the CPU. This checker proves
+the waits by instrumentation instead: it wraps
+``paddle.distributed.broadcast`` so every ``sync_op=False`` task records its
+``wait()``, and at every point of use (each forward pre-hook of a layer that
+owns parameters, and each optimizer update) it records a violation for any
+parameter about to be used whose latest broadcast task was never waited.
+"""
+
+import paddle
+
+
+class _RecordingTask:
+    """Proxy for a communication task that records ``wait()``."""
+
+    def __init__(self, task, checker):
+        self._task = task
+        self._checker = checker
+        self.waited = False
+
+    def wait(self, *args, **kwargs):
+        if not self.waited:
+            self.waited = True
+            self._checker.counts["waited"] += 1
+        return self._task.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+
+class BroadcastWaitChecker:
+    """Records async broadcast tasks and checks them at every point of use.
+
+    Usage::
+
+        checker = BroadcastWaitChecker()
+        with checker:                      # wraps paddle.distributed.broadcast
+            opt._set_broadcast_overlap(True, layers=model)
+            checker.watch(model, opt)      # hooks registered after overlap's
+            ... train ...
+            report = checker.step_report() # once per step
+        assert checker.violations == []
+
+    ``counts`` holds running totals: ``launched`` async tasks, ``waited``,
+    ``checked`` parameter uses; ``violations`` lists
+    ``(where, parameter name)`` for each use of a parameter with a pending
+    task.
+    """
+
+    def __init__(self):
+        self._latest = {}  # id(tensor) -> (tensor, _RecordingTask)
+        self._original_broadcast = None
+        self._handles = []
+        self._patched_optimizers = []
+        self.counts = {"launched": 0, "waited": 0, "checked": 0}
+        self.violations = []
+        self._last_report = dict(self.counts, violations=0)
+
+    # -- broadcast instrumentation -------------------------------------
+    def __enter__(self):
+        self._original_broadcast = paddle.distributed.broadcast
+        original = self._original_broadcast
+
+        def recording_broadcast(tensor, *args, **kwargs):
+            task = original(tensor, *args, **kwargs)
+            sync_op = kwargs.get("sync_op", args[2] if len(args) > 2 else True)
+            if sync_op or task is None:
+                return task
+            proxy = _RecordingTask(task, self)
+            self._latest[id(tensor)] = (tensor, proxy)
+            self.counts["launched"] += 1
+            return proxy
+
+        paddle.distributed.broadcast = recording_broadcast
+        return self
+
+    def __exit__(self, *exc):
+        paddle.distributed.broadcast = self._original_broadcast
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for opt in self._patched_optimizers:
+            del opt.__dict__["_apply_optimize"]
+        self._patched_optimizers.clear()
+        return False
+
+    # -- points of use --------------------------------------------------
+    def watch(self, model, optimizer):
+        """Check at every forward pre-hook of ``model`` and every update of
+        ``optimizer``. Call after enabling overlap so these hooks run after
+        the overlap's own."""
+        for name, layer in model.named_sublayers(include_self=True):
+            own = list(layer.parameters(include_sublayers=False))
+            if own:
+                self._handles.append(
+                    layer.register_forward_pre_hook(
+                        self._make_pre_hook(name or "<root>", own)
+                    )
+                )
+        inner = optimizer
+        while "_inner_opt" in vars(inner):
+            inner = vars(inner)["_inner_opt"]
+        original = inner._apply_optimize
+
+        def checked_apply_optimize(*args, **kwargs):
+            self.check_all("update")
+            return original(*args, **kwargs)
+
+        inner.__dict__["_apply_optimize"] = checked_apply_optimize
+        self._patched_optimizers.append(inner)
+
+    def _make_pre_hook(self, where, params):
+        def hook(_layer, _inputs):
+            self.check(params, f"forward:{where}")
+
+        return hook
+
+    def check(self, params, where):
+        """Record a violation for each of ``params`` with an unwaited task."""
+        for p in params:
+            self.counts["checked"] += 1
+            entry = self._latest.get(id(p))
+            if entry is not None and not entry[1].waited:
+                self.violations.append((where, p.name))
+
+    def check_all(self, where):
+        """Check every parameter that was ever broadcast asynchronously."""
+        self.check([t for t, _ in self._latest.values()], where)
+
+    def num_unwaited(self):
+        """int: tasks launched and not waited yet."""
+        return sum(not proxy.waited for _, proxy in self._latest.values())
+
+    def step_report(self):
+        """Counts since the previous report, e.g. ``{'launched': 8,
+        'waited': 8, 'checked': 20, 'violations': 0}``."""
+        now = dict(self.counts, violations=len(self.violations))
+        report = {k: now[k] - self._last_report[k] for k in now}
+        self._last_report = now
+        return report

@@ -1,0 +1,52 @@
+# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Driver: sharding stage 1 broadcast overlap, 2 ranks under Paddle's launcher.
+
+Each parameterized case is one launch of the per-rank script
+``dygraph_sharding_stage1_broadcast_overlap.py`` running a group of cases
+(Paddle start-up costs seconds, so cases share a launch). A non-zero rank
+fails the test with that rank's log tail.
+"""
+
+import os
+import sys
+import unittest
+
+from parameterized import parameterized
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from collective_launch import CollectiveTestCase  # noqa: E402
+
+SCRIPT = "dygraph_sharding_stage1_broadcast_overlap.py"
+
+# (launch name, cases run in that launch)
+LAUNCHES = [
+    (
+        "on_off_bitwise_equal",
+        "equal_acc1,equal_acc2,equal_minimize,checker_catches_missing_wait",
+    ),
+    ("order_and_hooks", "forward_order_recorded,hooks_constant_and_removed"),
+]
+
+
+class TestDygraphShardingStage1BroadcastOverlap(CollectiveTestCase):
+    @parameterized.expand(LAUNCHES)
+    def test_launch(self, _name, cases):
+        self.run_collective(
+            SCRIPT, nproc=2, timeout=240, env={"BROADCAST_OVERLAP_CASES": cases}
+        )
+
+
+if __name__ == "__main__":
+    unittest.main()
