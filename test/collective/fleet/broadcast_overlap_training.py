@@ -1,0 +1,275 @@
+# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Shared training helpers for the broadcast-overlap per-rank scripts.
+
+Models, deterministic data, ``train`` (one configurable loop), bitwise
+comparison of numpy copies taken after each run, and ``run_cases`` (the
+per-rank ``main``: fleet init, then the cases chosen by env
+``BROADCAST_OVERLAP_CASES``, exit code non-zero on any failure).
+"""
+
+import os
+import sys
+import traceback
+import warnings
+
+import numpy as np
+
+import paddle
+from paddle.distributed import fleet
+
+from broadcast_overlap_checker import BroadcastWaitChecker
+
+if os.environ.get("PADDLE_OVERLAY_MODE", "overlay") == "overlay":
+    import paddle_overlay
+
+    paddle_overlay.apply()
+
+VOCAB, HIDDEN, SEQ, BATCH = 32, 16, 6, 4
+STEPS = int(os.environ.get("BROADCAST_OVERLAP_STEPS", "4"))
+
+
+# ----------------------------------------------------------------------
+# models
+class Block(paddle.nn.Layer):
+    """LayerNorm -> Linear -> gelu -> Linear, residual; [B, S, H] -> [B, S, H]."""
+
+    def __init__(self, hidden=HIDDEN):
+        super().__init__()
+        self.norm = paddle.nn.LayerNorm(hidden)
+        self.up = paddle.nn.Linear(hidden, 2 * hidden)
+        self.down = paddle.nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x):
+        return x + self.down(paddle.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class TinyLM(paddle.nn.Layer):
+    """Embedding -> blocks -> head: [B, S] int64 tokens -> [B, S, VOCAB]
+    float32 logits."""
+
+    def __init__(self, num_blocks=2):
+        super().__init__()
+        self.embed = paddle.nn.Embedding(VOCAB, HIDDEN)
+        self.blocks = paddle.nn.LayerList([Block() for _ in range(num_blocks)])
+        self.head = paddle.nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+# ----------------------------------------------------------------------
+# data and set-up
+def rank():
+    return paddle.distributed.get_rank()
+
+
+def batch(step, micro=0):
+    """Deterministic ([B, S] int64 tokens, [B, S] int64 labels), per rank."""
+    rng = np.random.RandomState(1000 * step + 10 * micro + rank())
+    tokens = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
+    labels = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
+    return paddle.to_tensor(tokens), paddle.to_tensor(labels)
+
+
+def build_with_initial_state(build):
+    """``build()`` with weights from a seeded build, the same on all ranks
+    and in every run of one case."""
+    paddle.seed(2026)
+    reference = build()
+    state = {k: v.numpy().copy() for k, v in reference.state_dict().items()}
+    model = build()
+    model.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
+    return model
+
+
+def lm_loss(model, step, micro=0):
+    tokens, labels = batch(step, micro)
+    logits = model(tokens)
+    return paddle.nn.functional.cross_entropy(logits, labels).mean()
+
+
+def default_micro_step(model, step, micro, acc_steps):
+    """Forward and backward of one micro-batch; returns the loss."""
+    loss = lm_loss(model, step, micro)
+    (loss / acc_steps).backward()
+    return loss
+
+
+def adamw(parameters):
+    return paddle.optimizer.AdamW(
+        learning_rate=0.01, parameters=parameters, weight_decay=0.01
+    )
+
+
+def train(
+    build=TinyLM,
+    overlap=False,
+    *,
+    acc_steps=1,
+    steps=STEPS,
+    use_minimize=False,
+    checker=None,
+    strict=False,
+    micro_step=default_micro_step,
+    on_step=None,
+    skip_update=None,
+    parameters=None,
+    wrap_model=None,
+    make_optimizer=adamw,
+    model=None,
+    opt=None,
+    first_step=0,
+):
+    """Train and return ``(losses, params, info)``.
+
+    ``losses`` and ``params`` are numpy copies taken after the run; params
+    keyed by structured name. ``info`` holds ``model`` and ``opt``.
+    ``micro_step(model, step, micro, acc_steps)`` does one micro-batch;
+    ``on_step(step, model, opt)`` runs after each update;
+    ``skip_update(step)`` True skips the update of that step;
+    ``parameters(model)`` picks the optimizer's parameters;
+    ``wrap_model(model)`` wraps before ``fleet.distributed_model``;
+    ``model``/``opt`` continue a previous run from step ``first_step``.
+    """
+    if model is None:
+        model = build_with_initial_state(build)
+        if wrap_model is not None:
+            model = wrap_model(model)
+        params = parameters(model) if parameters else model.parameters()
+        opt = fleet.distributed_optimizer(make_optimizer(params))
+        model = fleet.distributed_model(model)
+        if overlap:
+            opt._set_broadcast_overlap(True, layers=model, strict=strict)
+    if checker is not None:
+        checker.watch(model, opt)
+    losses = []
+    for step in range(first_step, first_step + steps):
+        for micro in range(acc_steps):
+            loss = micro_step(model, step, micro, acc_steps)
+            losses.append(loss.numpy().copy())
+        if skip_update is None or not skip_update(step):
+            if use_minimize:
+                opt.minimize(loss)
+            else:
+                opt.step()
+        opt.clear_grad()
+        if on_step is not None:
+            on_step(step, model, opt)
+    params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    return losses, params, {"model": model, "opt": opt}
+
+
+def assert_bitwise_equal(expected, actual, what):
+    """Bitwise equality of (losses, params) pairs of numpy copies."""
+    expected_losses, expected_params = expected
+    actual_losses, actual_params = actual
+    assert len(expected_losses) == len(actual_losses), what
+    for i, (a, b) in enumerate(zip(expected_losses, actual_losses)):
+        assert a.tobytes() == b.tobytes(), f"{what}: loss {i} differs: {a} vs {b}"
+    assert expected_params.keys() == actual_params.keys(), what
+    for k in expected_params:
+        a, b = expected_params[k], actual_params[k]
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {k}"
+        assert a.tobytes() == b.tobytes(), (
+            f"{what}: parameter {k} differs, max abs diff "
+            f"{np.abs(a.astype('float64') - b.astype('float64')).max()}"
+        )
+
+
+def overlap_impl(opt):
+    """The StageOneBroadcastOverlap of a fleet optimizer."""
+    return opt._inner_opt.__dict__["_broadcast_overlap_impl"]
+
+
+def total_forward_pre_hooks(model):
+    return sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True))
+
+
+def compare_on_off(build=TinyLM, **kwargs):
+    """Off run, then on run under the wait checker: bitwise-equal losses and
+    parameters, no violation, some async broadcast seen. Returns
+    ``(checker, info of the on run)``."""
+    off_losses, off_params, _ = train(build, overlap=False, **kwargs)
+    with BroadcastWaitChecker() as checker:
+        on_losses, on_params, info = train(
+            build, overlap=True, checker=checker, **kwargs
+        )
+    what = f"{getattr(build, '__name__', build)} {kwargs}"
+    assert_bitwise_equal((off_losses, off_params), (on_losses, on_params), what)
+    assert checker.violations == [], checker.violations[:10]
+    assert checker.counts["launched"] > 0, "no async broadcast was issued"
+    # the final model.state_dict() waited for the last launch
+    assert checker.num_unwaited() == 0, checker.num_unwaited()
+    return checker, info
+
+
+def all_ranks_equal(values):
+    """True when the int list ``values`` is the same on every rank."""
+    mine = paddle.to_tensor(values, dtype="int64")
+    gathered = []
+    paddle.distributed.all_gather(gathered, mine)
+    return all(g.numpy().tolist() == list(values) for g in gathered)
+
+
+def init_fleet(sharding_degree=None):
+    paddle.set_device(os.environ.get("PADDLE_OVERLAY_TEST_DEVICE", "cpu"))
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "2"))
+    sharding = world if sharding_degree is None else sharding_degree
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {
+        "dp_degree": world // sharding,
+        "mp_degree": 1,
+        "pp_degree": 1,
+        "sharding_degree": sharding,
+    }
+    fleet.init(is_collective=True, strategy=strategy)
+
+
+def run_cases(cases, sharding_degree=None):
+    """Per-rank main: run the cases named in env BROADCAST_OVERLAP_CASES
+    (all when unset); returns the exit code."""
+    init_fleet(sharding_degree)
+    wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
+    names = [n for n in wanted.split(",") if n] or list(cases)
+    unknown = [n for n in names if n not in cases]
+    if unknown:
+        print(f"unknown cases {unknown}; known: {sorted(cases)}", flush=True)
+        return 2
+    failed = []
+    for name in names:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cases[name]()
+            print(f"CASE {name} PASS (rank {rank()})", flush=True)
+        except Exception:
+            failed.append(name)
+            print(f"CASE {name} FAIL (rank {rank()})", flush=True)
+            traceback.print_exc()
+            sys.stdout.flush()
+    print(f"{len(names) - len(failed)} passed, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+def cases_of(namespace):
+    """{name: fn} for every ``case_<name>`` function in ``namespace``."""
+    return {
+        name[len("case_") :]: fn
+        for name, fn in namespace.items()
+        if name.startswith("case_") and callable(fn)
+    }
