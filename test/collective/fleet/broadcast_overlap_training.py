@@ -226,10 +226,12 @@ def all_ranks_equal(values):
     return all(g.numpy().tolist() == list(values) for g in gathered)
 
 
-def init_fleet(sharding_degree=None):
+def init_fleet():
+    """fleet.init with sharding degree = env BROADCAST_OVERLAP_SHARDING_DEGREE
+    (default: every rank), the rest data parallel."""
     paddle.set_device(os.environ.get("PADDLE_OVERLAY_TEST_DEVICE", "cpu"))
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "2"))
-    sharding = world if sharding_degree is None else sharding_degree
+    sharding = int(os.environ.get("BROADCAST_OVERLAP_SHARDING_DEGREE", world))
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {
         "dp_degree": world // sharding,
@@ -240,10 +242,10 @@ def init_fleet(sharding_degree=None):
     fleet.init(is_collective=True, strategy=strategy)
 
 
-def run_cases(cases, sharding_degree=None):
+def run_cases(cases):
     """Per-rank main: run the cases named in env BROADCAST_OVERLAP_CASES
     (all when unset); returns the exit code."""
-    init_fleet(sharding_degree)
+    init_fleet()
     wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
     names = [n for n in wanted.split(",") if n] or list(cases)
     unknown = [n for n in names if n not in cases]

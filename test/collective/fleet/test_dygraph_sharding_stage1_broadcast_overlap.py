@@ -28,23 +28,57 @@ from parameterized import parameterized
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from collective_launch import CollectiveTestCase  # noqa: E402
 
-SCRIPT = "dygraph_sharding_stage1_broadcast_overlap.py"
+FOUNDATION = "dygraph_sharding_stage1_broadcast_overlap.py"
+MODELS = "dygraph_sharding_stage1_broadcast_overlap_models.py"
+LOOPS = "dygraph_sharding_stage1_broadcast_overlap_loops.py"
 
-# (launch name, cases run in that launch)
+# (launch name, per-rank script, cases run in that launch, extra env)
 LAUNCHES = [
     (
         "on_off_bitwise_equal",
+        FOUNDATION,
         "equal_acc1,equal_acc2,equal_minimize,checker_catches_missing_wait",
+        {},
     ),
-    ("order_and_hooks", "forward_order_recorded,hooks_constant_and_removed"),
+    (
+        "order_and_hooks",
+        FOUNDATION,
+        "forward_order_recorded,hooks_constant_and_removed",
+        {},
+    ),
+    (
+        "model_kinds",
+        MODELS,
+        "root_owned_parameter,tied_weights,built_out_of_forward_order,"
+        "custom_parameter_names,unreachable_parameters_waited_and_named,"
+        "frozen_and_gradless_parameters,amp_o2_main_grad",
+        {},
+    ),
+    (
+        "state_and_misuse",
+        MODELS,
+        "layer_not_run_and_eval_between_steps,"
+        "state_dict_and_save_without_synchronize,checkpoint_resume,"
+        "bad_input_raises_before_any_change",
+        {},
+    ),
+    (
+        "sharding_degree_1_refused",
+        MODELS,
+        "without_sharding_refused",
+        {"BROADCAST_OVERLAP_SHARDING_DEGREE": "1"},
+    ),
 ]
 
 
 class TestDygraphShardingStage1BroadcastOverlap(CollectiveTestCase):
     @parameterized.expand(LAUNCHES)
-    def test_launch(self, _name, cases):
+    def test_launch(self, _name, script, cases, env):
         self.run_collective(
-            SCRIPT, nproc=2, timeout=240, env={"BROADCAST_OVERLAP_CASES": cases}
+            script,
+            nproc=2,
+            timeout=240,
+            env={"BROADCAST_OVERLAP_CASES": cases, **env},
         )
 
 

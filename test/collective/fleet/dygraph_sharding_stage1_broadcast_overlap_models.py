@@ -1,0 +1,438 @@
+# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-rank script: the kinds of model and state handling users have.
+
+Each case: overlap on vs off bitwise equal (numpy copies), and the wait
+checker sees no parameter used while its broadcast is pending. Cases run by
+env ``BROADCAST_OVERLAP_CASES`` (all by default) under
+``python -m paddle.distributed.launch --nproc_per_node 2``.
+"""
+
+import os
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+
+import paddle
+from broadcast_overlap_checker import BroadcastWaitChecker
+from broadcast_overlap_training import (
+    HIDDEN,
+    SEQ,
+    STEPS,
+    VOCAB,
+    Block,
+    TinyLM,
+    adamw,
+    assert_bitwise_equal,
+    batch,
+    cases_of,
+    compare_on_off,
+    default_micro_step,
+    lm_loss,
+    overlap_impl,
+    rank,
+    run_cases,
+    train,
+)
+
+
+# ----------------------------------------------------------------------
+# models
+class RootParamLM(TinyLM):
+    """A position-embedding parameter owned by the root (which also has
+    sublayers), added in its forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = self.create_parameter([SEQ, HIDDEN])
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class TiedLM(TinyLM):
+    """Two Linear layers sharing one weight object, both called."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix_a = paddle.nn.Linear(HIDDEN, HIDDEN)
+        self.mix_b = paddle.nn.Linear(HIDDEN, HIDDEN)
+        self.mix_b.weight = self.mix_a.weight
+
+    def forward(self, tokens):
+        x = self.mix_b(self.mix_a(self.embed(tokens)))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class BuiltOutOfOrderLM(paddle.nn.Layer):
+    """Head and last block built first, run last: creation order is not
+    forward order."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = paddle.nn.Linear(HIDDEN, VOCAB)
+        self.late = Block()
+        self.early = Block()
+        self.embed = paddle.nn.Embedding(VOCAB, HIDDEN)
+
+    def forward(self, tokens):
+        return self.head(self.late(self.early(self.embed(tokens))))
+
+
+_custom_name_builds = [0]
+
+
+class CustomNamesLM(paddle.nn.Layer):
+    """Parameters named by ParamAttr(name=...), no integer suffix."""
+
+    def __init__(self):
+        super().__init__()
+        _custom_name_builds[0] += 1
+        tag = f"v{_custom_name_builds[0]}r"
+
+        def attr(name):
+            return paddle.ParamAttr(name=f"custom_{name}_{tag}")
+
+        self.embed = paddle.nn.Embedding(VOCAB, HIDDEN, weight_attr=attr("emb"))
+        self.proj = paddle.nn.Linear(
+            HIDDEN, HIDDEN, weight_attr=attr("proj_w"), bias_attr=attr("proj_b")
+        )
+        self.norm = paddle.nn.LayerNorm(
+            HIDDEN, weight_attr=attr("ln_w"), bias_attr=attr("ln_b")
+        )
+        self.head = paddle.nn.Linear(
+            HIDDEN, VOCAB, weight_attr=attr("head_w"), bias_attr=attr("head_b")
+        )
+
+    def forward(self, tokens):
+        return self.head(self.norm(self.proj(self.embed(tokens))))
+
+
+class SometimesSkipLM(TinyLM):
+    """Block 1 does not run on odd steps (deterministic, same on all ranks)."""
+
+    skip = False
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for i, block in enumerate(self.blocks):
+            if not (self.skip and i == 1):
+                x = block(x)
+        return self.head(x)
+
+
+# ----------------------------------------------------------------------
+# cases: models
+def case_root_owned_parameter():
+    checker, info = compare_on_off(RootParamLM)
+    model = info["model"]
+    impl = overlap_impl(info["opt"])
+    params = impl._params
+    # the root-owned parameter is waited at the root's pre-hook, first
+    assert params[impl.order[0]] is model._layers.pos
+
+
+def case_tied_weights():
+    compare_on_off(TiedLM)
+    compare_on_off(TiedLM, acc_steps=2)
+
+
+def case_built_out_of_forward_order():
+    _, info = compare_on_off(BuiltOutOfOrderLM)
+    impl = overlap_impl(info["opt"])
+    inner = info["model"]._layers
+    first = impl._params[impl.order[0]]
+    last = impl._params[impl.order[-1]]
+    assert first is inner.embed.weight, first.name
+    assert any(last is p for p in inner.head.parameters()), last.name
+
+
+def case_custom_parameter_names():
+    _, info = compare_on_off(CustomNamesLM)
+    impl = overlap_impl(info["opt"])
+    inner = info["model"]._layers
+    assert impl._params[impl.order[0]] is inner.embed.weight
+
+
+def case_unreachable_parameters_waited_and_named():
+    extra_holder = {}
+
+    def parameters(model):
+        extra = paddle.create_parameter(
+            [HIDDEN], "float32", name=f"outside_model_{len(extra_holder)}"
+        )
+        extra_holder["p"] = extra
+        return list(model.parameters()) + [extra]
+
+    def micro_step(model, step, micro, acc_steps):
+        tokens, labels = batch(step, micro)
+        logits = model(tokens)
+        loss = paddle.nn.functional.cross_entropy(logits, labels).mean()
+        loss = loss + (extra_holder["p"] ** 2).mean()
+        (loss / acc_steps).backward()
+        return loss
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checker, info = compare_on_off(parameters=parameters, micro_step=micro_step)
+    name = extra_holder["p"].name
+    named = [str(w.message) for w in caught if name in str(w.message)]
+    assert len(named) == 1, [str(w.message) for w in caught]
+    impl = overlap_impl(info["opt"])
+    assert impl.stats["waited_unreachable"] == STEPS, impl.stats
+    checker.check([extra_holder["p"]], "after-step")
+    assert checker.violations == []
+
+
+def case_layer_not_run_and_eval_between_steps():
+    def micro_step(model, step, micro, acc_steps):
+        model._layers.skip = step % 2 == 1
+        return default_micro_step(model, step, micro, acc_steps)
+
+    def on_step(step, model, opt):
+        # evaluate only before the steps that run every block, so block 1's
+        # broadcasts stay pending across the steps that skip it
+        if step % 2 == 1:
+            model.eval()
+            with paddle.no_grad():
+                model(batch(100 + step)[0])
+            model.train()
+
+    checker, info = compare_on_off(
+        SometimesSkipLM, steps=5, micro_step=micro_step, on_step=on_step
+    )
+    impl = overlap_impl(info["opt"])
+    # block 1's tasks of the odd steps were waited before the next update
+    assert impl.stats["waited_before_update"] > 0, impl.stats
+
+
+def case_state_dict_and_save_without_synchronize():
+    """model.state_dict(), paddle.save and the optimizer's state_dict()
+    right after step(): every task waited by them, not by the user."""
+    saved = {}
+
+    def on_step(step, model, opt):
+        checker = on_step.checker
+        if checker is None:
+            return
+        assert checker.num_unwaited() > 0  # launched, not yet waited
+        state = model.state_dict()
+        checker.check(list(state.values()), "model.state_dict")
+        assert checker.num_unwaited() == 0
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, f"model_rank{rank()}.pdparams")
+            paddle.save(state, path)
+            saved[step] = paddle.load(path)
+        opt_state = opt.state_dict()
+        assert len(opt_state) > 0
+        # the optimizer's state_dict() waits too (launch again to check)
+        impl = overlap_impl(opt)
+        impl.wait_before_update()
+        impl.launch()
+        assert checker.num_unwaited() > 0
+        opt.state_dict()
+        assert checker.num_unwaited() == 0
+
+    on_step.checker = None
+    off = train(TinyLM, overlap=False)
+    with BroadcastWaitChecker() as checker:
+        on_step.checker = checker
+        on = train(TinyLM, overlap=True, checker=checker, on_step=on_step)
+    assert_bitwise_equal(off[:2], on[:2], "save")
+    assert checker.violations == [], checker.violations
+    last = saved[STEPS - 1]
+    for k, v in on[1].items():
+        assert np.asarray(last[k]).tobytes() == v.tobytes(), k
+
+
+def case_frozen_and_gradless_parameters():
+    def build():
+        model = TinyLM()
+        for p in model.blocks[0].parameters():
+            p.stop_gradient = True
+        return model
+
+    def micro_step(model, step, micro, acc_steps):
+        # blocks[1] is trainable but unused: it never gets a gradient
+        tokens, labels = batch(step, micro)
+        inner = model._layers
+        x = inner.blocks[0](inner.embed(tokens))
+        loss = paddle.nn.functional.cross_entropy(inner.head(x), labels).mean()
+        (loss / acc_steps).backward()
+        return loss
+
+    checker, info = compare_on_off(build, micro_step=micro_step)
+    frozen = {id(p) for p in info["model"]._layers.blocks[0].parameters()}
+    assert not frozen & set(checker._latest), "a frozen parameter was broadcast"
+
+
+def case_checkpoint_resume():
+    """N steps with overlap on, save, load into a fresh run, continue: the
+    same as an uninterrupted run with overlap off."""
+    total, cut = STEPS + 2, 3
+    off_losses, off_params, _ = train(TinyLM, overlap=False, steps=total)
+    first_losses, _, info = train(TinyLM, overlap=True, steps=cut)
+    with tempfile.TemporaryDirectory() as tmp:
+        mpath = os.path.join(tmp, f"m{rank()}.pdparams")
+        opath = os.path.join(tmp, f"o{rank()}.pdopt")
+        # no synchronize: state_dict() waits for pending broadcasts
+        paddle.save(info["model"]._layers.state_dict(), mpath)
+        paddle.save(info["opt"].state_dict(), opath)
+        model_state, opt_state = paddle.load(mpath), paddle.load(opath)
+    paddle.distributed.barrier()
+    from paddle.distributed import fleet
+
+    fresh = TinyLM()
+    fresh.set_state_dict(model_state)
+    opt = fleet.distributed_optimizer(adamw(fresh.parameters()))
+    # A fresh process would rebuild the same parameter names; in this one
+    # process the new model's names differ, so rename the state's keys.
+    old_names = {k: p.name for k, p in info["model"]._layers.named_parameters()}
+    renames = {old_names[k]: p.name for k, p in fresh.named_parameters()}
+    opt.set_state_dict(rename_state_keys(opt_state, renames))
+    fresh = fleet.distributed_model(fresh)
+    opt._set_broadcast_overlap(True, layers=fresh)
+    with BroadcastWaitChecker() as checker:
+        rest_losses, rest_params, _ = train(
+            model=fresh, opt=opt, steps=total - cut, first_step=cut, checker=checker
+        )
+    assert checker.violations == [] and checker.counts["launched"] > 0
+    assert_bitwise_equal(
+        (off_losses, off_params), (first_losses + rest_losses, rest_params), "resume"
+    )
+
+
+def rename_state_keys(state, renames):
+    """Optimizer state keys start with a parameter name: rename them."""
+    by_length = sorted(renames, key=len, reverse=True)
+    renamed = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            value = rename_state_keys(value, renames)
+        for old in by_length:
+            if key == old or key.startswith(old + "_"):
+                key = renames[old] + key[len(old) :]
+                break
+        renamed[key] = value
+    return renamed
+
+
+def case_amp_o2_main_grad():
+    """MixPrecisionLayer/MixPrecisionOptimizer: main_grad accumulation and
+    the sharding optimizer's main_grad paths. Paddle's CPU build has no
+    bfloat16/float16 matmul or layer_norm kernels, so the parameters stay
+    float32 here; the reduced-precision dtype is covered by the GPU test
+    dygraph_group_sharded_stage1_bf16.py (skipped without CUDA)."""
+    from paddle.distributed.fleet.utils.mix_precision_utils import (
+        MixPrecisionLayer,
+        MixPrecisionOptimizer,
+    )
+
+    def wrap(model):
+        return MixPrecisionLayer(model, dtype="bfloat16")
+
+    def make_optimizer(params):
+        return MixPrecisionOptimizer(adamw(params))
+
+    for acc_steps in (1, 2):
+        _, info = compare_on_off(
+            wrap_model=wrap, make_optimizer=make_optimizer, acc_steps=acc_steps
+        )
+    params = list(info["model"].parameters())
+    assert all(hasattr(p, "main_grad") for p in params)
+    assert info["opt"]._inner_opt._use_main_grad
+
+
+def case_bad_input_raises_before_any_change():
+    from paddle.distributed import fleet
+
+    model = fleet.distributed_model(TinyLM())
+    opt = fleet.distributed_optimizer(adamw(model.parameters()))
+    inner = opt._inner_opt
+    hooks_before = sum(
+        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
+    )
+    other = TinyLM()
+    bad = [
+        (dict(broadcast_overlap=True, layers=None), ValueError, "layers=model"),
+        (dict(broadcast_overlap=True, layers="model"), TypeError, "paddle.nn.Layer"),
+        (dict(broadcast_overlap=True, layers=other), ValueError, "owns none"),
+        (dict(broadcast_overlap="yes", layers=model), TypeError, "bool"),
+        (dict(broadcast_overlap=True, layers=model, strict=1), TypeError, "strict"),
+    ]
+    for target in (opt, inner):
+        for kwargs, error, text in bad:
+            try:
+                target._set_broadcast_overlap(**kwargs)
+            except error as e:
+                assert text in str(e), (kwargs, str(e))
+            else:
+                raise AssertionError(f"no {error.__name__} for {kwargs}")
+    for option in ("tensor_fusion", "comm_overlap"):
+        saved = getattr(inner, option)
+        setattr(inner, option, True)
+        try:
+            opt._set_broadcast_overlap(True, layers=model)
+        except ValueError as e:
+            assert option in str(e), str(e)
+        else:
+            raise AssertionError(f"{option} was not refused")
+        finally:
+            setattr(inner, option, saved)
+    assert inner.__dict__.get("_broadcast_overlap_impl") is None
+    hooks_after = sum(
+        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
+    )
+    assert hooks_after == hooks_before
+    # turning off what was never on is a no-op
+    opt._set_broadcast_overlap(False)
+
+
+def case_without_sharding_refused():
+    """Run with BROADCAST_OVERLAP_SHARDING_DEGREE=1 (data parallel only)."""
+    from paddle.distributed import fleet
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+        DygraphShardingOptimizer,
+    )
+
+    hcg = fleet.get_hybrid_communicate_group()
+    assert hcg.get_sharding_parallel_world_size() == 1, "needs sharding degree 1"
+    model = TinyLM()
+    opt = fleet.distributed_optimizer(adamw(model.parameters()))
+    for target in (opt, DygraphShardingOptimizer(adamw(model.parameters()), hcg)):
+        try:
+            target._set_broadcast_overlap(True, layers=model)
+        except ValueError as e:
+            assert "sharding_degree" in str(e), str(e)
+        else:
+            raise AssertionError(f"{type(target).__name__} accepted degree 1")
+    assert sum(len(l._forward_pre_hooks) for l in model.sublayers(True)) == 0
+
+
+if __name__ == "__main__":
+    # case_without_sharding_refused needs its own launch with sharding degree 1
+    degree_one = os.environ.get("BROADCAST_OVERLAP_SHARDING_DEGREE") == "1"
+    cases = {
+        name: fn
+        for name, fn in cases_of(globals()).items()
+        if (name == "without_sharding_refused") == degree_one
+    }
+    sys.exit(run_cases(cases))
