@@ -63,6 +63,24 @@ LAUNCHES = [
         {},
     ),
     (
+        "rank_dependent_loops",
+        LOOPS,
+        "forward_order_differs_between_ranks_and_steps,"
+        "expert_routing_leaves_experts_unused,"
+        "ranks_run_different_forward_counts,"
+        "forwards_without_backward_tables_bounded",
+        {},
+    ),
+    (
+        "loop_shapes",
+        LOOPS,
+        "recompute_reentrant_and_not,"
+        "layer_called_twice_and_two_forwards_per_backward,"
+        "skipped_steps_first_included,weights_replaced_between_steps,"
+        "parameters_read_without_call,trainability_changed_mid_training",
+        {},
+    ),
+    (
         "sharding_degree_1_refused",
         MODELS,
         "without_sharding_refused",

@@ -1,0 +1,339 @@
+# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-rank script: training loops that break naive broadcast overlap.
+
+Collectives must be issued in the same order on every rank; these loops make
+ranks (or steps) differ in forward order and count, run forwards without
+backward, recompute, replace weights between steps, read parameters without
+calling their layer, and change trainability. Each case checks the agreed
+order is identical on every rank, overlap on vs off bitwise equal, and the
+wait checker sees no parameter used while its broadcast is pending.
+"""
+
+import sys
+import warnings
+
+import paddle
+from broadcast_overlap_checker import BroadcastWaitChecker
+from broadcast_overlap_training import (
+    HIDDEN,
+    VOCAB,
+    Block,
+    TinyLM,
+    all_ranks_equal,
+    batch,
+    cases_of,
+    compare_on_off,
+    default_micro_step,
+    lm_loss,
+    overlap_impl,
+    rank,
+    run_cases,
+    total_forward_pre_hooks,
+    train,
+)
+from paddle.distributed.fleet.utils import recompute
+
+
+def assert_order_agreed(info):
+    impl = overlap_impl(info["opt"])
+    assert impl.order is not None and all_ranks_equal(impl.order)
+
+
+# ----------------------------------------------------------------------
+# models
+class RankOrderLM(TinyLM):
+    """Two parallel branches whose call order depends on rank and step
+    (the sum is the same either way)."""
+
+    def __init__(self):
+        super().__init__()
+        self.branch_a = paddle.nn.Linear(HIDDEN, HIDDEN)
+        self.branch_b = paddle.nn.Linear(HIDDEN, HIDDEN)
+        self.step = 0
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        if (rank() + self.step) % 2 == 0:
+            a = self.branch_a(x)
+            b = self.branch_b(x)
+        else:
+            b = self.branch_b(x)
+            a = self.branch_a(x)
+        x = x + a + b
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class ExpertLM(TinyLM):
+    """Three experts; from step 1 on, each rank leaves a different expert
+    unused (rank- and step-dependent routing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = paddle.nn.LayerList(
+            [paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)]
+        )
+        self.step = 0
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        unused = (self.step + rank()) % 3 if self.step > 0 else None
+        for i, expert in enumerate(self.experts):
+            if i != unused:
+                x = x + expert(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def step_aware_micro_step(model, step, micro, acc_steps):
+    model._layers.step = step
+    return default_micro_step(model, step, micro, acc_steps)
+
+
+class RecomputeLM(TinyLM):
+    use_reentrant = True
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            # no dropout here; Paddle 2.6 cannot preserve RNG state on the CPU
+            x = recompute(
+                block, x, use_reentrant=self.use_reentrant, preserve_rng_state=False
+            )
+        return self.head(x)
+
+
+class ReuseLM(TinyLM):
+    """One block called twice in one forward."""
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        x = self.blocks[0](self.blocks[0](x))
+        x = self.blocks[1](x)
+        return self.head(x)
+
+
+# Called with (parameters, where) right before a parent reads a child's
+# parameters without calling the child; set by the case.
+READ_CHECK = [None]
+
+
+class DirectReadLM(TinyLM):
+    """Reads parameters without their owner's __call__: ``proj.forward(x)``
+    and ``F.linear(x, head.weight, head.bias)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = paddle.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        if READ_CHECK[0] is not None:
+            READ_CHECK[0](self.proj.parameters() + self.head.parameters())
+        x = self.proj.forward(x)
+        for block in self.blocks:
+            x = block(x)
+        return paddle.nn.functional.linear(x, self.head.weight, self.head.bias)
+
+
+# ----------------------------------------------------------------------
+# cases
+def case_forward_order_differs_between_ranks_and_steps():
+    _, info = compare_on_off(RankOrderLM, micro_step=step_aware_micro_step)
+    assert_order_agreed(info)
+
+
+def case_expert_routing_leaves_experts_unused():
+    _, info = compare_on_off(ExpertLM, steps=6, micro_step=step_aware_micro_step)
+    assert_order_agreed(info)
+    impl = overlap_impl(info["opt"])
+    assert impl.stats["waited_before_update"] > 0, impl.stats
+
+
+def case_ranks_run_different_forward_counts():
+    def on_step(step, model, opt):
+        # evaluation and a few "generation" forwards on rank 0 only
+        if rank() == 0:
+            with paddle.no_grad():
+                for i in range(1 + step % 3):
+                    model(batch(200 + i)[0])
+
+    _, info = compare_on_off(steps=5, on_step=on_step)
+    assert_order_agreed(info)
+
+
+def case_forwards_without_backward_tables_bounded():
+    """Eval before the first step, several evals between steps, no_grad
+    forwards in train() mode and grad-enabled forwards in eval() mode,
+    over 50 steps: internal tables keep their size."""
+    sizes = []
+
+    def extra_forwards(model):
+        model.eval()
+        with paddle.no_grad():
+            model(batch(300)[0])
+            model(batch(301)[0])
+        lm_loss(model, 302)  # grad-enabled in eval mode, no backward
+        model.train()
+        with paddle.no_grad():
+            model(batch(303)[0])
+
+    def micro_step(model, step, micro, acc_steps):
+        if step == 0 and micro == 0:
+            extra_forwards(model)  # before the first step
+        return default_micro_step(model, step, micro, acc_steps)
+
+    def on_step(step, model, opt):
+        extra_forwards(model)
+        impl = overlap_impl(opt) if "_broadcast_overlap_impl" in vars(
+            opt._inner_opt
+        ) else None
+        if impl is not None:
+            sizes.append(
+                (
+                    len(impl.order),
+                    len(impl._recorded),
+                    len(impl._recorded_set),
+                    impl.num_pending,
+                    impl.num_hooks,
+                    total_forward_pre_hooks(model),
+                )
+            )
+
+    _, info = compare_on_off(steps=50, micro_step=micro_step, on_step=on_step)
+    assert len(sizes) == 50 and len(set(sizes)) == 1, sorted(set(sizes))
+    n = len(overlap_impl(info["opt"])._params)
+    assert sizes[0][:4] == (n, 0, 0, 0), sizes[0]
+
+
+def case_recompute_reentrant_and_not():
+    for reentrant in (True, False):
+        RecomputeLM.use_reentrant = reentrant
+        compare_on_off(RecomputeLM)
+
+
+def case_layer_called_twice_and_two_forwards_per_backward():
+    compare_on_off(ReuseLM)
+
+    def two_forwards(model, step, micro, acc_steps):
+        first = lm_loss(model, step, micro)
+        second = lm_loss(model, step, micro + 50)
+        loss = (first + second) / 2
+        (loss / acc_steps).backward()
+        return loss
+
+    compare_on_off(micro_step=two_forwards, acc_steps=2)
+
+
+def case_skipped_steps_first_included():
+    _, info = compare_on_off(steps=6, skip_update=lambda s: s in (0, 3))
+    assert_order_agreed(info)
+
+
+def case_weights_replaced_between_steps():
+    """Swap in averaged weights for evaluation and back with
+    set_state_dict: no broadcast may still be pending at the load."""
+    unwaited_at_load, pending_after_step = [], []
+    checker_box = [None]
+    layer_cls = paddle.nn.Layer
+    original = layer_cls.set_state_dict
+
+    def recording_set_state_dict(self, *args, **kwargs):
+        if checker_box[0] is not None:
+            unwaited_at_load.append(checker_box[0].num_unwaited())
+        return original(self, *args, **kwargs)
+
+    snapshot = {}
+
+    def on_step(step, model, opt):
+        if step == 0:
+            snapshot.clear()
+            snapshot.update({k: v.clone() for k, v in model.state_dict().items()})
+        elif step % 3 == 1:
+            # roll back to an earlier snapshot right after step(): the
+            # broadcasts are still pending when set_state_dict is called
+            model.set_state_dict(snapshot)
+        elif step % 3 == 2:
+            # swap in averaged weights for evaluation, then back
+            trained = {k: v.clone() for k, v in model.state_dict().items()}
+            averaged = {k: (v + snapshot[k]) * 0.5 for k, v in trained.items()}
+            model.set_state_dict(averaged)
+            with paddle.no_grad():
+                model(batch(400 + step)[0])
+            model.set_state_dict(trained)
+
+    layer_cls.set_state_dict = recording_set_state_dict
+    try:
+        off = train(TinyLM, overlap=False, on_step=on_step, steps=6)
+        with BroadcastWaitChecker() as checker:
+            checker_box[0] = checker
+
+            def on_step_pending(step, model, opt):
+                # launched and not yet waited: the load must wait for them
+                pending_after_step.append(checker.num_unwaited())
+                on_step(step, model, opt)
+
+            on = train(
+                TinyLM, overlap=True, checker=checker, on_step=on_step_pending, steps=6
+            )
+    finally:
+        layer_cls.set_state_dict = original
+    from broadcast_overlap_training import assert_bitwise_equal
+
+    assert_bitwise_equal(off[:2], on[:2], "weights replaced")
+    assert checker.violations == []
+    assert max(pending_after_step) > 0, pending_after_step
+    assert unwaited_at_load and set(unwaited_at_load) == {0}, unwaited_at_load
+
+
+def case_parameters_read_without_call():
+    """Default: one warning naming the layers. strict=True: the model's own
+    pre-hook waits for everything, checked at the read."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, info = compare_on_off(DirectReadLM, strict=True)
+        strict_warnings = [w for w in caught if "strict=True" in str(w.message)]
+    assert strict_warnings == [], [str(w.message) for w in strict_warnings]
+
+    with BroadcastWaitChecker() as checker:
+        READ_CHECK[0] = lambda params: checker.check(params, "direct read")
+        try:
+            train(DirectReadLM, overlap=True, strict=True, checker=checker)
+        finally:
+            READ_CHECK[0] = None
+    assert checker.violations == [], checker.violations[:5]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, _, info = train(DirectReadLM, overlap=True, steps=3)
+    messages = [str(w.message) for w in caught if "strict=True" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "Linear" in messages[0], messages[0]
+
+
+def case_trainability_changed_mid_training():
+    def on_step(step, model, opt):
+        if step in (1, 3):
+            for p in model._layers.blocks[0].parameters():
+                p.stop_gradient = step == 1
+
+    checker, info = compare_on_off(steps=5, on_step=on_step)
+    assert_order_agreed(info)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases(cases_of(globals())))
