@@ -168,6 +168,8 @@ def train(
             else:
                 opt.step()
         opt.clear_grad()
+        if checker is not None:
+            print(f"rank {rank()} step {step} wait check: {checker.step_report()}")
         if on_step is not None:
             on_step(step, model, opt)
     params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
