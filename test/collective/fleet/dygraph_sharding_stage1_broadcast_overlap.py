@@ -48,6 +48,10 @@ def case_equal_acc1():
     n_trainable = len(list(info["model"].parameters()))
     assert checker.counts["launched"] == STEPS * n_trainable, checker.counts
     assert checker.counts["waited"] == checker.counts["launched"], checker.counts
+    # forward uses the parameters exactly in broadcast order
+    stats = overlap_impl(info["opt"]).stats
+    assert stats["waited_out_of_order"] == 0, stats
+    assert stats["waited_in_forward"] == (STEPS - 1) * n_trainable, stats
 
 
 def case_equal_acc2():

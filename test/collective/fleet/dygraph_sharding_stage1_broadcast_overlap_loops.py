@@ -155,6 +155,10 @@ class DirectReadLM(TinyLM):
 def case_forward_order_differs_between_ranks_and_steps():
     _, info = compare_on_off(RankOrderLM, micro_step=step_aware_micro_step)
     assert_order_agreed(info)
+    # rank 0 recorded branch_a first; whoever runs branch_b first waits for
+    # a task launched after a pending one
+    out_of_order = overlap_impl(info["opt"]).stats["waited_out_of_order"]
+    assert out_of_order > 0, out_of_order
 
 
 def case_expert_routing_leaves_experts_unused():

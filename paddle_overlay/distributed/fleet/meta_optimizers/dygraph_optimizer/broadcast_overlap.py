@@ -172,6 +172,10 @@ class StageOneBroadcastOverlap:
         self.stats = {
             "launched": 0,
             "waited_in_forward": 0,
+            # forward waited for a task while an earlier-launched one was
+            # still pending: forward order differs from the broadcast order
+            # on this rank (overlap is reduced; results are not affected).
+            "waited_out_of_order": 0,
             "waited_before_update": 0,
             "waited_unreachable": 0,
             "waited_on_demand": 0,
@@ -367,7 +371,11 @@ class StageOneBroadcastOverlap:
                 if is_root and self._strict:
                     self.stats["waited_in_forward"] += self.wait_all()
                 else:
-                    self.stats["waited_in_forward"] += self._wait(indices)
+                    first_pending = next(iter(self._pending))
+                    waited = self._wait(indices)
+                    if waited and first_pending not in indices:
+                        self.stats["waited_out_of_order"] += 1
+                    self.stats["waited_in_forward"] += waited
 
         self._pre_hook_handles[id(layer)] = layer.register_forward_pre_hook(
             forward_pre_hook
