@@ -1,0 +1,335 @@
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""tools/make_patch.py: splicing rules, the committed patches, and applying them.
+
+Splicing is checked on small synthetic modules (no Paddle needed). The committed
+patches are checked against the installed wheels in ``.venv-test/paddle-<version>``
+(skipped with the reason when a venv is missing): regenerating gives the committed
+bytes, and the patch applies with ``git apply --check`` to a tree laid out from that
+wheel, giving exactly the spliced files.
+"""
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import make_patch  # noqa: E402
+from make_patch import PatchError, splice  # noqa: E402
+
+VERSIONS = ("2.6.2", "3.3.1")
+
+
+def dedent(text):
+    return textwrap.dedent(text).lstrip("\n")
+
+
+# --------------------------------------------------------------------------- splicing rules
+
+TARGET = dedent(
+    '''
+    import os
+
+    from paddle import framework
+
+    from ...utils.log_util import logger
+
+
+    class Opt:
+        def __init__(self):
+            self.x = 1
+
+        # Synchronize parameters.
+        @framework.dygraph_only
+        @framework.no_grad
+        def step(self):
+            """Paddle's step."""
+            return 1
+
+        def replaced(self, a):
+            return a
+
+        def __getattr__(self, item):
+            return getattr(self.x, item)
+
+
+    class Other:
+        def step(self):
+            return 2
+    '''
+)
+
+OVERLAY = dedent(
+    '''
+    """Overlay docstring: not spliced."""
+
+    from paddle import framework
+
+    from .helper import Helper
+
+    OVERLAY_WRAPS = ("step",)
+
+
+    class Opt:
+        """Overlay class docstring: not spliced."""
+
+        def step(self):
+            """Wrapper."""
+            Helper()
+            return self._origin_step()
+
+        def replaced(self, a, b=None):
+            with framework.no_grad():
+                return [isinstance(v, int) for v in (a, b)]
+
+        def added(self):
+            return Helper
+    '''
+)
+
+
+def spliced_class(text, name="Opt"):
+    module = ast.parse(text)
+    cls = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return {n.name: ast.get_source_segment(text, n) for n in cls.body if isinstance(n, ast.FunctionDef)}
+
+
+def test_wrap_renames_original_keeps_decorators_and_puts_overlay_above():
+    out = splice(TARGET, OVERLAY, "Opt")
+    expected = dedent(
+        '''
+            def step(self):
+                """Wrapper."""
+                Helper()
+                return self._origin_step()
+
+            # Synchronize parameters.
+            @framework.dygraph_only
+            @framework.no_grad
+            def _origin_step(self):
+                """Paddle's step."""
+                return 1
+        '''
+    )
+    # the comment above the original stays with it
+    assert textwrap.indent(expected, "    ") in out
+    # the other class of the same module is untouched
+    assert spliced_class(out, "Other") == spliced_class(TARGET, "Other")
+
+
+def test_same_name_replaced_in_place_and_new_methods_appended_in_source_order():
+    out = splice(TARGET, OVERLAY, "Opt")
+    methods = spliced_class(out)
+    assert list(methods) == ["__init__", "step", "_origin_step", "replaced", "__getattr__", "added"]
+    overlay = spliced_class(OVERLAY)
+    for name in ("step", "replaced", "added"):
+        assert methods[name] == overlay[name]
+    assert "return a\n" not in out
+    assert "Overlay docstring" not in out and "OVERLAY_WRAPS" not in out and "not spliced" not in out
+
+
+def test_only_missing_imports_are_added_after_the_same_kind():
+    out = splice(TARGET, OVERLAY, "Opt")
+    lines = out.splitlines()
+    assert lines.count("from paddle import framework") == 1
+    i = lines.index("from ...utils.log_util import logger")
+    assert lines[i + 1] == "from .helper import Helper"
+    assert out.count("import") == TARGET.count("import") + 1
+
+
+def test_result_is_stable_and_parses():
+    out = splice(TARGET, OVERLAY, "Opt")
+    assert splice(TARGET, OVERLAY, "Opt") == out
+    compile(out, "spliced", "exec")
+
+
+def test_already_patched_tree_is_refused():
+    once = splice(TARGET, OVERLAY, "Opt")
+    with pytest.raises(PatchError, match="already patched"):
+        splice(once.replace("from .helper import Helper\n", ""), OVERLAY, "Opt")
+
+
+def test_wrapped_method_missing_in_target_is_refused():
+    target = TARGET.replace("def step(self):\n        \"\"\"Paddle's", "def stop(self):\n        \"\"\"Paddle's")
+    with pytest.raises(PatchError, match="Opt.step to wrap is missing"):
+        splice(target, OVERLAY, "Opt")
+
+
+def test_method_reading_a_module_level_name_is_refused():
+    overlay = OVERLAY.replace("return Helper\n", "return OVERLAY_WRAPS\n")
+    with pytest.raises(PatchError, match="module-level OVERLAY_WRAPS"):
+        splice(TARGET, overlay, "Opt")
+
+
+def test_name_bound_differently_in_target_is_refused():
+    target = TARGET.replace("from paddle import framework", "from paddle.base import framework")
+    with pytest.raises(PatchError, match="framework is bound to"):
+        splice(target, OVERLAY, "Opt")
+
+
+def test_paddle_overlay_import_is_refused():
+    overlay = OVERLAY.replace("from .helper import Helper", "from paddle_overlay.x import Helper")
+    with pytest.raises(PatchError, match="absent in Paddle"):
+        splice(TARGET, overlay, "Opt")
+
+
+def test_real_overlay_sources_splice_into_their_classes():
+    """Every overlay method's text lands verbatim in the Paddle class (both versions)."""
+    for version in VERSIONS:
+        pkg = wheel_package(version)
+        for filename, class_name in make_patch.SPLICED:
+            target = make_patch._read(os.path.join(pkg, *make_patch.TREE_OPT_DIR.split("/")[2:], filename))
+            overlay_text = make_patch._read(os.path.join(make_patch.OVERLAY_DIR, filename))
+            out = splice(target, overlay_text, class_name)
+            methods = spliced_class(out, class_name)
+            for name, text in spliced_class(overlay_text, class_name).items():
+                assert methods[name] == text, (version, class_name, name)
+            wraps = make_patch._overlay_wraps(ast.parse(overlay_text), filename)
+            original = spliced_class(target, class_name)
+            for name in wraps:
+                renamed = methods[make_patch.origin_name(name)]
+                assert renamed.replace(f"def {make_patch.origin_name(name)}(", f"def {name}(", 1) == original[name]
+
+
+# --------------------------------------------------------------------------- committed patches
+
+
+def wheel_package(version):
+    venv = os.path.join(ROOT, ".venv-test", f"paddle-{version}")
+    try:
+        return make_patch.paddle_package_dir(venv)
+    except PatchError as e:
+        pytest.skip(f"Paddle {version} wheel not installed: {e}")
+
+
+def wheel_tree(version, tmp_path):
+    tree = str(tmp_path / f"Paddle-{version}")
+    make_patch.layout_wheel_tree(wheel_package(version), tree)
+    return tree
+
+
+def run_git(tree, *args):
+    return make_patch.git(tree, *args)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_regenerating_gives_the_committed_patch_byte_for_byte(version):
+    committed = make_patch.patch_path(version)
+    assert os.path.isfile(committed), f"{committed} missing"
+    text, found = make_patch.make_wheel_patch(wheel_package(version), version)
+    assert found == version
+    with open(committed, encoding="utf-8", newline="") as f:
+        assert f.read() == text, (
+            f"{os.path.relpath(committed, ROOT)} is stale: regenerate it with "
+            f"python tools/make_patch.py --from-wheel .venv-test/paddle-{version} --version {version} "
+            f"--out {os.path.relpath(committed, ROOT)}"
+        )
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_committed_patch_applies_to_the_wheel_tree(version, tmp_path):
+    tree = wheel_tree(version, tmp_path)
+    expected = make_patch.patched_files(tree)
+    patch = make_patch.patch_path(version)
+    run_git(tree, "apply", "--check", patch)
+    run_git(tree, "apply", patch)
+    for rel, text in expected.items():
+        with open(os.path.join(tree, rel), encoding="utf-8", newline="") as f:
+            assert f.read() == text, rel
+        if rel.endswith(".py"):
+            compile(text, rel, "exec")
+    # the other version's patch does not fit: the trees really differ
+    other = [v for v in VERSIONS if v != version][0]
+    fresh = wheel_tree(version, tmp_path / "fresh")
+    proc = subprocess.run(["git", "apply", "--check", make_patch.patch_path(other)], cwd=fresh, capture_output=True)
+    assert proc.returncode != 0
+
+
+def test_patch_is_deterministic(tmp_path):
+    pkg = wheel_package("3.3.1")
+    first, _ = make_patch.make_wheel_patch(pkg)
+    second, _ = make_patch.make_wheel_patch(pkg)
+    assert first == second
+    assert "Date:" not in first and "From " not in first.splitlines()[0]
+
+
+def test_cli_writes_the_patch(tmp_path):
+    out = tmp_path / "p.patch"
+    venv = os.path.join(ROOT, ".venv-test", "paddle-2.6.2")
+    wheel_package("2.6.2")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "make_patch.py"), "--from-wheel", venv, "--version", "2.6.2",
+         "--out", str(out)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with open(make_patch.patch_path("2.6.2"), encoding="utf-8") as f:
+        assert out.read_text(encoding="utf-8") == f.read()
+    bad = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "make_patch.py"), "--from-wheel", venv, "--version", "3.3.1"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "is Paddle 2.6.2, not 3.3.1" in bad.stderr
+
+
+# --------------------------------------------------------------------------- a checkout-like tree
+
+UPSTREAM_CSV = (
+    "name,os,arch,timeout,run_type,launcher,num_port,run_serial,envs,conditions\n"
+    "test_dygraph_sharding_stage1_bf16,,GPU,200,DIST,../../legacy_test/dist_test.sh,2,1,"
+    "NVIDIA_TF32_OVERRIDE=0;http_proxy=;https_proxy=;PYTHONPATH=../..,WITH_NCCL\n"
+)
+UPSTREAM_CMAKE = (
+    "# upstream entries\n"
+    "bash_test_modules(test_dygraph_sharding_stage1_bf16 START_BASH ../../legacy_test/dist_test.sh "
+    'TIMEOUT "200" LABELS "RUN_TYPE=DIST" ENVS "PADDLE_DIST_UT_PORT=21532;NVIDIA_TF32_OVERRIDE=0")\n'
+)
+
+
+def test_checkout_with_upstream_test_files_gets_modifications_and_appended_rows(tmp_path):
+    """A checkout has upstream's testslist.csv, CMakeLists.txt and bf16 test: the patch for it
+    modifies them (appends rows, replaces the bf16 test) instead of adding new files."""
+    tree = wheel_tree("3.3.1", tmp_path)
+    fleet = os.path.join(tree, make_patch.TREE_TEST_DIR)
+    os.makedirs(fleet)
+    for name, text in (
+        ("testslist.csv", UPSTREAM_CSV),
+        ("CMakeLists.txt", UPSTREAM_CMAKE),
+        ("dygraph_group_sharded_stage1_bf16.py", "# upstream's version\n"),
+    ):
+        with open(os.path.join(fleet, name), "w") as f:
+            f.write(text)
+    run_git(tree, "add", "-A")
+    run_git(tree, "commit", "-q", "-m", "upstream test files")
+
+    patch = make_patch.make_patch(tree, "a checkout")
+    new_files = [line.split()[-1] for line in patch.splitlines() if line.startswith("+++ ")]
+    assert "b/test/collective/fleet/testslist.csv" in new_files
+    for name in ("testslist.csv", "CMakeLists.txt", "dygraph_group_sharded_stage1_bf16.py"):
+        header = f"diff --git a/test/collective/fleet/{name} b/test/collective/fleet/{name}\n"
+        block = patch.split(header, 1)[1].split("diff --git", 1)[0]
+        assert not block.startswith("new file"), f"{name} must be modified, not created"
+    path = tmp_path / "checkout.patch"
+    path.write_text(patch, encoding="utf-8")
+    run_git(tree, "apply", "--check", str(path))
+    run_git(tree, "apply", str(path))
+
+    with open(os.path.join(fleet, "testslist.csv")) as f:
+        csv_text = f.read()
+    assert csv_text.startswith(UPSTREAM_CSV)
+    added = csv_text[len(UPSTREAM_CSV) :].splitlines()
+    assert added and all("PADDLE_OVERLAY_MODE=patched" in row for row in added)
+    assert not any(row.startswith("test_patched_tree_broadcast_overlap,") for row in added)
+    with open(os.path.join(fleet, "CMakeLists.txt")) as f:
+        cmake = f.read()
+    assert cmake.startswith(UPSTREAM_CMAKE)
+    ports = [int(p) for p in re.findall(r"PADDLE_DIST_UT_PORT=(\d+)", cmake)]
+    assert ports[0] == 21532 and min(ports[1:]) > 21532 and len(set(ports)) == len(ports)
+    with open(os.path.join(fleet, "dygraph_group_sharded_stage1_bf16.py")) as f:
+        assert f.read() == make_patch._read(os.path.join(make_patch.TEST_DIR, "dygraph_group_sharded_stage1_bf16.py"))
+    assert not os.path.exists(os.path.join(fleet, "test_patched_tree_broadcast_overlap.py"))

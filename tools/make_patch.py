@@ -1,0 +1,665 @@
+#!/usr/bin/env python3
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Turn the overlay source into a ``git apply``-able patch for a Paddle tree.
+
+The overlay modules under ``paddle_overlay/distributed/fleet/meta_optimizers/
+dygraph_optimizer/`` are the single source. For a Paddle tree laid out as
+``python/paddle/...`` (a checkout, or an installed wheel's ``paddle`` package
+laid out by ``--from-wheel``) the patch:
+
+* adds ``broadcast_overlap.py`` next to the optimizers, byte for byte;
+* splices each overlay class's methods into the Paddle class of the same name
+  (``ast`` positions in both files; the method text is cut from the overlay
+  file). A name in the overlay module's ``OVERLAY_WRAPS`` wraps the existing
+  method: the original's ``def NAME(`` becomes ``def _origin_NAME(`` (same
+  decorators and body, see ``paddle_overlay._patching.origin_name``) and the
+  overlay method goes right above it. Any other overlay method replaces the
+  Paddle method of that name in place, or is appended to the class;
+* adds the imports the spliced methods need and the target module lacks;
+* adds the collective test files of ``test/collective/fleet/`` and their
+  registration: the ``testslist.csv`` rows and the CMake entries rendered by
+  ``tools/gen_ut_cmakelists.py`` (appended when the tree has those files,
+  new files otherwise).
+
+The patch is ``git diff`` output from a throw-away repository with fixed
+identity, dates and configuration, so the same inputs give the same bytes.
+
+Usage::
+
+    python tools/make_patch.py --paddle-src ~/Paddle --out my.patch
+    python tools/make_patch.py --from-wheel .venv-test/paddle-3.3.1 --version 3.3.1 \\
+        --out patches/paddle-v3.3.1-stage1-broadcast-overlap.patch
+
+Exit codes: 0 ok, 2 bad input (message says what to fix).
+"""
+
+import argparse
+import ast
+import builtins
+import csv
+import glob
+import io
+import os
+import re
+import shutil
+import subprocess
+import symtable
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OVERLAY_DIR = os.path.join(
+    ROOT, "paddle_overlay", "distributed", "fleet", "meta_optimizers", "dygraph_optimizer"
+)
+TEST_DIR = os.path.join(ROOT, "test", "collective", "fleet")
+PATCH_DIR = os.path.join(ROOT, "patches")
+
+# Paths inside a Paddle tree.
+TREE_OPT_DIR = "python/paddle/distributed/fleet/meta_optimizers/dygraph_optimizer"
+TREE_TEST_DIR = "test/collective/fleet"
+TARGET_PACKAGE = "paddle.distributed.fleet.meta_optimizers.dygraph_optimizer"
+
+# (module file, class) spliced, in this order; broadcast_overlap.py is copied.
+SPLICED = (
+    ("dygraph_sharding_optimizer.py", "DygraphShardingOptimizer"),
+    ("hybrid_parallel_optimizer.py", "HybridParallelOptimizer"),
+)
+NEW_MODULE = "broadcast_overlap.py"
+
+# Test files of this repository that stay out of the patch, with the reason.
+EXCLUDED_TESTS = {
+    "test_patched_tree_broadcast_overlap.py": "checks this repository's patch against an "
+    "installed wheel; meaningless inside a Paddle tree",
+}
+# Env every registered row gets inside a Paddle tree: the overlay is in the
+# sources there, so the per-rank scripts must not import paddle_overlay.
+PATCHED_MODE_ENV = "PADDLE_OVERLAY_MODE=patched"
+# Ports of appended CMake entries start this far above the tree's highest
+# PADDLE_DIST_UT_PORT (room for the num_port of the tree's last entry).
+PORT_GAP = 10
+
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "paddle_overlay make_patch",
+    "GIT_AUTHOR_EMAIL": "make_patch@paddle-overlay.invalid",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_NAME": "paddle_overlay make_patch",
+    "GIT_COMMITTER_EMAIL": "make_patch@paddle-overlay.invalid",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+GIT_CONFIG = (
+    "-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "core.quotePath=false",
+    "-c", "init.defaultBranch=main", "-c", "diff.noprefix=false", "-c", "commit.gpgSign=false",
+    "-c", "tag.gpgSign=false",
+)  # fmt: skip
+
+
+class PatchError(Exception):
+    """Bad input: the message says what is wrong and how to fix it."""
+
+
+def origin_name(name):
+    """Same rule as ``paddle_overlay._patching.origin_name`` (kept here so the
+    tool runs without importing paddle_overlay, hence without Paddle)."""
+    return "_origin_" + name.lstrip("_")
+
+
+# --------------------------------------------------------------------------- source analysis
+
+
+def _find_class(module, name, filename):
+    for node in module.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise PatchError(f"{filename}: no top-level class {name}")
+
+
+def _methods(class_node):
+    """name -> FunctionDef for the functions defined directly in the class body."""
+    return {
+        n.name: n for n in class_node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+
+
+def _first_line(node, lines):
+    """1-based first line of a method: its decorators and the comment lines right above them."""
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
+    while start > 1:
+        above = lines[start - 2]
+        if above.startswith(indent + "#") and above[: len(indent)].strip() == "":
+            start -= 1
+        else:
+            break
+    return start
+
+
+def _segment(node, lines):
+    """The method's source lines (decorators, leading comments, def, body)."""
+    return lines[_first_line(node, lines) - 1 : node.end_lineno]
+
+
+def _resolve(module, level, package):
+    """Absolute module name of ``from <level dots><module> import``, as seen from ``package``."""
+    if not level:
+        return module
+    parts = package.split(".")
+    if level - 1 > len(parts) - 1:
+        raise PatchError(f"relative import with {level} dots goes above {package}")
+    base = parts[: len(parts) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def _top_level_bindings(module_node, package):
+    """name -> ('import', absolute source, imported name) or ('def', kind) for top-level names."""
+    bound = {}
+    for node in module_node.body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    bound[a.asname] = ("import", a.name, None)
+                else:
+                    top = a.name.split(".")[0]
+                    bound[top] = ("import", top, None)
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(node.module or "", node.level, package)
+            for a in node.names:
+                bound[a.asname or a.name] = ("import", source, a.name)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound[node.name] = ("def", type(node).__name__)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        bound[n.id] = ("def", "assignment")
+    return bound
+
+
+def _globals_used(overlay_text, filename, class_name, method_names):
+    """Global names each method of the overlay class reads (nested scopes included)."""
+    table = symtable.symtable(overlay_text, filename, "exec")
+    cls = next(
+        (t for t in table.get_children() if t.get_type() == "class" and t.get_name() == class_name),
+        None,
+    )
+    if cls is None:
+        raise PatchError(f"{filename}: no class {class_name}")
+    used = {}
+
+    def walk(t, acc):
+        acc.update(t.get_globals())
+        for child in t.get_children():
+            walk(child, acc)
+
+    for t in cls.get_children():
+        if t.get_name() in method_names and t.get_type() == "function":
+            acc = set()
+            walk(t, acc)
+            used[t.get_name()] = acc
+    return used
+
+
+def _import_line(source_module, package, names):
+    """``from .x import a, b`` text (relative when ``source_module`` is in ``package``)."""
+    if source_module.startswith(package + "."):
+        mod = "." + source_module[len(package) + 1 :]
+    else:
+        mod = source_module
+    one = f"from {mod} import {', '.join(names)}"
+    if len(one) <= 80:
+        return [one]
+    return [f"from {mod} import ("] + [f"    {n}," for n in names] + [")"]
+
+
+def splice(target_text, overlay_text, class_name, target_name="<target>", overlay_name="<overlay>"):
+    """Target module text with the overlay class's methods spliced into ``class_name``.
+
+    Raises :class:`PatchError` when the overlay cannot be spliced faithfully: a wrapped
+    method is missing from the target, the target already has an ``_origin_`` method (the
+    tree is patched already), a method uses a module-level name the patch cannot carry, or
+    the target binds an imported name to something else.
+    """
+    overlay_mod = ast.parse(overlay_text, overlay_name)
+    target_mod = ast.parse(target_text, target_name)
+    o_lines = overlay_text.splitlines()
+    t_lines = target_text.splitlines()
+    o_cls = _find_class(overlay_mod, class_name, overlay_name)
+    t_cls = _find_class(target_mod, class_name, target_name)
+    o_methods = _methods(o_cls)
+    t_methods = _methods(t_cls)
+    wraps = _overlay_wraps(overlay_mod, overlay_name)
+    for name in wraps:
+        if name not in o_methods:
+            raise PatchError(f"{overlay_name}: OVERLAY_WRAPS names {name}, which the class does not define")
+
+    # Imports: every global a method reads must be a builtin or an overlay import that the
+    # target module binds the same way (or gets added).
+    o_bound = _top_level_bindings(overlay_mod, TARGET_PACKAGE)
+    t_bound = _top_level_bindings(target_mod, TARGET_PACKAGE)
+    builtin_names = set(dir(builtins))
+    missing = {}  # absolute module -> [names]
+    for method, names in _globals_used(overlay_text, overlay_name, class_name, set(o_methods)).items():
+        for name in sorted(names):
+            how = o_bound.get(name)
+            if how is None:
+                if name in builtin_names:
+                    continue
+                raise PatchError(f"{overlay_name}: {class_name}.{method} reads {name}, which is neither imported nor builtin")
+            if how[0] != "import":
+                raise PatchError(
+                    f"{overlay_name}: {class_name}.{method} reads module-level {name} ({how[1]}); "
+                    "the patch carries methods only: import it from a Paddle module instead"
+                )
+            if how[1].split(".")[0] == "paddle_overlay":
+                raise PatchError(f"{overlay_name}: {class_name}.{method} uses {name} from {how[1]}, absent in Paddle")
+            there = t_bound.get(name)
+            if there is None:
+                if how[2] is None:
+                    raise PatchError(f"{overlay_name}: plain 'import' of {name} is not supported; use 'from ... import'")
+                missing.setdefault(how[1], [])
+                if how[2] not in missing[how[1]]:
+                    missing[how[1]].append(how[2])
+            elif there != how:
+                raise PatchError(
+                    f"{target_name}: {name} is bound to {there[1:]} but {class_name}.{method} "
+                    f"expects {how[1:]} (from {overlay_name})"
+                )
+
+    # Method edits, as (first line, last line, new lines) on the target; 1-based, inclusive.
+    edits = []
+    appended = []
+    for name, node in o_methods.items():
+        text = _segment(node, o_lines)
+        if name in wraps:
+            if name not in t_methods:
+                raise PatchError(f"{target_name}: {class_name}.{name} to wrap is missing (wrong Paddle version?)")
+            if origin_name(name) in t_methods:
+                raise PatchError(f"{target_name}: {class_name}.{origin_name(name)} exists: the tree is already patched")
+            orig = t_methods[name]
+            def_line = t_lines[orig.lineno - 1]
+            renamed, n = re.subn(rf"\bdef\s+{re.escape(name)}\s*\(", f"def {origin_name(name)}(", def_line, count=1)
+            if n != 1:
+                raise PatchError(f"{target_name}:{orig.lineno}: cannot find 'def {name}(' to rename")
+            start = _first_line(orig, t_lines)
+            edits.append((orig.lineno, orig.lineno, [renamed]))
+            edits.append((start, start - 1, text + [""]))  # insertion above the original
+        elif name in t_methods:
+            orig = t_methods[name]
+            edits.append((_first_line(orig, t_lines), orig.end_lineno, text))
+        else:
+            appended.extend([""] + text)
+    if appended:
+        edits.append((t_cls.end_lineno + 1, t_cls.end_lineno, appended))
+
+    if missing:
+        edits.append(_import_edit(target_mod, t_lines, missing))
+
+    out = list(t_lines)
+    # Apply bottom-up so earlier line numbers stay valid; insertions (end < start) at the same
+    # line as a replacement go after it is applied, i.e. sort by start, then by end.
+    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        out[start - 1 : end] = new
+    result = "\n".join(out) + ("\n" if target_text.endswith("\n") else "")
+    try:
+        compile(result, target_name, "exec")
+    except SyntaxError as e:  # a bug of this tool, not of the input
+        raise AssertionError(f"spliced {target_name} does not parse: {e}") from e
+    return result
+
+
+def _overlay_wraps(overlay_mod, overlay_name):
+    for node in overlay_mod.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "OVERLAY_WRAPS" for t in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+                raise PatchError(f"{overlay_name}: OVERLAY_WRAPS must be a tuple of str")
+            return value
+    raise PatchError(f"{overlay_name}: no module-level OVERLAY_WRAPS")
+
+
+def _import_edit(target_mod, t_lines, missing):
+    """Insertion of the missing imports after the last top-level import of the same kind."""
+    imports = [n for n in target_mod.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    if not imports:
+        raise PatchError("target module has no top-level imports to place new ones after")
+    new_lines = []
+    relative_needed = any(m.startswith(TARGET_PACKAGE + ".") for m in missing)
+    for module in sorted(missing):
+        new_lines += _import_line(module, TARGET_PACKAGE, missing[module])
+    same_kind = [n for n in imports if (isinstance(n, ast.ImportFrom) and n.level > 0) == relative_needed]
+    after = (same_kind or imports)[-1].end_lineno
+    return (after + 1, after, new_lines)
+
+
+# --------------------------------------------------------------------------- the patched tree
+
+
+def _read(path):
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def _test_files():
+    """Sorted names of the ``*.py`` files of test/collective/fleet that go into the patch."""
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(TEST_DIR, "*.py")))
+    return [n for n in names if n not in EXCLUDED_TESTS]
+
+
+def _csv_line(cells):
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(cells)
+    return buf.getvalue()
+
+
+def _registration(tree, test_names):
+    """{tree path: new text} for testslist.csv and CMakeLists.txt of the tree's test folder.
+
+    Rows of our testslist.csv whose test is in the patch, with ``PADDLE_OVERLAY_MODE=patched``
+    added to their envs. Appended to the tree's files when it has them (rows already there by
+    name are left alone); otherwise both files are new. Returns {} when this repository has
+    no testslist.csv or generator.
+    """
+    ours_csv = os.path.join(TEST_DIR, "testslist.csv")
+    gen_path = os.path.join(ROOT, "tools", "gen_ut_cmakelists.py")
+    if not (os.path.isfile(ours_csv) and os.path.isfile(gen_path)):
+        return {}
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import gen_ut_cmakelists
+        import testslist
+    finally:
+        sys.path.pop(0)
+
+    with open(ours_csv, newline="") as f:
+        raw = list(csv.reader(f))
+    header, body = raw[0], [r for r in raw[1:] if r]
+    envs_col = list(testslist.FIELDS).index("envs")
+    tree_csv = os.path.join(tree, TREE_TEST_DIR, "testslist.csv")
+    tree_cmake = os.path.join(tree, TREE_TEST_DIR, "CMakeLists.txt")
+    present = set()
+    if os.path.isfile(tree_csv):
+        with open(tree_csv, newline="") as f:
+            present = {r[0].strip() for r in csv.reader(f) if r}
+    rows, lines = [], []
+    for cells in body:
+        if cells[0].strip() + ".py" not in test_names or cells[0].strip() in present:
+            continue
+        envs = [e for e in cells[envs_col].split(";") if e]
+        if not any(e.startswith("PADDLE_OVERLAY_MODE=") for e in envs):
+            envs.insert(0, PATCHED_MODE_ENV)
+        cells = list(cells)
+        cells[envs_col] = ";".join(envs)
+        rows.append(testslist.parse_row(cells))
+        lines.append(_csv_line(cells))
+    if not rows:
+        return {}
+
+    out = {}
+    csv_rel = f"{TREE_TEST_DIR}/testslist.csv"
+    cmake_rel = f"{TREE_TEST_DIR}/CMakeLists.txt"
+    if os.path.isfile(tree_csv):
+        old = _read(tree_csv)
+        out[csv_rel] = old + ("" if old.endswith("\n") or not old else "\n") + "".join(lines)
+    else:
+        out[csv_rel] = _csv_line(header) + "".join(lines)
+    if os.path.isfile(tree_cmake):
+        old = _read(tree_cmake)
+        ports = [int(p) for p in re.findall(r"PADDLE_DIST_UT_PORT=(\d+)", old)]
+        port = max(ports) + PORT_GAP if ports else gen_ut_cmakelists.FIRST_PORT
+        text = old + ("" if old.endswith("\n") or not old else "\n")
+        for row in rows:
+            text += gen_ut_cmakelists.cmake_entry(row, port)
+            port += max(row.num_port, 1)
+        out[cmake_rel] = text
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "testslist.csv")
+            with open(path, "w", newline="") as f:
+                f.write(out[csv_rel])
+            out[cmake_rel] = gen_ut_cmakelists.generate(path)
+    return out
+
+
+def patched_files(tree):
+    """{path in tree: new text} for every file the patch adds or changes.
+
+    ``tree`` is a Paddle tree laid out as ``python/paddle/...``. Raises :class:`PatchError`.
+    """
+    opt_dir = os.path.join(tree, TREE_OPT_DIR)
+    out = {}
+    for filename, class_name in SPLICED:
+        target_path = os.path.join(opt_dir, filename)
+        if not os.path.isfile(target_path):
+            raise PatchError(f"{target_path} not found: is {tree} a Paddle tree (python/paddle/...)?")
+        overlay_path = os.path.join(OVERLAY_DIR, filename)
+        out[f"{TREE_OPT_DIR}/{filename}"] = splice(
+            _read(target_path),
+            _read(overlay_path),
+            class_name,
+            target_name=f"{TREE_OPT_DIR}/{filename}",
+            overlay_name=os.path.relpath(overlay_path, ROOT),
+        )
+    new_module = f"{TREE_OPT_DIR}/{NEW_MODULE}"
+    if os.path.exists(os.path.join(tree, new_module)):
+        raise PatchError(f"{new_module} exists in {tree}: the tree is already patched")
+    out[new_module] = _read(os.path.join(OVERLAY_DIR, NEW_MODULE))
+    tests = _test_files()
+    for name in tests:
+        out[f"{TREE_TEST_DIR}/{name}"] = _read(os.path.join(TEST_DIR, name))
+    out.update(_registration(tree, set(tests)))
+    return out
+
+
+# --------------------------------------------------------------------------- git
+
+
+def _git_env(home):
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": home,
+        "LC_ALL": "C",
+        "TZ": "UTC",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_TERMINAL_PROMPT": "0",
+    }
+    env.update(GIT_IDENTITY)
+    return env
+
+
+def git(repo, *args, home=None, check=True):
+    """Run git in ``repo`` with a fixed, config-free environment; returns stdout (str)."""
+    proc = subprocess.run(
+        ["git", *GIT_CONFIG, *args],
+        cwd=repo,
+        env=_git_env(home or repo),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {repo}:\n{proc.stderr}")
+    return proc.stdout
+
+
+def diff_text(tree, new_files, header=""):
+    """``git diff`` of ``new_files`` ({path: text}) against the same paths in ``tree``."""
+    with tempfile.TemporaryDirectory(prefix="make_patch-") as tmp:
+        repo = os.path.join(tmp, "repo")
+        os.makedirs(repo)
+        git(repo, "init", "-q", home=tmp)
+        for rel in sorted(new_files):
+            src = os.path.join(tree, rel)
+            if os.path.isfile(src):
+                dst = os.path.join(repo, rel)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copyfile(src, dst)
+        git(repo, "add", "-A", home=tmp)
+        git(repo, "commit", "-q", "--allow-empty", "-m", "original", home=tmp)
+        for rel, text in sorted(new_files.items()):
+            dst = os.path.join(repo, rel)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with open(dst, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+        git(repo, "add", "-A", home=tmp)
+        body = git(
+            repo, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv",
+            "--no-renames", "--full-index", "--diff-algorithm=myers", "--indent-heuristic",
+            "--unified=3", "--src-prefix=a/", "--dst-prefix=b/", home=tmp,
+        )  # fmt: skip
+    return header + body
+
+
+def make_patch(tree, description):
+    """Patch text for the Paddle tree ``tree``; ``description`` names it in the header."""
+    files = patched_files(tree)
+    header = (
+        f"Sharding stage 1 (DygraphShardingOptimizer V1): parameter broadcast overlapped\n"
+        f"with the next forward, for {description}.\n"
+        f"\n"
+        f"Generated by tools/make_patch.py of paddle_overlay from its overlay source; do not\n"
+        f"edit by hand. Apply with: git apply --check FILE && git apply FILE\n"
+        f"(or tools/apply_patch.sh PADDLE_SRC FILE).\n"
+        f"\n"
+    )
+    return diff_text(tree, files, header)
+
+
+# --------------------------------------------------------------------------- wheels
+
+
+def paddle_package_dir(path):
+    """The installed ``paddle`` package folder for a venv, a site-packages folder or the package itself."""
+    path = os.path.abspath(path)
+    candidates = [path, os.path.join(path, "paddle")]
+    candidates += sorted(glob.glob(os.path.join(path, "lib", "python3*", "site-packages", "paddle")))
+    for c in candidates:
+        if os.path.basename(c) == "paddle" and os.path.isfile(os.path.join(c, "version", "__init__.py")):
+            return c
+    raise PatchError(
+        f"no installed paddle package under {path}: give a venv (with lib/python3*/site-packages/paddle), "
+        "a site-packages folder, or the paddle package folder"
+    )
+
+
+def wheel_version(pkg_dir):
+    """``full_version`` and ``commit`` of an installed paddle package, read without importing it."""
+    text = _read(os.path.join(pkg_dir, "version", "__init__.py"))
+    version = re.search(r"^full_version\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+    commit = re.search(r"^commit\s*=\s*['\"]([0-9a-f]+)['\"]", text, re.M)
+    if not version:
+        raise PatchError(f"{pkg_dir}/version/__init__.py has no full_version")
+    return version.group(1), commit.group(1) if commit else None
+
+
+def layout_wheel_tree(pkg_dir, dest):
+    """Lay out the files the patch touches from an installed wheel as a git repo at ``dest``.
+
+    ``dest/python/paddle/distributed/fleet/meta_optimizers/dygraph_optimizer/<the two
+    optimizer files>``, committed and tagged ``v<version>`` like a checkout at that release.
+    Returns the version.
+    """
+    version, _ = wheel_version(pkg_dir)
+    src_dir = os.path.join(pkg_dir, *TREE_OPT_DIR.split("/")[2:])
+    dst_dir = os.path.join(dest, TREE_OPT_DIR)
+    os.makedirs(dst_dir, exist_ok=True)
+    for filename, _ in SPLICED:
+        shutil.copyfile(os.path.join(src_dir, filename), os.path.join(dst_dir, filename))
+    home = os.path.dirname(os.path.abspath(dest))
+    git(dest, "init", "-q", home=home)
+    git(dest, "add", "-A", home=home)
+    git(dest, "commit", "-q", "-m", f"Paddle {version} wheel files", home=home)
+    git(dest, "tag", f"v{version}", home=home)
+    return version
+
+
+def patch_path(version):
+    """Committed patch file for a Paddle version."""
+    return os.path.join(PATCH_DIR, f"paddle-v{version}-stage1-broadcast-overlap.patch")
+
+
+def make_wheel_patch(venv, version=None):
+    """(patch text, version) for the installed wheel found at ``venv``."""
+    pkg = paddle_package_dir(venv)
+    found, commit = wheel_version(pkg)
+    if version and version != found:
+        raise PatchError(f"{pkg} is Paddle {found}, not {version}")
+    with tempfile.TemporaryDirectory(prefix="paddle-wheel-tree-") as tmp:
+        tree = os.path.join(tmp, "Paddle")
+        layout_wheel_tree(pkg, tree)
+        desc = f"Paddle {found}" + (f" (commit {commit})" if commit else "")
+        return make_patch(tree, desc), found
+
+
+# --------------------------------------------------------------------------- patched package
+
+
+def build_patched_package(pkg_dir, patched_tree, out_dir):
+    """A ``paddle`` package at ``out_dir/paddle`` that is the installed one plus the patch.
+
+    Every file and folder links to ``pkg_dir`` (the installed package), except the folders on
+    the way to ``dygraph_optimizer``, which are real, and the files of ``dygraph_optimizer``
+    that ``patched_tree`` (a patched Paddle tree) has, which are copies. Put ``out_dir`` first
+    on PYTHONPATH to import it. Returns ``out_dir/paddle``.
+    """
+    rel_parts = TREE_OPT_DIR.split("/")[2:]  # distributed/fleet/meta_optimizers/dygraph_optimizer
+    if os.path.lexists(out_dir):
+        shutil.rmtree(out_dir)
+    src, dst = pkg_dir, os.path.join(out_dir, "paddle")
+    chain = [None] + rel_parts
+    for depth, part in enumerate(chain):
+        if part is not None:
+            src, dst = os.path.join(src, part), os.path.join(dst, part)
+        os.makedirs(dst)
+        keep_real = chain[depth + 1] if depth + 1 < len(chain) else None
+        for entry in sorted(os.listdir(src)):
+            if entry == keep_real or entry == "__pycache__":
+                continue
+            os.symlink(os.path.join(src, entry), os.path.join(dst, entry))
+    tree_dir = os.path.join(patched_tree, TREE_OPT_DIR)
+    for entry in sorted(os.listdir(tree_dir)):
+        path = os.path.join(dst, entry)
+        if os.path.lexists(path):
+            os.remove(path)
+        shutil.copyfile(os.path.join(tree_dir, entry), path)
+    return os.path.join(out_dir, "paddle")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--paddle-src", metavar="DIR", help="Paddle tree laid out as python/paddle/... (a checkout)")
+    src.add_argument(
+        "--from-wheel", metavar="VENV_OR_SITE_PACKAGES", help="installed paddle wheel (venv, site-packages or package)"
+    )
+    parser.add_argument("--version", help="with --from-wheel: fail unless the wheel is this Paddle version")
+    parser.add_argument("--out", metavar="FILE", help="write the patch here (default: stdout)")
+    args = parser.parse_args(argv)
+    try:
+        if args.from_wheel:
+            text, _ = make_wheel_patch(args.from_wheel, args.version)
+        else:
+            if args.version:
+                parser.error("--version goes with --from-wheel")
+            tree = os.path.abspath(args.paddle_src)
+            text = make_patch(tree, f"the Paddle tree {os.path.basename(tree)}")
+    except PatchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
