@@ -239,7 +239,7 @@ def main(argv=None):
             if res.outcome == "SKIP":
                 note = "; ".join(res.skip_reasons) or note
             rec.update(outcome=res.outcome, seconds=res.seconds, note=note,
-                       detail=log_tail(res.log_path) if res.outcome == "FAIL" else "")
+                       detail=log_tail(res.log_path, 200) if res.outcome == "FAIL" else "")
         results.append(rec)
         print(f"{label}  paddle {rec['paddle']}  ranks {rec['ranks']}  {device}  {rec['outcome']}  "
               f"{fmt_seconds(rec['seconds'])}" + (f"  ({rec['note']})" if rec["note"] else ""), flush=True)
