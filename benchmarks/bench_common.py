@@ -147,10 +147,11 @@ class LlamaDecoderLayer(nn.Layer):
     """PaddleNLP's registration order: attention, MLP, then the two norms
     (so the norm used first is registered after the projections)."""
 
-    def __init__(self, hidden, ffn, heads, prefix=None):
+    def __init__(self, hidden, ffn, heads, prefix=None, sdpa=False):
         super().__init__()
         n = (lambda s: f"{prefix}.{s}.weight") if prefix else (lambda s: None)
         self.heads = heads
+        self.sdpa = sdpa  # fused causal attention (GPU); else plain matmuls
         self.q_proj = _linear(hidden, hidden, n("self_attn.q_proj"))
         self.k_proj = _linear(hidden, hidden, n("self_attn.k_proj"))
         self.v_proj = _linear(hidden, hidden, n("self_attn.v_proj"))
@@ -165,13 +166,17 @@ class LlamaDecoderLayer(nn.Layer):
         b, s, h = x.shape
         d = h // self.heads
         y = self.input_layernorm(x)
-        q = self.q_proj(y).reshape([b, s, self.heads, d]).transpose([0, 2, 1, 3])
-        k = self.k_proj(y).reshape([b, s, self.heads, d]).transpose([0, 2, 1, 3])
-        v = self.v_proj(y).reshape([b, s, self.heads, d]).transpose([0, 2, 1, 3])
-        att = paddle.matmul(q, k, transpose_y=True) / (d**0.5)
-        mask = paddle.triu(paddle.full([s, s], float("-inf")), diagonal=1)
-        att = F.softmax(att + mask, axis=-1)
-        o = paddle.matmul(att, v).transpose([0, 2, 1, 3]).reshape([b, s, h])
+        q = self.q_proj(y).reshape([b, s, self.heads, d])
+        k = self.k_proj(y).reshape([b, s, self.heads, d])
+        v = self.v_proj(y).reshape([b, s, self.heads, d])
+        if self.sdpa:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True).reshape([b, s, h])
+        else:
+            q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))
+            att = paddle.matmul(q, k, transpose_y=True) / (d**0.5)
+            mask = paddle.triu(paddle.full([s, s], float("-inf"), dtype=att.dtype), diagonal=1)
+            att = F.softmax(att + mask, axis=-1)
+            o = paddle.matmul(att, v).transpose([0, 2, 1, 3]).reshape([b, s, h])
         x = x + self.o_proj(o)
         y = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
@@ -185,7 +190,9 @@ class LlamaSmall(nn.Layer):
     every parameter named through ``ParamAttr`` in checkpoint style.
     """
 
-    def __init__(self, layers=4, hidden=64, ffn=172, heads=4, vocab=512, head_first=False, custom_names=False):
+    def __init__(
+        self, layers=4, hidden=64, ffn=172, heads=4, vocab=512, head_first=False, custom_names=False, sdpa=False
+    ):
         super().__init__()
         self.head_first = head_first
         if head_first:
@@ -194,7 +201,7 @@ class LlamaSmall(nn.Layer):
         self.embed_tokens = nn.Embedding(vocab, hidden, weight_attr=emb_attr)
         self.layers = nn.LayerList(
             [
-                LlamaDecoderLayer(hidden, ffn, heads, prefix=f"model.layers.{i}" if custom_names else None)
+                LlamaDecoderLayer(hidden, ffn, heads, prefix=f"model.layers.{i}" if custom_names else None, sdpa=sdpa)
                 for i in range(layers)
             ]
         )
