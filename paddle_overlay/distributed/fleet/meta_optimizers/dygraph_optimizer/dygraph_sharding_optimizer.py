@@ -35,7 +35,9 @@ class DygraphShardingOptimizer:
     """Overlay of ``DygraphShardingOptimizer``: holds only the new and
     changed methods; never instantiated."""
 
-    def _set_broadcast_overlap(self, broadcast_overlap, layers=None, strict=False):
+    def _set_broadcast_overlap(
+        self, broadcast_overlap, layers=None, strict=False
+    ):
         """Overlap the post-update parameter broadcast with the next forward.
 
         When on, after each ``step()``/``minimize()`` every owner rank

@@ -28,7 +28,9 @@ class HybridParallelOptimizer:
     """Overlay of ``HybridParallelOptimizer``: holds only the new and
     changed methods; never instantiated."""
 
-    def _set_broadcast_overlap(self, broadcast_overlap, layers=None, strict=False):
+    def _set_broadcast_overlap(
+        self, broadcast_overlap, layers=None, strict=False
+    ):
         """Turn broadcast overlap on or off for the wrapped sharding optimizer.
 
         The object ``fleet.distributed_optimizer`` returns delegates to its
