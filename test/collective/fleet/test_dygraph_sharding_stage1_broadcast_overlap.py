@@ -43,7 +43,8 @@ LAUNCHES = [
     (
         "order_and_hooks",
         FOUNDATION,
-        "forward_order_recorded,hooks_constant_and_removed",
+        "forward_order_recorded,hooks_constant_and_removed,"
+        "hybrid_step_launches_after_its_parameter_syncs",
         {},
     ),
     (

@@ -47,6 +47,7 @@ On GPUs ``task.wait()`` makes the compute stream wait for the comm stream; it
 does not block the host.
 """
 
+import contextlib
 import enum
 import warnings
 
@@ -168,6 +169,11 @@ class StageOneBroadcastOverlap:
         self._set_state_dict_names = ()
         self._warned_unwaited = False
 
+        # -- launch deferred while the hybrid optimizer still syncs
+        #    parameters after the update (see deferred_launch).
+        self._defer_depth = 0
+        self._launch_deferred = False
+
         # -- counts, for tests and benchmarks.
         self.stats = {
             "launched": 0,
@@ -268,10 +274,34 @@ class StageOneBroadcastOverlap:
 
     # ------------------------------------------------------------------
     # launching and waiting
+    @contextlib.contextmanager
+    def deferred_launch(self):
+        """Hold :meth:`launch` back until the block ends.
+
+        ``HybridParallelOptimizer._step`` syncs some parameters across the
+        model- and pipeline-parallel groups right after the sharding update
+        (``mp_configs.sync_param``, on by default in Paddle 3.x); they must
+        not be read while a sharding broadcast may be writing them on
+        another stream. Launching after those syncs gives the same values as
+        the blocking order: every rank ends with the owner's parameter.
+        """
+        self._defer_depth += 1
+        try:
+            yield
+        except BaseException:
+            self._launch_deferred = False
+            raise
+        finally:
+            self._defer_depth -= 1
+        if self._defer_depth == 0 and self._launch_deferred:
+            self._launch_deferred = False
+            self.launch()
+
     def launch(self):
         """Broadcast every trainable parameter from its owner, ``sync_op=False``.
 
-        Called after each update, in place of the blocking broadcast. The
+        Called after each update, in place of the blocking broadcast (inside
+        :meth:`deferred_launch`, when that block ends). The
         first call agrees the order across the sharding group (one blocking
         broadcast of ``len(params)`` int64 positions from the group's first
         rank). Frozen parameters (``stop_gradient=True``) are not broadcast:
@@ -285,6 +315,9 @@ class StageOneBroadcastOverlap:
         self._check_state(
             BroadcastOverlapState.RECORDING, BroadcastOverlapState.ORDERED
         )
+        if self._defer_depth:
+            self._launch_deferred = True
+            return
         if self._state is BroadcastOverlapState.RECORDING:
             self._order = self._agree_order()
             self._recorded, self._recorded_set = [], set()

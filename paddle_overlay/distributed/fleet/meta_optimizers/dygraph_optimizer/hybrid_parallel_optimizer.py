@@ -21,7 +21,8 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
     DygraphShardingOptimizer,
 )
 
-OVERLAY_WRAPS = ()
+# Methods that replace an existing one and call it as _origin_<name>.
+OVERLAY_WRAPS = ("_step",)
 
 
 class HybridParallelOptimizer:
@@ -62,3 +63,15 @@ class HybridParallelOptimizer:
         inner._set_broadcast_overlap(broadcast_overlap, layers, strict=strict)
         self._broadcast_overlap = broadcast_overlap
         self._layers = layers if broadcast_overlap else None
+
+    def _step(self, parameters_list):
+        """Paddle's ``_step``, with the sharding broadcast launched only after
+        its model/pipeline-parallel parameter syncs (see
+        ``StageOneBroadcastOverlap.deferred_launch``)."""
+        overlap = getattr(self._inner_opt, "__dict__", {}).get(
+            "_broadcast_overlap_impl"
+        )
+        if overlap is None:
+            return self._origin_step(parameters_list)
+        with overlap.deferred_launch():
+            return self._origin_step(parameters_list)
