@@ -84,10 +84,11 @@ def nbytes(p):
     return int(p.numel()) * p.element_size()
 
 
-def analyse(rec, bstep, fstep):
+def analyse(rec, bstep, fstep, blocking=False):
     """Per started layer: (name, bytes needed under the issued order, bytes
     the forward order needs). Layers whose parameters were not broadcast at
-    all (frozen) are skipped."""
+    all (frozen) are skipped.  ``blocking``: every broadcast is waited for
+    before the forward (overlap off), so every layer needs all bytes."""
     order = rec.bcasts.get(bstep, [])
     starts = rec.starts.get(fstep, [])
     owned = rec.layer_params()
@@ -101,7 +102,7 @@ def analyse(rec, bstep, fstep):
         if not params:
             continue
         fwd_acc += sum(nbytes(p) for p in params)
-        need = max(cum[id(p)] for p in params)
+        need = acc if blocking else max(cum[id(p)] for p in params)
         rows.append((_layer_label(layer, params), need, fwd_acc))
     return rows, order
 
@@ -122,7 +123,7 @@ def run(kind, mode):
         rec.close()
         if mode != "off":
             opt._set_broadcast_overlap(False)
-    rows, order = analyse(rec, RECORD_STEPS - 1, RECORD_STEPS)
+    rows, order = analyse(rec, RECORD_STEPS - 1, RECORD_STEPS, blocking=mode == "off")
     names = [p.name for p in order]
     fwd_names = []
     for layer in rec.starts.get(RECORD_STEPS, []):
@@ -187,7 +188,8 @@ def main():
     print("Table O1. Broadcast issue order after step 2 vs the layer start order of step 3's forward.")
     print(
         "'extra' = bytes a layer must wait for beyond what the forward order needs "
-        "(everything issued up to its last parameter, minus the parameters of the layers that started up to it)."
+        "(everything issued up to its last parameter, minus the parameters of the layers that started up to it); "
+        "with overlap off every layer waits for every byte."
     )
     print(
         table(
