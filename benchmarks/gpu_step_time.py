@@ -193,7 +193,6 @@ def worker(args):
         ms = (time.perf_counter() - t0) / args.steps * 1000.0
         if mode in ("upstream", "ours"):
             opt._set_broadcast_overlap(False)
-        del model, opt
         bc.set_mode("off")
         return ms
 
