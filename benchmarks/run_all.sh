@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run every CPU benchmark and the simulator, saving each output under OUT.
+# usage: benchmarks/run_all.sh [OUT]   (default build/bench; about 5 minutes on 2 cores)
+# Uses .venv-test/paddle-3.3.1 and, when present, .venv-test/paddle-2.6.2
+# (tools/run_collective_tests.sh makes them); PY331 / PY262 override.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${1:-build/bench}"
+PY331="${PY331:-.venv-test/paddle-3.3.1/bin/python}"
+PY262="${PY262:-.venv-test/paddle-2.6.2/bin/python}"
+mkdir -p "$OUT"
+echo "overlay commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee "$OUT/commit.txt"
+
+plot=()
+if "$PY331" -c "import matplotlib" 2>/dev/null; then plot=(--plot docs/img); fi
+"$PY331" benchmarks/timeline_sim.py "${plot[@]}" | tee "$OUT/timeline_sim.txt"
+"$PY331" -m pytest -q -p no:cacheprovider benchmarks/test_timeline_sim.py | tee "$OUT/test_timeline_sim.txt"
+
+run() {  # run PY NAME SCRIPT: two CPU ranks; keep rank 0's log as the result
+  local py="$1" name="$2" script="$3"
+  rm -rf "$OUT/logs-$name"
+  "$py" -m paddle.distributed.launch --nproc_per_node 2 --log_dir "$OUT/logs-$name" "$script" >/dev/null 2>&1 \
+    || { echo "FAILED: $name (see $OUT/logs-$name)"; return 1; }
+  grep -E '^(\||paddle |Table|upstream:|ours on|llama /|.extra)' "$OUT/logs-$name/workerlog.0" | tee "$OUT/$name.txt"
+}
+run "$PY331" ordering-3.3.1 benchmarks/ordering.py
+run "$PY331" overhead-3.3.1 benchmarks/overhead.py
+if [[ -x "$PY262" ]]; then
+  run "$PY262" ordering-2.6.2 benchmarks/ordering.py
+  run "$PY262" overhead-2.6.2 benchmarks/overhead.py
+fi
+echo "results in $OUT"
