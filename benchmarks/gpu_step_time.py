@@ -145,7 +145,8 @@ def worker(args):
 
     def sync():
         if not cpu:
-            paddle.device.synchronize()
+            # paddle.device.synchronize is the 3.x spelling; 2.6 has the cuda one.
+            (getattr(paddle.device, "synchronize", None) or paddle.device.cuda.synchronize)()
 
     def one_run(mode):
         paddle.seed(1234)
