@@ -145,7 +145,7 @@ def worker(args):
 
     def sync():
         if not cpu:
-            # paddle.device.synchronize is the 3.x spelling; 2.6 has the cuda one.
+            # paddle.device.synchronize where it exists, else the older cuda spelling.
             (getattr(paddle.device, "synchronize", None) or paddle.device.cuda.synchronize)()
 
     def one_run(mode):
