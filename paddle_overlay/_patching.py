@@ -115,9 +115,22 @@ def apply():
 def remove():
     """Restore the exact attributes that :func:`apply` replaced. Idempotent.
 
-    Turn broadcast overlap off on live optimizers first: their hooks and
-    pending tasks belong to the overlay.
+    Raises:
+        RuntimeError: an optimizer still has broadcast overlap on (its hooks
+            and pending tasks belong to the overlay); nothing is restored.
     """
+    if _saved:
+        from .distributed.fleet.meta_optimizers.dygraph_optimizer import (
+            broadcast_overlap,
+        )
+
+        still_open = broadcast_overlap.open_overlaps()
+        if still_open:
+            raise RuntimeError(
+                f"{len(still_open)} optimizer(s) still have broadcast overlap "
+                "on; call optimizer._set_broadcast_overlap(False) on each "
+                "before paddle_overlay.remove(). Nothing was removed."
+            )
     while _saved:
         (target, name), original = _saved.popitem()
         if original is _MISSING:

@@ -139,6 +139,39 @@ class SometimesSkipLM(TinyLM):
         return self.head(x)
 
 
+class WeightNormLM(TinyLM):
+    """head under paddle.nn.utils.weight_norm: its forward pre-hook (made
+    before overlap is enabled) computes weight from weight_g and weight_v."""
+
+    def __init__(self):
+        super().__init__()
+        paddle.nn.utils.weight_norm(self.head)
+
+
+class ParameterListLM(TinyLM):
+    """Extra parameters in a ParameterList, read by the parent's forward
+    (a ParameterList has no forward of its own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scales = paddle.nn.ParameterList(
+            [self.create_parameter([HIDDEN]) for _ in range(2)]
+        )
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for i, block in enumerate(self.blocks):
+            if READ_CHECK[0] is not None:
+                READ_CHECK[0]([self.scales[i]])
+            x = block(x) * self.scales[i]
+        return self.head(x)
+
+
+# Called with a list of parameters right before a forward reads them; set by
+# a case to check them with the wait checker.
+READ_CHECK = [None]
+
+
 # ----------------------------------------------------------------------
 # cases: models
 def case_root_owned_parameter():
@@ -359,6 +392,69 @@ def case_amp_o2_main_grad():
     params = list(info["model"].parameters())
     assert all(hasattr(p, "main_grad") for p in params)
     assert info["opt"]._inner_opt._use_main_grad
+
+
+def case_user_pre_hook_reads_waited_parameters():
+    """A user's pre-hook registered before overlap is enabled (here
+    weight_norm's) runs after the overlay's wait."""
+    compare_on_off(WeightNormLM)
+    with BroadcastWaitChecker() as checker:
+
+        def wrap(model):
+            def user_hook(layer, _inputs):
+                checker.check(layer.parameters(include_sublayers=False), "user hook")
+
+            for layer in model.sublayers(include_self=True):
+                layer.register_forward_pre_hook(user_hook)
+            return model
+
+        train(TinyLM, overlap=True, checker=checker, wrap_model=wrap)
+    assert checker.counts["launched"] > 0 and checker.violations == [], (
+        checker.violations[:5]
+    )
+
+
+def case_parameter_list_waited_by_parent():
+    compare_on_off(ParameterListLM)
+    with BroadcastWaitChecker() as checker:
+        READ_CHECK[0] = lambda params: checker.check(params, "ParameterList read")
+        try:
+            train(ParameterListLM, overlap=True, checker=checker)
+        finally:
+            READ_CHECK[0] = None
+    assert checker.violations == [], checker.violations[:5]
+
+
+def case_load_into_inner_model_or_sublayer_waits():
+    """set_state_dict on the unwrapped model or a sublayer right after
+    step(): every pending broadcast is waited before the load."""
+    loads, snapshots = [], {}
+
+    def on_step(step, model, opt):
+        checker = on_step.checker
+        inner = model._layers
+        targets = {"inner": inner, "block": inner.blocks[1]}
+        if step == 0:  # state_dict() waits: safe to copy
+            for name, layer in targets.items():
+                snapshots[name] = {
+                    k: v.clone() for k, v in layer.state_dict().items()
+                }
+            return
+        name = "inner" if step % 2 == 0 else "block"
+        if checker is not None:
+            assert checker.num_unwaited() > 0
+        targets[name].set_state_dict(snapshots[name])  # roll back
+        if checker is not None:
+            loads.append(checker.num_unwaited())
+
+    on_step.checker = None
+    off = train(TinyLM, overlap=False, on_step=on_step)
+    with BroadcastWaitChecker() as checker:
+        on_step.checker = checker
+        on = train(TinyLM, overlap=True, checker=checker, on_step=on_step)
+    assert_bitwise_equal(off[:2], on[:2], "loads")
+    assert loads and set(loads) == {0}, loads
+    assert checker.violations == []
 
 
 def case_bad_input_raises_before_any_change():

@@ -33,11 +33,17 @@ upstream in these ways:
   ``param.name``, which is not the forward order in general.
 * Waits. Every layer that owns managed parameters directly
   (``parameters(include_sublayers=False)``) gets a pre-hook, not only leaf
-  layers. Parameters that no layer of ``layers`` owns are waited for right
-  after launch (with one warning). ``state_dict()`` of the model (any of its
-  hooked layers) and of the optimizer, the model's ``set_state_dict()``, and
-  the next ``step()``/``minimize()`` wait for whatever is still pending, so
-  no manual synchronize is needed before ``paddle.save`` or inference.
+  layers, placed before any other pre-hook of that layer; a container
+  without ``forward`` (``ParameterList``) is waited for by its parent.
+  Parameters that no layer of ``layers`` owns are waited for right after
+  launch (with one warning). ``state_dict()`` and ``set_state_dict()`` of
+  any layer of the model, the optimizer's ``state_dict()``, and the next
+  ``step()``/``minimize()`` wait for whatever is still pending, so no
+  manual synchronize is needed before ``paddle.save`` or inference.
+  Not intercepted: a single parameter read or written directly
+  (``param.numpy()``, ``param.set_value``) between ``step()`` and the next
+  forward, and a read before its owner layer runs in the same forward
+  (use ``strict=True``).
 * Hooks. Registered once when overlap is enabled, kept in a dict keyed by
   layer, removed together when it is disabled; upstream registers them every
   step and ``minimize()`` never removes them.
@@ -50,6 +56,7 @@ does not block the host.
 import contextlib
 import enum
 import warnings
+import weakref
 
 import paddle
 
@@ -73,6 +80,73 @@ def _owned_parameters(layer):
     return layer.parameters(include_sublayers=False)
 
 
+def _waiting_layer(layer, parent_of, root):
+    """The layer whose pre-hook waits for ``layer``'s own parameters.
+
+    A container without ``forward`` (``ParameterList``, ``ParameterDict``)
+    never runs: its parent reads its parameters, so the nearest ancestor
+    with a ``forward`` waits for them.
+    """
+    while layer is not root and type(layer).forward is paddle.nn.Layer.forward:
+        layer = parent_of.get(id(layer), root)
+    return layer
+
+
+# Loading methods that must wait for pending broadcasts first.
+_LOAD_METHODS = ("set_state_dict", "set_dict", "load_dict")
+# layer -> [StageOneBroadcastOverlap]: the owners a load on it waits for
+# (several optimizers can share one model).
+_LOAD_WAITERS = weakref.WeakKeyDictionary()
+# Every owner between open() and close(); paddle_overlay.remove() checks it.
+_OPEN = weakref.WeakSet()
+
+
+class _WaitingLoad:
+    """Stands in for ``layer.set_state_dict`` (and its aliases) in the
+    layer's ``__dict__``: waits for every owner's pending broadcasts, then
+    calls the class's method, so no broadcast lands after the loaded values.
+    A ``copy.deepcopy`` of the layer gets one bound to the copy."""
+
+    def __init__(self, layer, name):
+        self._layer = weakref.ref(layer)
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        layer = self._layer()
+        for owner in list(_LOAD_WAITERS.get(layer, ())):
+            owner.stats["waited_on_demand"] += owner.wait_all()
+        return getattr(type(layer), self._name)(layer, *args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        copy = memo.get(id(self._layer()))
+        return self if copy is None else _WaitingLoad(copy, self._name)
+
+
+def _add_load_waiter(layer, owner):
+    waiters = _LOAD_WAITERS.setdefault(layer, [])
+    if not waiters:
+        for name in _LOAD_METHODS:
+            if hasattr(type(layer), name):
+                object.__setattr__(layer, name, _WaitingLoad(layer, name))
+    waiters.append(owner)
+
+
+def _remove_load_waiter(layer, owner):
+    waiters = _LOAD_WAITERS.get(layer, [])
+    if owner in waiters:
+        waiters.remove(owner)
+    if not waiters:
+        _LOAD_WAITERS.pop(layer, None)
+        for name in _LOAD_METHODS:
+            if isinstance(layer.__dict__.get(name), _WaitingLoad):
+                object.__delattr__(layer, name)
+
+
+def open_overlaps():
+    """list[StageOneBroadcastOverlap]: every one opened and not yet closed."""
+    return list(_OPEN)
+
+
 class StageOneBroadcastOverlap:
     """Owns the broadcast order, the pending tasks and the hook handles.
 
@@ -88,9 +162,10 @@ class StageOneBroadcastOverlap:
             that owns and broadcasts it.
         group (paddle.distributed.collective.Group): the sharding process group.
         layers (paddle.nn.Layer): the model that runs the forward.
-        strict (bool): if True, the pre-hook of ``layers`` itself waits for
-            every pending task, for models that read parameters without
-            calling their owner layer (``F.linear(x, self.proj.weight)``).
+        strict (bool): if True, the first hooked layer to run in a forward
+            waits for every pending task (no overlap), for models that read
+            parameters without calling their owner layer
+            (``F.linear(x, self.proj.weight)``).
 
     Raises:
         TypeError: ``layers`` is not a ``paddle.nn.Layer`` or ``strict`` is
@@ -131,17 +206,27 @@ class StageOneBroadcastOverlap:
         #    parameters directly, tied parameters under each owner.
         self._layers = layers
         self._strict = strict
-        self._layer_indices = []  # [(layer, tuple of indices)]
-        reachable = set()
-        for layer in layers.sublayers(include_self=True):
-            indices = tuple(
+        self._all_layers = layers.sublayers(include_self=True)
+        parent_of = {}
+        for layer in self._all_layers:
+            for child in layer.children():
+                parent_of.setdefault(id(child), layer)
+        waiting = {}  # id(waiting layer) -> (layer, [indices])
+        for layer in self._all_layers:
+            indices = [
                 self._index_of[id(p)]
                 for p in _owned_parameters(layer)
                 if id(p) in self._index_of
-            )
+            ]
             if indices:
-                self._layer_indices.append((layer, indices))
-                reachable.update(indices)
+                waiter = _waiting_layer(layer, parent_of, layers)
+                waiting.setdefault(id(waiter), (waiter, []))[1].extend(indices)
+        # [(layer, tuple of indices)], in sublayer order
+        self._layer_indices = [
+            (layer, tuple(dict.fromkeys(indices)))
+            for layer, indices in waiting.values()
+        ]
+        reachable = {i for _, indices in self._layer_indices for i in indices}
         if not reachable:
             raise ValueError(
                 f"layers ({type(layers).__name__}) owns none of the "
@@ -166,7 +251,6 @@ class StageOneBroadcastOverlap:
         self._pre_hook_handles = {}  # id(layer) -> handle
         self._state_dict_hook_handles = {}  # id(layer) -> handle
         self._post_hook_handle = None
-        self._set_state_dict_names = ()
         self._warned_unwaited = False
 
         # -- launch deferred while the hybrid optimizer still syncs
@@ -222,7 +306,11 @@ class StageOneBroadcastOverlap:
     # ------------------------------------------------------------------
     # life cycle
     def open(self):
-        """Install the hooks (once; they stay until :meth:`close`)."""
+        """Install the hooks (once; they stay until :meth:`close`).
+
+        Forward pre-hooks go first in each layer's hook order, so a user's
+        own pre-hook (``weight_norm``'s, say) reads waited parameters.
+        """
         self._check_state(BroadcastOverlapState.RECORDING)
         assert not self._pre_hook_handles, "open() called twice"
         root = self._layers
@@ -235,42 +323,42 @@ class StageOneBroadcastOverlap:
                 "waited right after their broadcast is launched (no overlap).",
                 stacklevel=3,
             )
+        _OPEN.add(self)
         if not any(layer is root for layer, _ in self._layer_indices):
             # The root always gets a pre-hook: strict mode and order
             # recording of root-owned parameters run there.
             self._add_pre_hook(root, ())
         for layer, indices in self._layer_indices:
             self._add_pre_hook(layer, indices)
+        for layer in self._all_layers:
             self._state_dict_hook_handles[id(layer)] = (
                 layer.register_state_dict_hook(self._on_state_dict)
             )
-        if id(root) not in self._state_dict_hook_handles:
-            self._state_dict_hook_handles[id(root)] = (
-                root.register_state_dict_hook(self._on_state_dict)
-            )
+            _add_load_waiter(layer, self)
         self._post_hook_handle = root.register_forward_post_hook(
             self._on_root_forward_post
         )
-        self._wrap_set_state_dict(root)
 
     def close(self):
-        """Wait for every pending task and remove every hook. Idempotent."""
+        """Wait for every pending task and remove every hook. Idempotent;
+        the object is closed even if a step of it fails."""
         if self._state is BroadcastOverlapState.CLOSED:
             return
-        self.wait_all()
-        for handles in (self._pre_hook_handles, self._state_dict_hook_handles):
-            for handle in handles.values():
-                handle.remove()
-            handles.clear()
-        if self._post_hook_handle is not None:
-            self._post_hook_handle.remove()
-            self._post_hook_handle = None
-        for name in self._set_state_dict_names:
-            # Drop the instance attribute: the class method shows again.
-            object.__delattr__(self._layers, name)
-        self._set_state_dict_names = ()
-        self._recorded, self._recorded_set = [], set()
         self._state = BroadcastOverlapState.CLOSED
+        _OPEN.discard(self)
+        try:
+            self._wait(list(self._pending))
+        finally:
+            for handles in (self._pre_hook_handles, self._state_dict_hook_handles):
+                for handle in handles.values():
+                    handle.remove()
+                handles.clear()
+            if self._post_hook_handle is not None:
+                self._post_hook_handle.remove()
+                self._post_hook_handle = None
+            for layer in self._all_layers:
+                _remove_load_waiter(layer, self)
+            self._recorded, self._recorded_set = [], set()
 
     # ------------------------------------------------------------------
     # launching and waiting
@@ -395,24 +483,26 @@ class StageOneBroadcastOverlap:
     # ------------------------------------------------------------------
     # hooks
     def _add_pre_hook(self, layer, indices):
-        is_root = layer is self._layers
+        strict = self._strict
 
         def forward_pre_hook(_layer, _inputs):
             if self._state is BroadcastOverlapState.RECORDING:
                 self._record(indices)
             elif self._pending:
-                if is_root and self._strict:
+                if strict:
+                    # The first hooked layer to run waits for everything,
+                    # whether or not the forward goes through the root.
                     self.stats["waited_in_forward"] += self.wait_all()
-                else:
-                    first_pending = next(iter(self._pending))
-                    waited = self._wait(indices)
-                    if waited and first_pending not in indices:
-                        self.stats["waited_out_of_order"] += 1
-                    self.stats["waited_in_forward"] += waited
+                    return
+                first_pending = next(iter(self._pending))
+                waited = self._wait(indices)
+                if waited and first_pending not in indices:
+                    self.stats["waited_out_of_order"] += 1
+                self.stats["waited_in_forward"] += waited
 
-        self._pre_hook_handles[id(layer)] = layer.register_forward_pre_hook(
-            forward_pre_hook
-        )
+        handle = layer.register_forward_pre_hook(forward_pre_hook)
+        layer._forward_pre_hooks.move_to_end(handle._hook_id, last=False)
+        self._pre_hook_handles[id(layer)] = handle
 
     def _record(self, indices):
         seen = self._recorded_set
@@ -449,26 +539,9 @@ class StageOneBroadcastOverlap:
             "layer.forward(x)), which reads them while the broadcast may be "
             "in flight on GPU. In that case call "
             "_set_broadcast_overlap(True, layers=model, strict=True) so the "
-            "model's own pre-hook waits for every broadcast. Shown once.",
+            "first layer to run waits for every broadcast. Shown once.",
             stacklevel=2,
         )
-
-    def _wrap_set_state_dict(self, root):
-        """Make ``root.set_state_dict`` (and its aliases) wait first, so no
-        pending broadcast can land after the loaded values."""
-        names = []
-        for name in ("set_state_dict", "set_dict", "load_dict"):
-            original = getattr(root, name, None)
-            if original is None:
-                continue
-
-            def waiting_load(*args, _original=original, **kwargs):
-                self.stats["waited_on_demand"] += self.wait_all()
-                return _original(*args, **kwargs)
-
-            object.__setattr__(root, name, waiting_load)
-            names.append(name)
-        self._set_state_dict_names = tuple(names)
 
     def _check_state(self, *allowed):
         assert self._state in allowed, (

@@ -46,7 +46,7 @@ class DygraphShardingOptimizer:
         across the sharding group), and a forward pre-hook on each layer that
         owns parameters waits only for that layer's own tasks. Anything that
         reads or writes parameters through the optimizer or the model's
-        ``state_dict``/``set_state_dict`` waits first, so no manual
+        layers' ``state_dict``/``set_state_dict`` waits first, so no manual
         ``paddle.device.synchronize()`` is needed before ``paddle.save``.
         Same entry point as upstream Paddle PR #63945; see NOTE [broadcast
         overlap] in ``broadcast_overlap.py`` for what differs.
@@ -56,9 +56,10 @@ class DygraphShardingOptimizer:
                 it off (waits for pending tasks and removes every hook).
             layers (paddle.nn.Layer): the model that runs the forward;
                 required when turning overlap on.
-            strict (bool): also wait for every pending task in the pre-hook
-                of ``layers`` itself; use it when the model reads parameters
-                without calling their owner layer. Default False.
+            strict (bool): the first hooked layer to run in each forward
+                waits for every pending task (safe, no overlap); use it when
+                the model reads parameters without calling their owner
+                layer. Default False.
 
         Raises:
             TypeError: ``broadcast_overlap`` or ``strict`` is not a bool, or
@@ -70,8 +71,10 @@ class DygraphShardingOptimizer:
         """
         if not isinstance(broadcast_overlap, bool):
             raise TypeError(
-                "broadcast_overlap must be a bool, got "
-                f"{type(broadcast_overlap).__name__}."
+                "broadcast_overlap must be a Python bool, got "
+                f"{broadcast_overlap!r} of type "
+                f"{type(broadcast_overlap).__module__}."
+                f"{type(broadcast_overlap).__qualname__}."
             )
         current = self.__dict__.get("_broadcast_overlap_impl")
         if not broadcast_overlap:

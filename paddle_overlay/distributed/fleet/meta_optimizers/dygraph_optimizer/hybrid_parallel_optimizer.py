@@ -46,8 +46,10 @@ class HybridParallelOptimizer:
         """
         if not isinstance(broadcast_overlap, bool):
             raise TypeError(
-                "broadcast_overlap must be a bool, got "
-                f"{type(broadcast_overlap).__name__}."
+                "broadcast_overlap must be a Python bool, got "
+                f"{broadcast_overlap!r} of type "
+                f"{type(broadcast_overlap).__module__}."
+                f"{type(broadcast_overlap).__qualname__}."
             )
         inner = self._inner_opt
         if not isinstance(inner, DygraphShardingOptimizer):
