@@ -6,6 +6,7 @@ as the Paddle class, plus ``OVERLAY_WRAPS``: the names that replace an
 existing method, whose original is kept as ``_origin_<name>``.
 """
 
+import gc
 import importlib
 import re
 
@@ -124,6 +125,7 @@ def remove():
             broadcast_overlap,
         )
 
+        gc.collect()  # overlaps of unreachable models/optimizers do not count
         still_open = broadcast_overlap.open_overlaps()
         if still_open:
             raise RuntimeError(

@@ -28,6 +28,10 @@ import paddle
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
+    STEPS,
+    adamw,
+    assert_bitwise_equal,
+    build_with_initial_state,
     VOCAB,
     Block,
     TinyLM,
@@ -337,6 +341,91 @@ def case_trainability_changed_mid_training():
 
     checker, info = compare_on_off(steps=5, on_step=on_step)
     assert_order_agreed(info)
+
+
+def case_two_optimizers_share_one_model():
+    """Two sharding optimizers over disjoint parameters of one model (V1
+    has no parameter groups), both overlapped; turned off in either order."""
+    from paddle.distributed import fleet
+
+    def run(overlap, off_order=None):
+        model = build_with_initial_state(TinyLM)
+        body = [p for n, p in model.named_parameters() if not n.startswith("head")]
+        opts = [
+            fleet.distributed_optimizer(adamw(body)),
+            fleet.distributed_optimizer(
+                paddle.optimizer.SGD(0.05, parameters=model.head.parameters())
+            ),
+        ]
+        model = fleet.distributed_model(model)
+        base = total_forward_pre_hooks(model)
+        if overlap:
+            for opt in opts:
+                opt._set_broadcast_overlap(True, layers=model)
+        losses = []
+        for step in range(STEPS):
+            loss = lm_loss(model, step)
+            loss.backward()
+            for opt in opts:
+                opt.step()
+                opt.clear_grad()
+            losses.append(loss.numpy().copy())
+        params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+        if overlap:
+            for i in off_order:
+                opts[i]._set_broadcast_overlap(False)
+            assert total_forward_pre_hooks(model) == base
+            assert not any(
+                "set_state_dict" in vars(l) for l in model.sublayers(include_self=True)
+            )
+        return losses, params
+
+    off = run(False)
+    for order in ((0, 1), (1, 0)):
+        assert_bitwise_equal(off, run(True, order), f"two optimizers {order}")
+
+
+def case_toggle_on_off_on_mid_training():
+    def on_step(step, model, opt):
+        if step == 1:
+            opt._set_broadcast_overlap(False)
+        elif step == 2:
+            opt._set_broadcast_overlap(True, layers=model)
+        elif step == 3:
+            opt._set_broadcast_overlap(True, layers=model)  # again: replaces
+
+    checker, info = compare_on_off(steps=6, on_step=on_step)
+    assert_order_agreed(info)
+
+
+def case_remove_refused_while_on_and_deepcopy_loads_copy():
+    import copy
+
+    import paddle_overlay
+
+    if not paddle_overlay.is_applied():
+        return  # patched-tree mode: nothing to remove
+    _, _, info = train(TinyLM, overlap=True, steps=2)
+    model, opt = info["model"], info["opt"]
+    try:
+        paddle_overlay.remove()
+    except RuntimeError as e:
+        assert "_set_broadcast_overlap(False)" in str(e), str(e)
+    else:
+        raise AssertionError("remove() accepted a live overlap")
+    assert paddle_overlay.is_applied()
+
+    # a deepcopy (e.g. for EMA) loads into itself, not into the original
+    twin = copy.deepcopy(model._layers)
+    zeros = {k: paddle.zeros_like(v) for k, v in twin.state_dict().items()}
+    twin.set_state_dict(zeros)
+    assert all(float(v.abs().sum()) == 0 for v in twin.state_dict().values())
+    assert any(float(v.abs().sum()) > 0 for v in model.state_dict().values())
+
+    opt._set_broadcast_overlap(False)
+    paddle_overlay.remove()
+    assert not paddle_overlay.is_applied()
+    paddle_overlay.apply()
 
 
 if __name__ == "__main__":

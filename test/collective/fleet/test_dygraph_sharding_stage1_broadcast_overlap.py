@@ -52,7 +52,8 @@ LAUNCHES = [
         MODELS,
         "root_owned_parameter,tied_weights,built_out_of_forward_order,"
         "custom_parameter_names,unreachable_parameters_waited_and_named,"
-        "frozen_and_gradless_parameters,amp_o2_main_grad",
+        "frozen_and_gradless_parameters,amp_o2_main_grad,"
+        "user_pre_hook_reads_waited_parameters,parameter_list_waited_by_parent",
         {},
     ),
     (
@@ -60,6 +61,7 @@ LAUNCHES = [
         MODELS,
         "layer_not_run_and_eval_between_steps,"
         "state_dict_and_save_without_synchronize,checkpoint_resume,"
+        "load_into_inner_model_or_sublayer_waits,"
         "bad_input_raises_before_any_change",
         {},
     ),
@@ -79,6 +81,13 @@ LAUNCHES = [
         "layer_called_twice_and_two_forwards_per_backward,"
         "skipped_steps_first_included,weights_replaced_between_steps,"
         "parameters_read_without_call,trainability_changed_mid_training",
+        {},
+    ),
+    (
+        "lifecycle",
+        LOOPS,
+        "two_optimizers_share_one_model,toggle_on_off_on_mid_training,"
+        "remove_refused_while_on_and_deepcopy_loads_copy",
         {},
     ),
     (

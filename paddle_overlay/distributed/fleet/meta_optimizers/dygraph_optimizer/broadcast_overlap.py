@@ -94,8 +94,9 @@ def _waiting_layer(layer, parent_of, root):
 
 # Loading methods that must wait for pending broadcasts first.
 _LOAD_METHODS = ("set_state_dict", "set_dict", "load_dict")
-# layer -> [StageOneBroadcastOverlap]: the owners a load on it waits for
-# (several optimizers can share one model).
+# layer -> WeakSet of StageOneBroadcastOverlap: the owners a load on it
+# waits for (several optimizers can share one model). Weak both ways: an
+# owner refers to its layers, so a strong value would keep the key alive.
 _LOAD_WAITERS = weakref.WeakKeyDictionary()
 # Every owner between open() and close(); paddle_overlay.remove() checks it.
 _OPEN = weakref.WeakSet()
@@ -123,18 +124,18 @@ class _WaitingLoad:
 
 
 def _add_load_waiter(layer, owner):
-    waiters = _LOAD_WAITERS.setdefault(layer, [])
+    waiters = _LOAD_WAITERS.setdefault(layer, weakref.WeakSet())
     if not waiters:
         for name in _LOAD_METHODS:
             if hasattr(type(layer), name):
                 object.__setattr__(layer, name, _WaitingLoad(layer, name))
-    waiters.append(owner)
+    waiters.add(owner)
 
 
 def _remove_load_waiter(layer, owner):
-    waiters = _LOAD_WAITERS.get(layer, [])
+    waiters = _LOAD_WAITERS.get(layer, ())
     if owner in waiters:
-        waiters.remove(owner)
+        waiters.discard(owner)
     if not waiters:
         _LOAD_WAITERS.pop(layer, None)
         for name in _LOAD_METHODS:
@@ -330,13 +331,22 @@ class StageOneBroadcastOverlap:
             self._add_pre_hook(root, ())
         for layer, indices in self._layer_indices:
             self._add_pre_hook(layer, indices)
+        # Hooks are plain functions, not bound methods: copy.deepcopy of the
+        # model copies functions by reference but would copy a bound
+        # method's owner (and its process group, which cannot be copied).
+        def state_dict_hook(destination):
+            self._on_state_dict(destination)
+
+        def root_forward_post_hook(layer, inputs, outputs):
+            self._on_root_forward_post(layer, inputs, outputs)
+
         for layer in self._all_layers:
             self._state_dict_hook_handles[id(layer)] = (
-                layer.register_state_dict_hook(self._on_state_dict)
+                layer.register_state_dict_hook(state_dict_hook)
             )
             _add_load_waiter(layer, self)
         self._post_hook_handle = root.register_forward_post_hook(
-            self._on_root_forward_post
+            root_forward_post_hook
         )
 
     def close(self):
