@@ -60,7 +60,22 @@ import weakref
 
 import paddle
 
-__all__ = ["BroadcastOverlapState", "StageOneBroadcastOverlap"]
+__all__ = [
+    "BroadcastOverlapState",
+    "StageOneBroadcastOverlap",
+    "check_broadcast_overlap_flag",
+]
+
+
+def check_broadcast_overlap_flag(broadcast_overlap):
+    """Raise ``TypeError`` unless ``broadcast_overlap`` is a Python bool."""
+    if not isinstance(broadcast_overlap, bool):
+        raise TypeError(
+            "broadcast_overlap must be a Python bool, got "
+            f"{broadcast_overlap!r} of type "
+            f"{type(broadcast_overlap).__module__}."
+            f"{type(broadcast_overlap).__qualname__}."
+        )
 
 
 class BroadcastOverlapState(enum.Enum):

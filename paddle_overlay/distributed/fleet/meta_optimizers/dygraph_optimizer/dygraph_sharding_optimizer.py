@@ -25,7 +25,10 @@ broadcast overlap is off. Every other method here is new.
 
 from paddle import framework
 
-from .broadcast_overlap import StageOneBroadcastOverlap
+from .broadcast_overlap import (
+    StageOneBroadcastOverlap,
+    check_broadcast_overlap_flag,
+)
 
 # Methods that replace an existing one and call it as _origin_<name>.
 OVERLAY_WRAPS = ("_sharding_sync_parameters", "minimize", "step")
@@ -69,13 +72,7 @@ class DygraphShardingOptimizer:
                 ``comm_overlap`` is set in ``sharding_configs``.
             Nothing is changed when an error is raised.
         """
-        if not isinstance(broadcast_overlap, bool):
-            raise TypeError(
-                "broadcast_overlap must be a Python bool, got "
-                f"{broadcast_overlap!r} of type "
-                f"{type(broadcast_overlap).__module__}."
-                f"{type(broadcast_overlap).__qualname__}."
-            )
+        check_broadcast_overlap_flag(broadcast_overlap)
         current = self.__dict__.get("_broadcast_overlap_impl")
         if not broadcast_overlap:
             if current is not None:

@@ -21,6 +21,8 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
     DygraphShardingOptimizer,
 )
 
+from .broadcast_overlap import check_broadcast_overlap_flag
+
 # Methods that replace an existing one and call it as _origin_<name>.
 OVERLAY_WRAPS = ("_step",)
 
@@ -44,13 +46,7 @@ class HybridParallelOptimizer:
                 sharding stage 1 V1 (``sharding_degree`` 1, or
                 ``sharding_configs.split_param = True`` which selects V2).
         """
-        if not isinstance(broadcast_overlap, bool):
-            raise TypeError(
-                "broadcast_overlap must be a Python bool, got "
-                f"{broadcast_overlap!r} of type "
-                f"{type(broadcast_overlap).__module__}."
-                f"{type(broadcast_overlap).__qualname__}."
-            )
+        check_broadcast_overlap_flag(broadcast_overlap)
         inner = self._inner_opt
         if not isinstance(inner, DygraphShardingOptimizer):
             if broadcast_overlap:
