@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# Measured on this project's collective suite: 91.0% (Paddle 3.3.1 and 2.6.2, 2026-11).
-COV_FAIL_UNDER="${COV_FAIL_UNDER:-90}"
+# Measured on this project's collective suite: 94.2% with branches (Paddle 3.3.1 and
+# 2.6.2, fresh clone, 2026-11-29).
+COV_FAIL_UNDER="${COV_FAIL_UNDER:-92}"
 REPORTS=build/ci
 mkdir -p "$REPORTS"
 status=0
