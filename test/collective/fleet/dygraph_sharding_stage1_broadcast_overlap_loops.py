@@ -411,6 +411,23 @@ def case_remove_refused_while_on_and_deepcopy_loads_copy():
     twin.set_state_dict(zeros)
     assert all(float(v.abs().sum()) == 0 for v in twin.state_dict().values())
     assert any(float(v.abs().sum()) > 0 for v in model.state_dict().values())
+    # the copy keeps no reference to this overlap: its hooks are no-ops
+    twin_hooks = [
+        h
+        for l in twin.sublayers(include_self=True)
+        for h in list(l._forward_pre_hooks.values()) + list(l._state_dict_hooks.values())
+    ]
+    assert twin_hooks and all(h.__name__ == "_noop_hook" for h in twin_hooks)
+
+    # an optimizer deleted with overlap on takes its hooks with it
+    import gc
+
+    _, _, other = train(TinyLM, overlap=True, steps=1)
+    other_model = other["model"]
+    hooked = total_forward_pre_hooks(other_model)
+    del other
+    gc.collect()
+    assert hooked > 0 and total_forward_pre_hooks(other_model) == 0
 
     if os.environ.get("PADDLE_OVERLAY_MODE", "overlay") != "overlay":
         return  # patched Paddle: there is no overlay to remove
@@ -427,6 +444,44 @@ def case_remove_refused_while_on_and_deepcopy_loads_copy():
     paddle_overlay.remove()
     assert not paddle_overlay.is_applied()
     paddle_overlay.apply()
+
+
+def case_error_after_update_then_training_continues():
+    """An error raised inside the hybrid optimizer's step after the update
+    (caught by the user, who trains on): the broadcast still happens."""
+
+    def on_step(step, model, opt):
+        if step == 0:
+            inner = opt._inner_opt
+            cls_step = type(inner).step
+
+            def step_then_fail():
+                cls_step(inner)
+                if on_step.calls == 0:
+                    on_step.calls += 1
+                    raise RuntimeError("injected after the update")
+
+            inner.step = step_then_fail
+
+    def run(overlap):
+        on_step.calls = 0
+        losses, _, info = train(TinyLM, overlap=overlap, steps=1, on_step=on_step)
+        model, opt = info["model"], info["opt"]
+        more = []
+        for step in range(1, 4):
+            loss = lm_loss(model, step)
+            loss.backward()
+            try:
+                opt.step()
+            except RuntimeError as e:
+                assert "injected" in str(e)
+            opt.clear_grad()
+            more.append(loss.numpy().copy())
+        assert on_step.calls == 1
+        params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+        return losses + more, params
+
+    assert_bitwise_equal(run(False), run(True), "error after update")
 
 
 if __name__ == "__main__":

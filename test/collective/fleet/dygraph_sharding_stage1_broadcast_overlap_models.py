@@ -22,6 +22,7 @@ env ``BROADCAST_OVERLAP_CASES`` (all by default) under
 import os
 import sys
 import tempfile
+import types
 import warnings
 
 import numpy as np
@@ -276,6 +277,18 @@ def case_state_dict_and_save_without_synchronize():
             saved[step] = paddle.load(path)
         opt_state = opt.state_dict()
         assert len(opt_state) > 0
+        # Paddle 3.x state_dict(keep_vars=False) returns detached copies:
+        # it must wait all the same
+        import inspect
+
+        impl_params = inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
+        if "keep_vars" in impl_params:
+            impl = overlap_impl(opt)
+            impl.wait_before_update()
+            impl.launch()
+            assert checker.num_unwaited() > 0
+            model._layers.state_dict(keep_vars=False)
+            assert checker.num_unwaited() == 0
         # the optimizer's state_dict() waits too (launch again to check)
         impl = overlap_impl(opt)
         impl.wait_before_update()
@@ -428,7 +441,20 @@ def case_parameter_list_waited_by_parent():
 def case_load_into_inner_model_or_sublayer_waits():
     """set_state_dict on the unwrapped model or a sublayer right after
     step(): every pending broadcast is waited before the load."""
-    loads, snapshots = [], {}
+    loads, snapshots, custom_loads = [], {}, {}
+
+    def with_custom_load(model):
+        """The user's own set_state_dict on two instances, set before
+        overlap is enabled: it must still run, and survive disabling."""
+        for name, layer in (("inner", model), ("block", model.blocks[1])):
+
+            def custom(self, state, *args, _name=name, **kwargs):
+                custom_loads[_name] = custom_loads.get(_name, 0) + 1
+                return type(self).set_state_dict(self, state, *args, **kwargs)
+
+            custom_loads[name] = 0
+            layer.set_state_dict = types.MethodType(custom, layer)
+        return model
 
     def on_step(step, model, opt):
         checker = on_step.checker
@@ -443,18 +469,31 @@ def case_load_into_inner_model_or_sublayer_waits():
         name = "inner" if step % 2 == 0 else "block"
         if checker is not None:
             assert checker.num_unwaited() > 0
+        before = custom_loads[name]
         targets[name].set_state_dict(snapshots[name])  # roll back
+        assert custom_loads[name] == before + 1  # the user's own override ran
         if checker is not None:
             loads.append(checker.num_unwaited())
 
     on_step.checker = None
-    off = train(TinyLM, overlap=False, on_step=on_step)
+    off = train(TinyLM, overlap=False, on_step=on_step, wrap_model=with_custom_load)
     with BroadcastWaitChecker() as checker:
         on_step.checker = checker
-        on = train(TinyLM, overlap=True, checker=checker, on_step=on_step)
+        on = train(
+            TinyLM,
+            overlap=True,
+            checker=checker,
+            on_step=on_step,
+            wrap_model=with_custom_load,
+        )
     assert_bitwise_equal(off[:2], on[:2], "loads")
     assert loads and set(loads) == {0}, loads
     assert checker.violations == []
+    model, opt = on[2]["model"], on[2]["opt"]
+    opt._set_broadcast_overlap(False)
+    before = dict(custom_loads)
+    model._layers.set_state_dict(snapshots["inner"])
+    assert custom_loads["inner"] == before["inner"] + 1  # restored
 
 
 def case_bad_input_raises_before_any_change():

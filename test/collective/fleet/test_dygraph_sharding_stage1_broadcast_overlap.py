@@ -87,7 +87,8 @@ LAUNCHES = [
         "lifecycle",
         LOOPS,
         "two_optimizers_share_one_model,toggle_on_off_on_mid_training,"
-        "remove_refused_while_on_and_deepcopy_loads_copy",
+        "remove_refused_while_on_and_deepcopy_loads_copy,"
+        "error_after_update_then_training_continues",
         {},
     ),
     (

@@ -55,8 +55,10 @@ does not block the host.
 
 import contextlib
 import enum
+import types
 import warnings
 import weakref
+from copy import deepcopy as _deepcopy
 
 import paddle
 
@@ -120,22 +122,37 @@ _OPEN = weakref.WeakSet()
 class _WaitingLoad:
     """Stands in for ``layer.set_state_dict`` (and its aliases) in the
     layer's ``__dict__``: waits for every owner's pending broadcasts, then
-    calls the class's method, so no broadcast lands after the loaded values.
-    A ``copy.deepcopy`` of the layer gets one bound to the copy."""
+    loads, so no broadcast lands after the loaded values. It calls the
+    instance attribute it replaced, if the user had set one, else the
+    class's method. A ``copy.deepcopy`` of the layer gets plain methods."""
 
-    def __init__(self, layer, name):
+    def __init__(self, layer, name, replaced=None):
         self._layer = weakref.ref(layer)
         self._name = name
+        self.replaced = replaced  # the user's instance attribute, restored later
 
     def __call__(self, *args, **kwargs):
         layer = self._layer()
+        if layer is None:
+            raise RuntimeError(
+                f"{self._name} belongs to a layer that no longer exists "
+                "(a copy.copy of a layer under broadcast overlap); use "
+                "copy.deepcopy instead."
+            )
         for owner in list(_LOAD_WAITERS.get(layer, ())):
             owner.stats["waited_on_demand"] += owner.wait_all()
+        if self.replaced is not None:
+            return self.replaced(*args, **kwargs)
         return getattr(type(layer), self._name)(layer, *args, **kwargs)
 
     def __deepcopy__(self, memo):
-        copy = memo.get(id(self._layer()))
-        return self if copy is None else _WaitingLoad(copy, self._name)
+        layer = self._layer()
+        copy = memo.get(id(layer))
+        if self.replaced is not None:
+            return _deepcopy(self.replaced, memo)
+        if copy is None:
+            return self
+        return types.MethodType(getattr(type(copy), self._name), copy)
 
 
 def _add_load_waiter(layer, owner):
@@ -143,7 +160,12 @@ def _add_load_waiter(layer, owner):
     if not waiters:
         for name in _LOAD_METHODS:
             if hasattr(type(layer), name):
-                object.__setattr__(layer, name, _WaitingLoad(layer, name))
+                current = layer.__dict__.get(name)
+                if isinstance(current, _WaitingLoad):
+                    continue
+                object.__setattr__(
+                    layer, name, _WaitingLoad(layer, name, replaced=current)
+                )
     waiters.add(owner)
 
 
@@ -154,8 +176,31 @@ def _remove_load_waiter(layer, owner):
     if not waiters:
         _LOAD_WAITERS.pop(layer, None)
         for name in _LOAD_METHODS:
-            if isinstance(layer.__dict__.get(name), _WaitingLoad):
-                object.__delattr__(layer, name)
+            current = layer.__dict__.get(name)
+            if isinstance(current, _WaitingLoad):
+                if current.replaced is None:
+                    object.__delattr__(layer, name)
+                else:
+                    object.__setattr__(layer, name, current.replaced)
+
+
+class _Hook:
+    """A hook function that a ``copy.deepcopy`` of the model drops: the copy
+    gets a no-op instead of a reference to this overlap (which would keep it
+    and the original model alive, and cannot be pickled)."""
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def __call__(self, *args):
+        return self._fn(*args)
+
+    def __deepcopy__(self, memo):
+        return _noop_hook
+
+
+def _noop_hook(*_args):
+    return None
 
 
 def open_overlaps():
@@ -268,6 +313,7 @@ class StageOneBroadcastOverlap:
         self._state_dict_hook_handles = {}  # id(layer) -> handle
         self._post_hook_handle = None
         self._warned_unwaited = False
+        self._finalizer = None  # see close_with
 
         # -- launch deferred while the hybrid optimizer still syncs
         #    parameters after the update (see deferred_launch).
@@ -346,23 +392,22 @@ class StageOneBroadcastOverlap:
             self._add_pre_hook(root, ())
         for layer, indices in self._layer_indices:
             self._add_pre_hook(layer, indices)
-        # Hooks are plain functions, not bound methods: copy.deepcopy of the
-        # model copies functions by reference but would copy a bound
-        # method's owner (and its process group, which cannot be copied).
-        def state_dict_hook(destination):
-            self._on_state_dict(destination)
-
-        def root_forward_post_hook(layer, inputs, outputs):
-            self._on_root_forward_post(layer, inputs, outputs)
-
+        # Hooks are _Hook objects, not bound methods: see _Hook.
+        state_dict_hook = _Hook(self._on_state_dict)
         for layer in self._all_layers:
             self._state_dict_hook_handles[id(layer)] = (
                 layer.register_state_dict_hook(state_dict_hook)
             )
             _add_load_waiter(layer, self)
         self._post_hook_handle = root.register_forward_post_hook(
-            root_forward_post_hook
+            _Hook(self._on_root_forward_post)
         )
+
+    def close_with(self, owner):
+        """Close when ``owner`` (the optimizer) is garbage-collected, so an
+        optimizer deleted with overlap still on leaves no hooks behind."""
+        self._finalizer = weakref.finalize(owner, self.close)
+        self._finalizer.atexit = False
 
     def close(self):
         """Wait for every pending task and remove every hook. Idempotent;
@@ -371,6 +416,8 @@ class StageOneBroadcastOverlap:
             return
         self._state = BroadcastOverlapState.CLOSED
         _OPEN.discard(self)
+        if self._finalizer is not None:
+            self._finalizer.detach()
         try:
             self._wait(list(self._pending))
         finally:
@@ -401,14 +448,14 @@ class StageOneBroadcastOverlap:
         self._defer_depth += 1
         try:
             yield
-        except BaseException:
-            self._launch_deferred = False
-            raise
         finally:
+            # Launch even if the block raised after the update: the blocking
+            # order had broadcast by then, and a caller that catches the
+            # error and trains on must see the same parameters.
             self._defer_depth -= 1
-        if self._defer_depth == 0 and self._launch_deferred:
-            self._launch_deferred = False
-            self.launch()
+            if self._defer_depth == 0 and self._launch_deferred:
+                self._launch_deferred = False
+                self.launch()
 
     def launch(self):
         """Broadcast every trainable parameter from its owner, ``sync_op=False``.
@@ -525,7 +572,7 @@ class StageOneBroadcastOverlap:
                     self.stats["waited_out_of_order"] += 1
                 self.stats["waited_in_forward"] += waited
 
-        handle = layer.register_forward_pre_hook(forward_pre_hook)
+        handle = layer.register_forward_pre_hook(_Hook(forward_pre_hook))
         layer._forward_pre_hooks.move_to_end(handle._hook_id, last=False)
         self._pre_hook_handles[id(layer)] = handle
 
@@ -536,12 +583,11 @@ class StageOneBroadcastOverlap:
                 seen.add(i)
                 self._recorded.append(i)
 
-    def _on_state_dict(self, destination):
-        self.stats["waited_on_demand"] += self._wait(
-            self._index_of[id(v)]
-            for v in destination.values()
-            if id(v) in self._index_of
-        )
+    def _on_state_dict(self, _destination):
+        # Wait for everything: the result may hold detached copies
+        # (keep_vars=False in Paddle 3.x), so its values cannot be matched
+        # to parameters; a state_dict() is no hot path.
+        self.stats["waited_on_demand"] += self.wait_all()
 
     def _on_root_forward_post(self, _layer, _inputs, _outputs):
         if not self._pending or self._warned_unwaited:

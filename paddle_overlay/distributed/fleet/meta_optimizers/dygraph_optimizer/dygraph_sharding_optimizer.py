@@ -108,6 +108,7 @@ class DygraphShardingOptimizer:
         if current is not None:
             current.close()
         new.open()
+        new.close_with(self)
         self._broadcast_overlap_impl = new
         self._broadcast_overlap = True
 
