@@ -40,10 +40,10 @@ upstream in these ways:
   any layer of the model, the optimizer's ``state_dict()``, and the next
   ``step()``/``minimize()`` wait for whatever is still pending, so no
   manual synchronize is needed before ``paddle.save`` or inference.
-  Not intercepted: a single parameter read or written directly
-  (``param.numpy()``, ``param.set_value``) between ``step()`` and the next
-  forward, and a read before its owner layer runs in the same forward
-  (use ``strict=True``).
+  Not intercepted (README, "Use in a training script"): direct access to
+  parameters between ``step()`` and the next forward (``param.numpy()``,
+  ``set_value``, ``copy.deepcopy(model)``, ``model.to(dtype)``), and a read
+  before its owner layer runs in the same forward (use ``strict=True``).
 * Hooks. Registered once when overlap is enabled, kept in a dict keyed by
   layer, removed together when it is disabled; upstream registers them every
   step and ``minimize()`` never removes them.
