@@ -33,8 +33,6 @@ from broadcast_overlap_training import (
     adamw,
     assert_bitwise_equal,
     build_with_initial_state,
-    VOCAB,
-    Block,
     TinyLM,
     all_ranks_equal,
     batch,
@@ -48,6 +46,7 @@ from broadcast_overlap_training import (
     total_forward_pre_hooks,
     train,
 )
+from paddle.distributed import fleet
 from paddle.distributed.fleet.utils import recompute
 
 
@@ -301,8 +300,6 @@ def case_weights_replaced_between_steps():
             )
     finally:
         layer_cls.set_state_dict = original
-    from broadcast_overlap_training import assert_bitwise_equal
-
     assert_bitwise_equal(off[:2], on[:2], "weights replaced")
     assert checker.violations == []
     assert max(pending_after_step) > 0, pending_after_step
@@ -347,8 +344,6 @@ def case_trainability_changed_mid_training():
 def case_two_optimizers_share_one_model():
     """Two sharding optimizers over disjoint parameters of one model (V1
     has no parameter groups), both overlapped; turned off in either order."""
-    from paddle.distributed import fleet
-
     def run(overlap, off_order=None):
         model = build_with_initial_state(TinyLM)
         body = [p for n, p in model.named_parameters() if not n.startswith("head")]

@@ -19,6 +19,7 @@ env ``BROADCAST_OVERLAP_CASES`` (all by default) under
 ``python -m paddle.distributed.launch --nproc_per_node 2``.
 """
 
+import inspect
 import os
 import sys
 import tempfile
@@ -28,6 +29,7 @@ import warnings
 import numpy as np
 
 import paddle
+from paddle.distributed import fleet
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
@@ -42,7 +44,6 @@ from broadcast_overlap_training import (
     cases_of,
     compare_on_off,
     default_micro_step,
-    lm_loss,
     overlap_impl,
     rank,
     run_cases,
@@ -279,8 +280,6 @@ def case_state_dict_and_save_without_synchronize():
         assert len(opt_state) > 0
         # Paddle 3.x state_dict(keep_vars=False) returns detached copies:
         # it must wait all the same
-        import inspect
-
         impl_params = inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
         if "keep_vars" in impl_params:
             impl = overlap_impl(opt)
@@ -344,8 +343,6 @@ def case_checkpoint_resume():
         paddle.save(info["opt"].state_dict(), opath)
         model_state, opt_state = paddle.load(mpath), paddle.load(opath)
     paddle.distributed.barrier()
-    from paddle.distributed import fleet
-
     fresh = TinyLM()
     fresh.set_state_dict(model_state)
     opt = fleet.distributed_optimizer(adamw(fresh.parameters()))
@@ -497,8 +494,6 @@ def case_load_into_inner_model_or_sublayer_waits():
 
 
 def case_bad_input_raises_before_any_change():
-    from paddle.distributed import fleet
-
     model = fleet.distributed_model(TinyLM())
     opt = fleet.distributed_optimizer(adamw(model.parameters()))
     inner = opt._inner_opt
@@ -543,7 +538,6 @@ def case_bad_input_raises_before_any_change():
 
 def case_without_sharding_refused():
     """Run with BROADCAST_OVERLAP_SHARDING_DEGREE=1 (data parallel only)."""
-    from paddle.distributed import fleet
     from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
         DygraphShardingOptimizer,
     )

@@ -361,10 +361,6 @@ class StageOneBroadcastOverlap:
             + (self._post_hook_handle is not None)
         )
 
-    def pending_parameters(self):
-        """list[paddle.Tensor]: parameters whose broadcast is in flight."""
-        return [self._params[i] for i in self._pending]
-
     # ------------------------------------------------------------------
     # life cycle
     def open(self):
@@ -419,7 +415,7 @@ class StageOneBroadcastOverlap:
         if self._finalizer is not None:
             self._finalizer.detach()
         try:
-            self._wait(list(self._pending))
+            self.wait_all()
         finally:
             for handles in (self._pre_hook_handles, self._state_dict_hook_handles):
                 for handle in handles.values():
@@ -497,18 +493,6 @@ class StageOneBroadcastOverlap:
             )
         self.stats["launched"] += len(self._pending)
         self.stats["waited_unreachable"] += self._wait(self._unreachable)
-
-    def wait(self, params):
-        """Wait for the broadcasts of ``params`` (tensors); others are ignored.
-
-        Returns:
-            int: how many tasks were waited.
-        """
-        count = self._wait(
-            self._index_of[id(p)] for p in params if id(p) in self._index_of
-        )
-        self.stats["waited_on_demand"] += count
-        return count
 
     def wait_all(self):
         """Wait for every pending task, in launch order.
