@@ -23,6 +23,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLEET_DIR = os.path.join(ROOT, "test", "collective", "fleet")
 TESTSLIST = os.path.join(FLEET_DIR, "testslist.csv")
+# The project's launcher wrapper (collective_launch.py) and the test-only stand-in for upstream's
+# legacy_test.test_parallel_dygraph_dataparallel: first on every driver's PYTHONPATH.
+HARNESS_DIR = os.path.join(ROOT, "tools", "collective")
 
 
 def parse_args(argv=None):
@@ -119,6 +122,7 @@ def driver_env(row, args, device, out_dir, cov_rc):
         if k != "PYTHONPATH":  # upstream's PYTHONPATH=../.. points into a Paddle build tree
             env[k] = v
     env.update(
+        PYTHONPATH=os.pathsep.join([HARNESS_DIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
         PADDLE_OVERLAY_TEST_DEVICE=device,
         PADDLE_OVERLAY_TEST_NPROC=str(args.nproc),
         PADDLE_OVERLAY_RUN_DIR=out_dir,

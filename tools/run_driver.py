@@ -16,7 +16,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "test", "collective", "fleet"))
+HARNESS_DIR = os.path.join(ROOT, "tools", "collective")
+sys.path.insert(0, HARNESS_DIR)
 from collective_launch import kill_process_tree, tree_of  # noqa: E402
 
 _POLL_SECONDS = 0.5
