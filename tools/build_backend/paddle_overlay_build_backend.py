@@ -1,0 +1,68 @@
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""PEP 517/660 build backend: setuptools, plus the start-up ``.pth`` in every wheel.
+
+``pip install .`` and ``pip install -e .`` both install a wheel that setuptools
+builds (``build_wheel`` / ``build_editable``). A ``.pth`` file must lie at the
+top of the wheel (site-packages), which setuptools' data options cannot express
+for both kinds, so this backend adds ``paddle_overlay_startup.pth`` to the wheel
+setuptools made and records it in the wheel's ``RECORD``. Everything else is
+setuptools' own hook. See ``paddle_overlay/_startup.py`` for what the line does.
+"""
+
+import base64
+import hashlib
+import os
+import zipfile
+
+from setuptools import build_meta as _setuptools
+from setuptools.build_meta import *  # noqa: F401,F403  (every other hook unchanged)
+
+PTH_NAME = "paddle_overlay_startup.pth"
+PTH_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), PTH_NAME)
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    name = _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
+    add_pth(os.path.join(wheel_directory, name))
+    return name
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    name = _setuptools.build_editable(wheel_directory, config_settings, metadata_directory)
+    add_pth(os.path.join(wheel_directory, name))
+    return name
+
+
+def record_line(arcname, data):
+    """``RECORD`` row for a file: ``name,sha256=<urlsafe base64, no padding>,<bytes>``."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{arcname},sha256={digest},{len(data)}\n"
+
+
+def add_pth(wheel_path, pth_source=PTH_SOURCE):
+    """Rewrite the wheel at ``wheel_path`` with ``pth_source`` at its top level.
+
+    Raises:
+        ValueError: the wheel has no ``*.dist-info/RECORD``, or already holds
+            a file of that name.
+    """
+    with open(pth_source, "rb") as f:
+        pth = f.read()
+    arcname = os.path.basename(pth_source)
+    with zipfile.ZipFile(wheel_path) as src:
+        entries = [(info, src.read(info)) for info in src.infolist()]
+    names = [info.filename for info, _ in entries]
+    records = [n for n in names if n.endswith(".dist-info/RECORD") and n.count("/") == 1]
+    if len(records) != 1 or arcname in names:
+        raise ValueError(
+            f"{wheel_path}: expected one top-level *.dist-info/RECORD and no {arcname}; "
+            f"found RECORD {records}, {arcname} present: {arcname in names}"
+        )
+    tmp_path = wheel_path + ".tmp"
+    with zipfile.ZipFile(tmp_path, "w", zipfile.ZIP_DEFLATED) as dst:
+        dst.writestr(arcname, pth)
+        for info, data in entries:
+            if info.filename == records[0]:
+                data = record_line(arcname, pth).encode() + data
+            dst.writestr(info, data)
+    os.replace(tmp_path, wheel_path)
