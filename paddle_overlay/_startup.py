@@ -68,10 +68,14 @@ def _is_launcher_process():
     cannot be told apart while Paddle is imported, and applies the overlay
     too (harmless: it only patches classes the launcher does not use).
     """
-    argv = list(getattr(sys, "orig_argv", ()))
-    for i, arg in enumerate(argv[:-1]):
+    options = iter(getattr(sys, "orig_argv", ())[1:])
+    for arg in options:  # interpreter options end at -m, -c or the script
         if arg == "-m":
-            return argv[i + 1].startswith(_LAUNCHER_MODULES)
+            return next(options, "").startswith(_LAUNCHER_MODULES)
+        if arg in ("-W", "-X"):
+            next(options, None)
+        elif not arg.startswith("-") or arg == "-c":
+            break
     return os.path.basename(sys.argv[0] if sys.argv else "") in _LAUNCHER_SCRIPTS
 
 
