@@ -20,9 +20,24 @@ the waits by instrumentation instead: it wraps
 ``wait()``, and at every point of use (each forward pre-hook of a layer that
 owns parameters, and each optimizer update) it records a violation for any
 parameter about to be used whose latest broadcast task was never waited.
+It also wraps the tensor functions that read parameters in the test models
+(:data:`READ_FUNCTIONS`: ``F.linear``, ``F.embedding``, ``paddle.matmul``,
+``paddle.linalg.norm``), so a read outside any layer's call (a helper
+calling ``layer.forward``, ``F.linear(x, layer.weight)``, a tied head,
+weight-norm logging) is checked at the read itself.
 """
 
+import functools
+
 import paddle
+
+# (module, attribute) of each function whose tensor arguments are checked.
+READ_FUNCTIONS = (
+    (paddle.nn.functional, "linear"),
+    (paddle.nn.functional, "embedding"),
+    (paddle, "matmul"),
+    (paddle.linalg, "norm"),
+)
 
 
 class _RecordingTask:
@@ -57,7 +72,8 @@ class BroadcastWaitChecker:
         assert checker.violations == []
 
     ``counts`` holds running totals: ``launched`` async tasks, ``waited``,
-    ``checked`` parameter uses; ``violations`` lists
+    ``checked`` parameter uses, ``writes`` of a broadcast parameter through
+    ``Tensor.set_value`` (how ``set_state_dict`` loads); ``violations`` lists
     ``(where, parameter name)`` for each use of a parameter with a pending
     task.
     """
@@ -67,7 +83,7 @@ class BroadcastWaitChecker:
         self._original_broadcast = None
         self._handles = []
         self._patched_optimizers = []
-        self.counts = {"launched": 0, "waited": 0, "checked": 0}
+        self.counts = {"launched": 0, "waited": 0, "checked": 0, "writes": 0}
         self.violations = []
         self._last_report = dict(self.counts, violations=0)
 
@@ -87,10 +103,44 @@ class BroadcastWaitChecker:
             return proxy
 
         paddle.distributed.broadcast = recording_broadcast
+        self._wrapped_reads = []
+        for module, name in READ_FUNCTIONS:
+            original_fn = getattr(module, name)
+            self._wrapped_reads.append((module, name, original_fn))
+            setattr(module, name, self._checked_read(name, original_fn))
+        # writes: set_state_dict loads through Tensor.set_value
+        original_set_value = paddle.Tensor.set_value
+        self._wrapped_reads.append((paddle.Tensor, "set_value", original_set_value))
+
+        @functools.wraps(original_set_value)
+        def checked_set_value(tensor, *args, **kwargs):
+            if id(tensor) in self._latest:
+                self.counts["writes"] += 1
+                self.check([tensor], "write:set_value")
+            return original_set_value(tensor, *args, **kwargs)
+
+        paddle.Tensor.set_value = checked_set_value
         return self
+
+    def _checked_read(self, name, fn):
+        @functools.wraps(fn)
+        def read(*args, **kwargs):
+            tensors = [
+                a
+                for a in list(args) + list(kwargs.values())
+                if id(a) in self._latest
+            ]
+            if tensors:
+                self.check(tensors, f"read:{name}")
+            return fn(*args, **kwargs)
+
+        return read
 
     def __exit__(self, *exc):
         paddle.distributed.broadcast = self._original_broadcast
+        for module, name, original_fn in self._wrapped_reads:
+            setattr(module, name, original_fn)
+        self._wrapped_reads = []
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -193,9 +193,23 @@ def assert_bitwise_equal(expected, actual, what):
         )
 
 
+def overlap_module():
+    """The module holding StageOneBroadcastOverlap: the overlay's, or the
+    patched Paddle's (env PADDLE_OVERLAY_MODE=patched)."""
+    if os.environ.get("PADDLE_OVERLAY_MODE", "overlay") == "patched":
+        from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+            broadcast_overlap,
+        )
+    else:
+        from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+            broadcast_overlap,
+        )
+    return broadcast_overlap
+
+
 def overlap_impl(opt):
-    """The StageOneBroadcastOverlap of a fleet optimizer."""
-    return opt._inner_opt.__dict__["_broadcast_overlap_impl"]
+    """The StageOneBroadcastOverlap of a fleet optimizer (None when off)."""
+    return overlap_module().get_broadcast_overlap(opt)
 
 
 def total_forward_pre_hooks(model):

@@ -41,6 +41,7 @@ from broadcast_overlap_training import (
     default_micro_step,
     lm_loss,
     overlap_impl,
+    overlap_module,
     rank,
     run_cases,
     total_forward_pre_hooks,
@@ -303,32 +304,35 @@ def case_weights_replaced_between_steps():
     assert_bitwise_equal(off[:2], on[:2], "weights replaced")
     assert checker.violations == []
     assert max(pending_after_step) > 0, pending_after_step
-    assert unwaited_at_load and set(unwaited_at_load) == {0}, unwaited_at_load
+    # loads came while broadcasts were pending; each parameter's write
+    # (Tensor.set_value inside set_state_dict) found its task waited
+    assert unwaited_at_load and max(unwaited_at_load) > 0, unwaited_at_load
+    assert checker.counts["writes"] > 0, checker.counts
 
 
 def case_parameters_read_without_call():
-    """Default: one warning naming the layers. strict=True: the model's own
-    pre-hook waits for everything, checked at the read."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _, info = compare_on_off(DirectReadLM, strict=True)
-        strict_warnings = [w for w in caught if "strict=True" in str(w.message)]
-    assert strict_warnings == [], [str(w.message) for w in strict_warnings]
+    """proj.forward(x) and F.linear(x, head.weight, head.bias) inside the
+    model's forward: each read waits for that parameter (attribute access
+    waits), with and without strict, checked at the read; no warning."""
+    for strict in (False, True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            checker, info = compare_on_off(DirectReadLM, strict=strict)
+        overlay_warnings = [
+            str(w.message) for w in caught if "broadcast" in str(w.message)
+        ]
+        assert overlay_warnings == [], overlay_warnings
+        reads = [v for v in checker.violations if v[0].startswith("read:")]
+        assert reads == [], reads
+        assert checker.counts["checked"] > 0, checker.counts
 
     with BroadcastWaitChecker() as checker:
         READ_CHECK[0] = lambda params: checker.check(params, "direct read")
         try:
-            train(DirectReadLM, overlap=True, strict=True, checker=checker)
+            train(DirectReadLM, overlap=True, checker=checker)
         finally:
             READ_CHECK[0] = None
     assert checker.violations == [], checker.violations[:5]
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _, _, info = train(DirectReadLM, overlap=True, steps=3)
-    messages = [str(w.message) for w in caught if "strict=True" in str(w.message)]
-    assert len(messages) == 1, messages
-    assert "Linear" in messages[0], messages[0]
 
 
 def case_trainability_changed_mid_training():
@@ -422,7 +426,13 @@ def case_remove_refused_while_on_and_deepcopy_loads_copy():
     hooked = total_forward_pre_hooks(other_model)
     del other
     gc.collect()
-    assert hooked > 0 and total_forward_pre_hooks(other_model) == 0
+    # the finalizer only marks it closed (no hook-dict mutation inside gc):
+    # its hooks are no-ops until the next explicit call removes them
+    assert hooked > 0 and total_forward_pre_hooks(other_model) == hooked
+    with paddle.no_grad():
+        other_model(batch(0)[0])
+    assert overlap_module().open_overlaps() == [overlap_impl(opt)]
+    assert total_forward_pre_hooks(other_model) == 0
 
     if os.environ.get("PADDLE_OVERLAY_MODE", "overlay") != "overlay":
         return  # patched Paddle: there is no overlay to remove

@@ -24,26 +24,31 @@ forward. ``StageOneBroadcastOverlap`` does the same job and differs from
 upstream in these ways:
 
 * Order. The broadcast order is the order in which forward first uses the
-  parameters, recorded by the forward pre-hooks between enabling and the
-  first update. Rank 0 of the sharding group then broadcasts its recorded
-  order once, as positions in the optimizer's parameter list, so every rank
-  issues the same collectives in the same order (an order taken from names or
-  recorded independently per rank can differ between ranks: on NCCL that
-  hangs or pairs the wrong tensors). Upstream sorts by the integer in
-  ``param.name``, which is not the forward order in general.
-* Waits. Every layer that owns managed parameters directly
-  (``parameters(include_sublayers=False)``) gets a pre-hook, not only leaf
-  layers, placed before any other pre-hook of that layer; a container
-  without ``forward`` (``ParameterList``) is waited for by its parent.
-  Parameters that no layer of ``layers`` owns are waited for right after
-  launch (with one warning). ``state_dict()`` and ``set_state_dict()`` of
-  any layer of the model, the optimizer's ``state_dict()``, and the next
-  ``step()``/``minimize()`` wait for whatever is still pending, so no
-  manual synchronize is needed before ``paddle.save`` or inference.
-  Not intercepted (README, "Use in a training script"): direct access to
-  parameters between ``step()`` and the next forward (``param.numpy()``,
-  ``set_value``, ``copy.deepcopy(model)``, ``model.to(dtype)``), and a read
-  before its owner layer runs in the same forward (use ``strict=True``).
+  parameters, recorded by the forward pre-hooks (and parameter reads)
+  between enabling and the first update. Rank 0 of the sharding group then
+  broadcasts its recorded order once, as positions in the optimizer's
+  parameter list, so every rank issues the same collectives in the same
+  order (an order taken from names or recorded independently per rank can
+  differ between ranks: on NCCL that hangs or pairs the wrong tensors).
+  Upstream sorts by the integer in ``param.name``, which is not the forward
+  order in general.
+* Waits on every Python read. Each layer that owns managed parameters
+  directly gets a forward pre-hook (placed before any other pre-hook of
+  that layer) that waits for that layer's own tasks, so the forward waits
+  layer by layer. Beyond that, every Python path to a parameter waits for
+  that parameter's own task first (``parameter_read_guard.py``): attribute
+  access (``layer.weight``, ``F.linear(x, self.proj.weight)``, a direct
+  ``sub.forward(x)``, a pipeline ``SharedLayerDesc`` forward_func),
+  ``parameters()``/``named_parameters()``, ``state_dict()``,
+  ``set_state_dict()``, ``to()`` and ``copy.deepcopy`` of the model or any
+  sublayer, inside or outside ``model(...)``. A layer compiled with
+  ``paddle.jit.to_static`` reads parameters without Python, so its pre-hook
+  waits for everything. Parameters that no layer of ``layers`` owns are
+  waited right after launch (with one warning). The optimizer's
+  ``state_dict()`` and the next ``step()``/``minimize()`` wait for whatever
+  is still pending, so no manual synchronize is needed before
+  ``paddle.save`` or inference. Not intercepted: a tensor reference taken
+  before ``step()`` and read after it (re-read ``layer.weight`` instead).
 * Hooks. Registered once when overlap is enabled, kept in a dict keyed by
   layer, removed together when it is disabled; upstream registers them every
   step and ``minimize()`` never removes them.
@@ -53,19 +58,28 @@ On GPUs ``task.wait()`` makes the compute stream wait for the comm stream; it
 does not block the host.
 """
 
+import collections
 import contextlib
 import enum
-import types
+import inspect
 import warnings
 import weakref
-from copy import deepcopy as _deepcopy
 
 import paddle
+
+from .parameter_read_guard import (
+    clear_pending,
+    guard_layer,
+    register_pending,
+    unguard_layer,
+)
 
 __all__ = [
     "BroadcastOverlapState",
     "StageOneBroadcastOverlap",
     "check_broadcast_overlap_flag",
+    "get_broadcast_overlap",
+    "open_overlaps",
 ]
 
 
@@ -80,6 +94,37 @@ def check_broadcast_overlap_flag(broadcast_overlap):
         )
 
 
+# The attribute of DygraphShardingOptimizer that holds its owner; read and
+# written only through get_broadcast_overlap / set_broadcast_overlap_owner.
+_OWNER_ATTR = "_broadcast_overlap_impl"
+
+
+def get_broadcast_overlap(optimizer):
+    """The :class:`StageOneBroadcastOverlap` of ``optimizer``, or None.
+
+    Args:
+        optimizer: a ``DygraphShardingOptimizer``, or a
+            ``HybridParallelOptimizer`` (or any wrapper with ``_inner_opt``)
+            around one.
+
+    Returns:
+        StageOneBroadcastOverlap | None: None when overlap is off.
+    """
+    seen = 0
+    while optimizer is not None and seen < 8:
+        owner = vars(optimizer).get(_OWNER_ATTR)
+        if owner is not None:
+            return owner
+        optimizer = vars(optimizer).get("_inner_opt")
+        seen += 1
+    return None
+
+
+def set_broadcast_overlap_owner(optimizer, owner):
+    """Store ``owner`` (or None) on a ``DygraphShardingOptimizer``."""
+    vars(optimizer)[_OWNER_ATTR] = owner
+
+
 class BroadcastOverlapState(enum.Enum):
     """Life cycle of :class:`StageOneBroadcastOverlap`."""
 
@@ -87,101 +132,42 @@ class BroadcastOverlapState(enum.Enum):
     # No broadcast is in flight yet.
     RECORDING = "recording"
     # The order is agreed across the sharding group; after each update the
-    # broadcasts are launched in that order and waited by the hooks.
+    # broadcasts are launched in that order and waited by hooks and reads.
     ORDERED = "ordered"
-    # Hooks removed and nothing pending; the object is spent.
+    # Nothing pending; hooks are no-ops and are (or will be) removed.
     CLOSED = "closed"
 
 
-def _owned_parameters(layer):
-    return layer.parameters(include_sublayers=False)
+class _PaddleComm:
+    """The collectives the owner uses, looked up at call time (so test
+    instrumentation that wraps ``paddle.distributed.broadcast`` sees them).
+    Unit tests pass a fake with the same two methods."""
+
+    @staticmethod
+    def broadcast(tensor, src, group, sync_op):
+        return paddle.distributed.broadcast(
+            tensor, src=src, group=group, sync_op=sync_op
+        )
+
+    @staticmethod
+    def rank():
+        return paddle.distributed.get_rank()
 
 
-def _waiting_layer(layer, parent_of, root):
-    """The layer whose pre-hook waits for ``layer``'s own parameters.
+class _Unit:
+    """One broadcast: the tensor sent, its source rank, and the positions
+    (in the optimizer's parameter list) of the parameters it carries."""
 
-    A container without ``forward`` (``ParameterList``, ``ParameterDict``)
-    never runs: its parent reads its parameters, so the nearest ancestor
-    with a ``forward`` waits for them.
-    """
-    while layer is not root and type(layer).forward is paddle.nn.Layer.forward:
-        layer = parent_of.get(id(layer), root)
-    return layer
+    __slots__ = ("tensor", "src", "indices")
 
+    def __init__(self, tensor, src, indices):
+        self.tensor = tensor
+        self.src = src
+        self.indices = indices
 
-# Loading methods that must wait for pending broadcasts first.
-_LOAD_METHODS = ("set_state_dict", "set_dict", "load_dict")
-# layer -> WeakSet of StageOneBroadcastOverlap: the owners a load on it
-# waits for (several optimizers can share one model). Weak both ways: an
-# owner refers to its layers, so a strong value would keep the key alive.
-_LOAD_WAITERS = weakref.WeakKeyDictionary()
-# Every owner between open() and close(); paddle_overlay.remove() checks it.
-_OPEN = weakref.WeakSet()
-
-
-class _WaitingLoad:
-    """Stands in for ``layer.set_state_dict`` (and its aliases) in the
-    layer's ``__dict__``: waits for every owner's pending broadcasts, then
-    loads, so no broadcast lands after the loaded values. It calls the
-    instance attribute it replaced, if the user had set one, else the
-    class's method. A ``copy.deepcopy`` of the layer gets plain methods."""
-
-    def __init__(self, layer, name, replaced=None):
-        self._layer = weakref.ref(layer)
-        self._name = name
-        self.replaced = replaced  # the user's instance attribute, restored later
-
-    def __call__(self, *args, **kwargs):
-        layer = self._layer()
-        if layer is None:
-            raise RuntimeError(
-                f"{self._name} belongs to a layer that no longer exists "
-                "(a copy.copy of a layer under broadcast overlap); use "
-                "copy.deepcopy instead."
-            )
-        for owner in list(_LOAD_WAITERS.get(layer, ())):
-            owner.stats["waited_on_demand"] += owner.wait_all()
-        if self.replaced is not None:
-            return self.replaced(*args, **kwargs)
-        return getattr(type(layer), self._name)(layer, *args, **kwargs)
-
-    def __deepcopy__(self, memo):
-        layer = self._layer()
-        copy = memo.get(id(layer))
-        if self.replaced is not None:
-            return _deepcopy(self.replaced, memo)
-        if copy is None:
-            return self
-        return types.MethodType(getattr(type(copy), self._name), copy)
-
-
-def _add_load_waiter(layer, owner):
-    waiters = _LOAD_WAITERS.setdefault(layer, weakref.WeakSet())
-    if not waiters:
-        for name in _LOAD_METHODS:
-            if hasattr(type(layer), name):
-                current = layer.__dict__.get(name)
-                if isinstance(current, _WaitingLoad):
-                    continue
-                object.__setattr__(
-                    layer, name, _WaitingLoad(layer, name, replaced=current)
-                )
-    waiters.add(owner)
-
-
-def _remove_load_waiter(layer, owner):
-    waiters = _LOAD_WAITERS.get(layer, ())
-    if owner in waiters:
-        waiters.discard(owner)
-    if not waiters:
-        _LOAD_WAITERS.pop(layer, None)
-        for name in _LOAD_METHODS:
-            current = layer.__dict__.get(name)
-            if isinstance(current, _WaitingLoad):
-                if current.replaced is None:
-                    object.__delattr__(layer, name)
-                else:
-                    object.__setattr__(layer, name, current.replaced)
+    def is_frozen(self):
+        # Frozen parameters are never broadcast: no rank changes them.
+        return self.tensor.stop_gradient
 
 
 class _Hook:
@@ -203,8 +189,53 @@ def _noop_hook(*_args):
     return None
 
 
+def _is_compiled(layer):
+    """Whether ``layer``'s forward is a ``paddle.jit.to_static`` program,
+    set on the instance (``paddle.jit.to_static(layer)``) or the class
+    (``@paddle.jit.to_static`` on ``forward``)."""
+    static_function = paddle.jit.dy2static.program_translator.StaticFunction
+    forward = layer.__dict__.get("forward")
+    if forward is None:
+        forward = inspect.getattr_static(type(layer), "forward", None)
+    return isinstance(forward, static_function)
+
+
+_HAS_PREPEND = (
+    "prepend"
+    in inspect.signature(paddle.nn.Layer.register_forward_pre_hook).parameters
+)
+
+
+def _waiting_layer(layer, parent_of, root):
+    """The layer whose pre-hook waits for ``layer``'s own parameters.
+
+    A container without ``forward`` (``ParameterList``, ``ParameterDict``)
+    never runs: its parent reads its parameters, so the nearest ancestor
+    with a ``forward`` waits for them.
+    """
+    while layer is not root and type(layer).forward is paddle.nn.Layer.forward:
+        layer = parent_of.get(id(layer), root)
+    return layer
+
+
+# Every owner between open() and close(); paddle_overlay.remove() checks it.
+_OPEN = weakref.WeakSet()
+# Owners whose optimizer was garbage-collected with overlap on: marked
+# closed by the finalizer, hooks removed at the next explicit call
+# (removing them inside garbage collection could mutate a layer's hook dict
+# while Paddle iterates it in a forward).
+_ABANDONED = []
+
+
+def sweep_abandoned():
+    """Remove the hooks of owners whose optimizer was garbage-collected."""
+    while _ABANDONED:
+        _ABANDONED.pop()._remove_hooks()
+
+
 def open_overlaps():
     """list[StageOneBroadcastOverlap]: every one opened and not yet closed."""
+    sweep_abandoned()
     return list(_OPEN)
 
 
@@ -212,8 +243,9 @@ class StageOneBroadcastOverlap:
     """Owns the broadcast order, the pending tasks and the hook handles.
 
     Nothing else touches the pending tasks: the optimizer methods call
-    :meth:`launch` after an update, :meth:`wait_all` before one, and the
-    hooks call :meth:`wait` (see NOTE [broadcast overlap] in this module).
+    :meth:`launch` after an update and :meth:`wait_before_update` before
+    one; forward pre-hooks and parameter reads call the waits (see NOTE
+    [broadcast overlap] in this module).
 
     Args:
         params (list[paddle.Tensor]): the optimizer's full parameter list, in
@@ -221,23 +253,38 @@ class StageOneBroadcastOverlap:
             ``DygraphShardingOptimizer._origin_parameter_list``).
         src_ranks (list[int]): for each entry of ``params``, the global rank
             that owns and broadcasts it.
-        group (paddle.distributed.collective.Group): the sharding process group.
+        group: the sharding process group (``.ranks``: its global ranks).
         layers (paddle.nn.Layer): the model that runs the forward.
         strict (bool): if True, the first hooked layer to run in a forward
-            waits for every pending task (no overlap), for models that read
-            parameters without calling their owner layer
-            (``F.linear(x, self.proj.weight)``).
+            waits for every pending task (no overlap), for models that keep
+            tensor references to parameters and read them in forward.
+        comm: the collectives (``broadcast(tensor, src, group, sync_op)``
+            returning a task with ``wait()``, and ``rank()``); Paddle's by
+            default. Unit tests pass a recording fake.
 
     Raises:
         TypeError: ``layers`` is not a ``paddle.nn.Layer`` or ``strict`` is
             not a bool.
-        ValueError: ``layers`` is None or owns none of ``params``.
+        ValueError: ``layers`` is None or owns none of ``params``, or
+            ``params`` and ``src_ranks`` differ in length.
 
     The constructor only validates and builds tables; :meth:`open` installs
     the hooks, so a rejected call changes nothing.
     """
 
-    def __init__(self, params, src_ranks, group, layers, strict=False):
+    def __init__(
+        self, params, src_ranks, group, layers, strict=False, comm=None
+    ):
+        self._check_arguments(params, src_ranks, layers, strict)
+        self._comm = comm if comm is not None else _PaddleComm()
+        self._index_parameters(params, src_ranks, group)
+        self._map_waiting_layers(layers, strict)
+        self._init_life_cycle()
+
+    # ------------------------------------------------------------------
+    # construction, in named steps
+    @staticmethod
+    def _check_arguments(params, src_ranks, layers, strict):
         if layers is None:
             raise ValueError(
                 "_set_broadcast_overlap(True, layers=...) needs the model: "
@@ -250,21 +297,26 @@ class StageOneBroadcastOverlap:
                 f"forward), got {type(layers).__name__}."
             )
         if not isinstance(strict, bool):
-            raise TypeError(f"strict must be a bool, got {type(strict).__name__}.")
+            raise TypeError(
+                f"strict must be a bool, got {type(strict).__name__}."
+            )
         if len(params) != len(src_ranks):
             raise ValueError(
-                f"got {len(params)} parameters but {len(src_ranks)} source ranks."
+                f"got {len(params)} parameters but {len(src_ranks)} source "
+                "ranks."
             )
 
-        # -- identity: positions in the optimizer's list, the same on every
-        #    rank (parameter names can differ between ranks).
+    def _index_parameters(self, params, src_ranks, group):
+        # Identity: positions in the optimizer's list, the same on every
+        # rank (parameter names can differ between ranks).
         self._params = list(params)
         self._src_ranks = list(src_ranks)
         self._group = group
         self._index_of = {id(p): i for i, p in enumerate(self._params)}
 
-        # -- where each parameter is waited: every layer that owns managed
-        #    parameters directly, tied parameters under each owner.
+    def _map_waiting_layers(self, layers, strict):
+        # Where each parameter is waited: every layer that owns managed
+        # parameters directly; tied parameters under each owner.
         self._layers = layers
         self._strict = strict
         self._all_layers = layers.sublayers(include_self=True)
@@ -273,54 +325,66 @@ class StageOneBroadcastOverlap:
             for child in layer.children():
                 parent_of.setdefault(id(child), layer)
         waiting = {}  # id(waiting layer) -> (layer, [indices])
+        # Layers whose _parameters hold managed parameters: guarded reads.
+        self._owning_layers = []
         for layer in self._all_layers:
             indices = [
                 self._index_of[id(p)]
-                for p in _owned_parameters(layer)
+                for p in layer.parameters(include_sublayers=False)
                 if id(p) in self._index_of
             ]
             if indices:
+                self._owning_layers.append(layer)
                 waiter = _waiting_layer(layer, parent_of, layers)
                 waiting.setdefault(id(waiter), (waiter, []))[1].extend(indices)
-        # [(layer, tuple of indices)], in sublayer order
-        self._layer_indices = [
-            (layer, tuple(dict.fromkeys(indices)))
-            for layer, indices in waiting.values()
-        ]
-        reachable = {i for _, indices in self._layer_indices for i in indices}
+        # id(layer) -> tuple of indices its pre-hook waits for / records.
+        self._indices_of_layer = {
+            key: tuple(dict.fromkeys(indices))
+            for key, (_, indices) in waiting.items()
+        }
+        self._hooked_layers = [layer for layer, _ in waiting.values()]
+        if all(layer is not layers for layer in self._hooked_layers):
+            # The root always gets a pre-hook: strict mode, compiled
+            # models and order recording of root-owned parameters run there.
+            self._hooked_layers.insert(0, layers)
+        reachable = {
+            i for indices in self._indices_of_layer.values() for i in indices
+        }
         if not reachable:
             raise ValueError(
                 f"layers ({type(layers).__name__}) owns none of the "
                 f"{len(self._params)} parameters of this optimizer: pass the "
                 "model whose parameters() were given to the optimizer."
             )
-        # Parameters no hook will wait for: waited right after launch.
+        # Parameters no hook or guarded read will see: waited after launch.
         self._unreachable = tuple(
             i for i in range(len(self._params)) if i not in reachable
         )
 
-        # -- the order: recorded from forward while RECORDING, then agreed.
+    def _init_life_cycle(self):
+        # The order: recorded from forward while RECORDING, then agreed.
         self._state = BroadcastOverlapState.RECORDING
         self._recorded = []
         self._recorded_set = set()
         self._order = None
-
-        # -- in flight: index -> task, in launch order.
+        # The broadcasts, built from the agreed order: units in launch
+        # order, the unit of each parameter position, the units each
+        # hooked layer waits for.
+        self._units = []
+        self._unit_of = {}
+        self._units_of_layer = {}
+        # In flight: unit position -> task, in launch order.
         self._pending = {}
-
-        # -- hook handles, paired: removed together in close().
+        # Hook handles, paired: removed together in close().
         self._pre_hook_handles = {}  # id(layer) -> handle
-        self._state_dict_hook_handles = {}  # id(layer) -> handle
-        self._post_hook_handle = None
-        self._warned_unwaited = False
         self._finalizer = None  # see close_with
-
-        # -- launch deferred while the hybrid optimizer still syncs
-        #    parameters after the update (see deferred_launch).
+        # Layers compiled with paddle.jit.to_static: wait for everything.
+        self._compiled = frozenset()
+        # Launch deferred while the hybrid optimizer still syncs parameters
+        # after the update (see deferred_launch).
         self._defer_depth = 0
         self._launch_deferred = False
-
-        # -- counts, for tests and benchmarks.
+        # Counts, for tests, benchmarks and users' checks (tasks waited).
         self.stats = {
             "launched": 0,
             "waited_in_forward": 0,
@@ -330,8 +394,13 @@ class StageOneBroadcastOverlap:
             "waited_out_of_order": 0,
             "waited_before_update": 0,
             "waited_unreachable": 0,
+            # waited by a read outside a hooked layer's call: attribute
+            # access, parameters()/state_dict() iteration, etc.
+            "waited_on_read": 0,
             "waited_on_demand": 0,
         }
+        # waited_on_read by path ("attribute", "iteration", ...).
+        self.read_paths = collections.Counter()
 
     # ------------------------------------------------------------------
     # read-only views
@@ -353,61 +422,63 @@ class StageOneBroadcastOverlap:
 
     @property
     def num_hooks(self):
-        """int: hook handles currently held (forward pre-hooks, state-dict
-        hooks and the forward post-hook of ``layers``)."""
-        return (
-            len(self._pre_hook_handles)
-            + len(self._state_dict_hook_handles)
-            + (self._post_hook_handle is not None)
-        )
+        """int: forward pre-hook handles currently held."""
+        return len(self._pre_hook_handles)
 
     # ------------------------------------------------------------------
     # life cycle
     def open(self):
-        """Install the hooks (once; they stay until :meth:`close`).
+        """Install the forward pre-hooks and the parameter read guards (once;
+        they stay until :meth:`close`).
 
         Forward pre-hooks go first in each layer's hook order, so a user's
         own pre-hook (``weight_norm``'s, say) reads waited parameters.
+
+        Raises:
+            RuntimeError: the owner is not freshly constructed.
         """
         self._check_state(BroadcastOverlapState.RECORDING)
-        assert not self._pre_hook_handles, "open() called twice"
-        root = self._layers
+        if self._pre_hook_handles:
+            raise RuntimeError("StageOneBroadcastOverlap.open() called twice.")
+        sweep_abandoned()
         if self._unreachable:
             names = [self._params[i].name for i in self._unreachable]
             warnings.warn(
                 f"broadcast overlap: {len(names)} optimizer parameter(s) are "
-                f"not owned by any layer of {type(root).__name__}, so no "
-                f"forward pre-hook can wait for them: {names}. They are "
-                "waited right after their broadcast is launched (no overlap).",
+                "not owned by any layer of "
+                f"{type(self._layers).__name__}, so no forward pre-hook can "
+                f"wait for them: {names}. They are waited right after their "
+                "broadcast is launched (no overlap).",
                 stacklevel=3,
             )
         _OPEN.add(self)
-        if not any(layer is root for layer, _ in self._layer_indices):
-            # The root always gets a pre-hook: strict mode and order
-            # recording of root-owned parameters run there.
-            self._add_pre_hook(root, ())
-        for layer, indices in self._layer_indices:
-            self._add_pre_hook(layer, indices)
-        # Hooks are _Hook objects, not bound methods: see _Hook.
-        state_dict_hook = _Hook(self._on_state_dict)
-        for layer in self._all_layers:
-            self._state_dict_hook_handles[id(layer)] = (
-                layer.register_state_dict_hook(state_dict_hook)
-            )
-            _add_load_waiter(layer, self)
-        self._post_hook_handle = root.register_forward_post_hook(
-            _Hook(self._on_root_forward_post)
-        )
+        for layer in self._hooked_layers:
+            self._add_pre_hook(layer)
+        for layer in self._owning_layers:
+            guard_layer(layer, self)
 
     def close_with(self, owner):
-        """Close when ``owner`` (the optimizer) is garbage-collected, so an
-        optimizer deleted with overlap still on leaves no hooks behind."""
-        self._finalizer = weakref.finalize(owner, self.close)
+        """Mark this overlap closed when ``owner`` (the optimizer) is
+        garbage-collected; its hooks are removed at the next explicit call
+        (:func:`open_overlaps`, :meth:`open`, :meth:`close` of any overlap),
+        never from inside garbage collection."""
+        self._finalizer = weakref.finalize(owner, self._abandon)
         self._finalizer.atexit = False
 
+    def _abandon(self):
+        if self._state is BroadcastOverlapState.CLOSED:
+            return
+        self._state = BroadcastOverlapState.CLOSED
+        _OPEN.discard(self)
+        try:
+            self.wait_all()
+        finally:
+            _ABANDONED.append(self)
+
     def close(self):
-        """Wait for every pending task and remove every hook. Idempotent;
-        the object is closed even if a step of it fails."""
+        """Wait for every pending task and remove every hook and guard.
+        Idempotent; the object is closed even if a step of it fails."""
+        sweep_abandoned()
         if self._state is BroadcastOverlapState.CLOSED:
             return
         self._state = BroadcastOverlapState.CLOSED
@@ -417,19 +488,18 @@ class StageOneBroadcastOverlap:
         try:
             self.wait_all()
         finally:
-            for handles in (self._pre_hook_handles, self._state_dict_hook_handles):
-                for handle in handles.values():
-                    handle.remove()
-                handles.clear()
-            if self._post_hook_handle is not None:
-                self._post_hook_handle.remove()
-                self._post_hook_handle = None
-            for layer in self._all_layers:
-                _remove_load_waiter(layer, self)
-            self._recorded, self._recorded_set = [], set()
+            self._remove_hooks()
+
+    def _remove_hooks(self):
+        for handle in self._pre_hook_handles.values():
+            handle.remove()
+        self._pre_hook_handles.clear()
+        for layer in self._owning_layers:
+            unguard_layer(layer, self)
+        self._recorded, self._recorded_set = [], set()
 
     # ------------------------------------------------------------------
-    # launching and waiting
+    # launching
     @contextlib.contextmanager
     def deferred_launch(self):
         """Hold :meth:`launch` back until the block ends.
@@ -457,16 +527,15 @@ class StageOneBroadcastOverlap:
         """Broadcast every trainable parameter from its owner, ``sync_op=False``.
 
         Called after each update, in place of the blocking broadcast (inside
-        :meth:`deferred_launch`, when that block ends). The
-        first call agrees the order across the sharding group (one blocking
-        broadcast of ``len(params)`` int64 positions from the group's first
-        rank). Frozen parameters (``stop_gradient=True``) are not broadcast:
-        no rank changes them. Parameters that no layer owns are waited at once.
+        :meth:`deferred_launch`, when that block ends). The first call
+        agrees the order across the sharding group (see :meth:`_agree_order`).
+        Frozen parameters (``stop_gradient=True``) are not broadcast: no
+        rank changes them. Parameters that no layer owns are waited at once.
 
         Raises:
-            AssertionError (broken invariant, names the rank): a task of the
-                previous launch was never waited, or ranks disagree on the
-                number of parameters.
+            RuntimeError (a broken invariant; names the rank): the owner is
+                closed, a task of the previous launch was never waited, or
+                the ranks disagree on the optimizer's parameter list.
         """
         self._check_state(
             BroadcastOverlapState.RECORDING, BroadcastOverlapState.ORDERED
@@ -475,90 +544,191 @@ class StageOneBroadcastOverlap:
             self._launch_deferred = True
             return
         if self._state is BroadcastOverlapState.RECORDING:
-            self._order = self._agree_order()
-            self._recorded, self._recorded_set = [], set()
-            self._state = BroadcastOverlapState.ORDERED
-        assert not self._pending, (
-            f"rank {paddle.distributed.get_rank()}: launch() with "
-            f"{len(self._pending)} broadcast task(s) still pending; "
-            "wait_all() must run before every update."
-        )
-        group = self._group
-        for i in self._order:
-            param = self._params[i]
-            if param.stop_gradient:
-                continue
-            self._pending[i] = paddle.distributed.broadcast(
-                param, src=self._src_ranks[i], group=group, sync_op=False
+            self._adopt_order(self._agree_order())
+        if self._pending:
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: broadcast overlap launch with "
+                f"{len(self._pending)} broadcast task(s) still pending; "
+                "wait_before_update() must run before every update."
             )
-        self.stats["launched"] += len(self._pending)
-        self.stats["waited_unreachable"] += self._wait(self._unreachable)
+        self._refresh_read_paths()
+        group, pending = self._group, self._pending
+        for position, unit in enumerate(self._units):
+            if unit.is_frozen():
+                continue
+            pending[position] = self._comm.broadcast(
+                unit.tensor, src=unit.src, group=group, sync_op=False
+            )
+            for i in unit.indices:
+                register_pending(self._params[i], self)
+        self.stats["launched"] += len(pending)
+        self.stats["waited_unreachable"] += self._wait_indices(
+            self._unreachable
+        )
 
+    def _agree_order(self):
+        """Rank 0 of the sharding group decides; every rank adopts its order.
+
+        Two blocking broadcasts from the group's first rank, once: the
+        parameter count (int64 [1]), checked on every rank before the
+        order (int64 [n]) is sent, so ranks with different lists stop with
+        an error instead of pairing the wrong tensors.
+
+        Raises:
+            RuntimeError: this rank's parameter count differs from the
+                group's first rank, or the received order is not a
+                permutation of the positions (names this rank).
+        """
+        n = len(self._params)
+        first_rank = self._group.ranks[0]
+        count = self._broadcast_int64([n], first_rank)
+        if count != [n]:
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: the sharding group disagrees on "
+                f"the optimizer's parameter list ({n} parameters here, "
+                f"{count[0]} on the group's first rank {first_rank}); every "
+                "rank must build the same model and optimizer."
+            )
+        seen = self._recorded_set
+        proposal = self._recorded + [i for i in range(n) if i not in seen]
+        agreed = self._broadcast_int64(proposal, first_rank)
+        if sorted(agreed) != list(range(n)):
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: the broadcast order received from "
+                f"rank {first_rank} is not a permutation of 0..{n - 1}."
+            )
+        return agreed
+
+    def _broadcast_int64(self, values, src):
+        message = paddle.to_tensor(values, dtype="int64")
+        self._comm.broadcast(message, src=src, group=self._group, sync_op=True)
+        return [int(v) for v in message.numpy().tolist()]
+
+    def _adopt_order(self, order):
+        """Build the broadcast units from the agreed order (one per
+        parameter) and the units each hooked layer waits for."""
+        self._order = order
+        self._recorded, self._recorded_set = [], set()
+        self._units = [
+            _Unit(self._params[i], self._src_ranks[i], (i,)) for i in order
+        ]
+        self._unit_of = {
+            i: position
+            for position, unit in enumerate(self._units)
+            for i in unit.indices
+        }
+        self._units_of_layer = {
+            key: tuple(dict.fromkeys(self._unit_of[i] for i in indices))
+            for key, indices in self._indices_of_layer.items()
+        }
+        self._state = BroadcastOverlapState.ORDERED
+
+    def _refresh_read_paths(self):
+        """Once per launch: re-guard a layer whose ``_parameters`` was
+        replaced, and find layers compiled with ``paddle.jit.to_static``
+        since the last launch (they get a pre-hook that waits for
+        everything)."""
+        for layer in self._owning_layers:
+            guard_layer(layer, self)
+        compiled = frozenset(
+            id(layer) for layer in self._all_layers if _is_compiled(layer)
+        )
+        if compiled != self._compiled:
+            self._compiled = compiled
+            for layer in self._all_layers:
+                if (
+                    id(layer) in compiled
+                    and id(layer) not in self._pre_hook_handles
+                ):
+                    self._add_pre_hook(layer)
+
+    # ------------------------------------------------------------------
+    # waiting: every wait is safe to call again
     def wait_all(self):
         """Wait for every pending task, in launch order.
 
         Returns:
             int: how many tasks were waited.
         """
-        return self._wait(list(self._pending))
+        return self._wait_units(list(self._pending))
 
     def wait_before_update(self):
         """Called by ``step()``/``minimize()`` before anything is updated."""
         self.stats["waited_before_update"] += self.wait_all()
 
-    def _wait(self, indices):
+    def wait_on_demand(self):
+        """Wait for everything before a read of the whole model's state
+        (the optimizer's ``state_dict()``, say)."""
+        self.stats["waited_on_demand"] += self.wait_all()
+
+    def wait_for_read(self, param, path):
+        """Wait for the task carrying ``param`` (a read is about to hand it
+        out through ``path``: ``"attribute"``, ``"iteration"``, ...).
+
+        Returns:
+            int: tasks waited (0 or 1).
+        """
+        waited = self._wait_indices((self._index_of.get(id(param)),))
+        if waited:
+            self.stats["waited_on_read"] += waited
+            self.read_paths[path] += waited
+        else:
+            clear_pending(param)  # not ours any more (closed owner)
+        return waited
+
+    def _wait_indices(self, indices):
+        unit_of = self._unit_of
+        return self._wait_units(
+            [unit_of[i] for i in indices if i in unit_of]
+        )
+
+    def _wait_units(self, positions):
         count = 0
         pending = self._pending
-        for i in indices:
-            task = pending.pop(i, None)
+        for position in positions:
+            task = pending.pop(position, None)
             if task is not None:
                 task.wait()
+                for i in self._units[position].indices:
+                    clear_pending(self._params[i])
                 count += 1
         return count
 
-    def _agree_order(self):
-        """Rank 0 of the sharding group decides; every rank adopts its order."""
-        n = len(self._params)
-        seen = self._recorded_set
-        proposal = self._recorded + [i for i in range(n) if i not in seen]
-        # [n + 1] int64: the parameter count first, so that a rank with a
-        # different list is caught instead of pairing the wrong tensors.
-        message = paddle.to_tensor([n, *proposal], dtype="int64")
-        paddle.distributed.broadcast(
-            message, src=self._group.ranks[0], group=self._group, sync_op=True
-        )
-        agreed = [int(v) for v in message.numpy().tolist()]
-        rank = paddle.distributed.get_rank()
-        assert agreed[0] == n and sorted(agreed[1:]) == list(range(n)), (
-            f"rank {rank}: the sharding group disagrees on the optimizer's "
-            f"parameter list ({n} parameters here, {agreed[0]} on the group's "
-            "first rank); every rank must build the same model and optimizer."
-        )
-        return agreed[1:]
-
     # ------------------------------------------------------------------
     # hooks
-    def _add_pre_hook(self, layer, indices):
-        strict = self._strict
-
-        def forward_pre_hook(_layer, _inputs):
-            if self._state is BroadcastOverlapState.RECORDING:
-                self._record(indices)
-            elif self._pending:
-                if strict:
-                    # The first hooked layer to run waits for everything,
-                    # whether or not the forward goes through the root.
-                    self.stats["waited_in_forward"] += self.wait_all()
-                    return
-                first_pending = next(iter(self._pending))
-                waited = self._wait(indices)
-                if waited and first_pending not in indices:
-                    self.stats["waited_out_of_order"] += 1
-                self.stats["waited_in_forward"] += waited
-
-        handle = layer.register_forward_pre_hook(_Hook(forward_pre_hook))
-        layer._forward_pre_hooks.move_to_end(handle._hook_id, last=False)
+    def _add_pre_hook(self, layer):
+        # First in the layer's hook order, so user pre-hooks read waited
+        # parameters: prepend=True where Paddle has it (3.x), the same
+        # move of the hook dict's entry otherwise (2.6).
+        hook = _Hook(self._on_forward_pre)
+        if _HAS_PREPEND:
+            handle = layer.register_forward_pre_hook(hook, prepend=True)
+        else:
+            handle = layer.register_forward_pre_hook(hook)
+            layer._forward_pre_hooks.move_to_end(handle._hook_id, last=False)
         self._pre_hook_handles[id(layer)] = handle
+
+    def _on_forward_pre(self, layer, _inputs):
+        """Forward pre-hook of every hooked layer: record the first-use
+        order while RECORDING; afterwards wait for the layer's own tasks
+        (everything in strict mode or at a compiled layer)."""
+        state = self._state
+        if state is BroadcastOverlapState.RECORDING:
+            self._record(self._indices_of_layer.get(id(layer), ()))
+            return
+        if not self._pending or state is not BroadcastOverlapState.ORDERED:
+            return
+        if self._strict or id(layer) in self._compiled:
+            # The first hooked layer to run waits for everything, whether
+            # or not the forward goes through the root.
+            self.stats["waited_in_forward"] += self.wait_all()
+            return
+        units = self._units_of_layer.get(id(layer), ())
+        first_pending = next(iter(self._pending))
+        waited = self._wait_units(units)
+        if waited and first_pending not in units:
+            self.stats["waited_out_of_order"] += 1
+        self.stats["waited_in_forward"] += waited
 
     def _record(self, indices):
         seen = self._recorded_set
@@ -567,40 +737,10 @@ class StageOneBroadcastOverlap:
                 seen.add(i)
                 self._recorded.append(i)
 
-    def _on_state_dict(self, _destination):
-        # Wait for everything: the result may hold detached copies
-        # (keep_vars=False in Paddle 3.x), so its values cannot be matched
-        # to parameters; a state_dict() is no hot path.
-        self.stats["waited_on_demand"] += self.wait_all()
-
-    def _on_root_forward_post(self, _layer, _inputs, _outputs):
-        if not self._pending or self._warned_unwaited:
-            return
-        self._warned_unwaited = True
-        names = sorted(
-            {
-                type(layer).__name__
-                for layer, indices in self._layer_indices
-                if any(i in self._pending for i in indices)
-            }
-        )
-        warnings.warn(
-            f"broadcast overlap: after the forward of "
-            f"{type(self._layers).__name__}, {len(self._pending)} "
-            f"parameter broadcast(s) were still pending, owned by layers of "
-            f"type {names}. Either those layers did not run (harmless: the "
-            "next step() waits for them), or their parameters were read "
-            "without calling the layer (e.g. F.linear(x, layer.weight) or "
-            "layer.forward(x)), which reads them while the broadcast may be "
-            "in flight on GPU. In that case call "
-            "_set_broadcast_overlap(True, layers=model, strict=True) so the "
-            "first layer to run waits for every broadcast. Shown once.",
-            stacklevel=2,
-        )
-
     def _check_state(self, *allowed):
-        assert self._state in allowed, (
-            f"rank {paddle.distributed.get_rank()}: broadcast overlap is "
-            f"{self._state.value}, expected one of "
-            f"{[s.value for s in allowed]}"
-        )
+        if self._state not in allowed:
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: broadcast overlap is "
+                f"{self._state.value}, expected one of "
+                f"{[s.value for s in allowed]}"
+            )

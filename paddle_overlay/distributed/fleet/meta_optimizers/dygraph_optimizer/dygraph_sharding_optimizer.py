@@ -28,6 +28,8 @@ from paddle import framework
 from .broadcast_overlap import (
     StageOneBroadcastOverlap,
     check_broadcast_overlap_flag,
+    get_broadcast_overlap,
+    set_broadcast_overlap_owner,
 )
 
 # Methods that replace an existing one and call it as _origin_<name>.
@@ -73,11 +75,11 @@ class DygraphShardingOptimizer:
             Nothing is changed when an error is raised.
         """
         check_broadcast_overlap_flag(broadcast_overlap)
-        current = self.__dict__.get("_broadcast_overlap_impl")
+        current = get_broadcast_overlap(self)
         if not broadcast_overlap:
             if current is not None:
                 current.close()
-            self._broadcast_overlap_impl = None
+            set_broadcast_overlap_owner(self, None)
             self._broadcast_overlap = False
             return
 
@@ -109,7 +111,7 @@ class DygraphShardingOptimizer:
             current.close()
         new.open()
         new.close_with(self)
-        self._broadcast_overlap_impl = new
+        set_broadcast_overlap_owner(self, new)
         self._broadcast_overlap = True
 
     def _sharding_sync_parameters(self):
@@ -119,7 +121,7 @@ class DygraphShardingOptimizer:
         forward order (waited by forward pre-hooks); otherwise runs the
         installed Paddle's blocking version unchanged.
         """
-        overlap = self.__dict__.get("_broadcast_overlap_impl")
+        overlap = get_broadcast_overlap(self)
         if overlap is None:
             return self._origin_sharding_sync_parameters()
         with framework.no_grad():
@@ -127,7 +129,7 @@ class DygraphShardingOptimizer:
 
     def step(self):
         """Wait for pending broadcasts, then run Paddle's ``step()``."""
-        overlap = self.__dict__.get("_broadcast_overlap_impl")
+        overlap = get_broadcast_overlap(self)
         if overlap is not None:
             overlap.wait_before_update()
         return self._origin_step()
@@ -136,7 +138,7 @@ class DygraphShardingOptimizer:
         self, loss, startup_program=None, parameters=None, no_grad_set=None
     ):
         """Wait for pending broadcasts, then run Paddle's ``minimize()``."""
-        overlap = self.__dict__.get("_broadcast_overlap_impl")
+        overlap = get_broadcast_overlap(self)
         if overlap is not None:
             overlap.wait_before_update()
         return self._origin_minimize(
@@ -145,7 +147,7 @@ class DygraphShardingOptimizer:
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending broadcasts."""
-        overlap = self.__dict__.get("_broadcast_overlap_impl")
+        overlap = get_broadcast_overlap(self)
         if overlap is not None:
-            overlap.wait_all()
+            overlap.wait_on_demand()
         return self._inner_opt.state_dict()

@@ -21,7 +21,10 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
     DygraphShardingOptimizer,
 )
 
-from .broadcast_overlap import check_broadcast_overlap_flag
+from .broadcast_overlap import (
+    check_broadcast_overlap_flag,
+    get_broadcast_overlap,
+)
 
 # Methods that replace an existing one and call it as _origin_<name>.
 OVERLAY_WRAPS = ("_step",)
@@ -66,9 +69,7 @@ class HybridParallelOptimizer:
         """Paddle's ``_step``, with the sharding broadcast launched only after
         its model/pipeline-parallel parameter syncs (see
         ``StageOneBroadcastOverlap.deferred_launch``)."""
-        overlap = getattr(self._inner_opt, "__dict__", {}).get(
-            "_broadcast_overlap_impl"
-        )
+        overlap = get_broadcast_overlap(self)
         if overlap is None:
             return self._origin_step(parameters_list)
         with overlap.deferred_launch():
