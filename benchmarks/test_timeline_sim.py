@@ -9,6 +9,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import timeline_sim as ts  # noqa: E402
+import timeline_standin as tsi  # noqa: E402
 
 ANCHOR = json.load(open(ts.DEFAULT_ANCHOR))
 
@@ -236,3 +237,68 @@ def test_main_prints_tables(capsys):
     assert ts.main([]) == 0
     out = capsys.readouterr().out
     assert "Table 1" in out and "Table 2" in out and "Table 3" in out and "+2.56%" in out
+
+
+# -- buckets, calibrated on the torch stand-in (timeline_standin.py) ----------
+@pytest.fixture(scope="module")
+def stand_in_fit():
+    cal = ts.Calibration.from_anchor(ANCHOR)
+    points = tsi.load_points()
+    fitted, worst = tsi.fit_stand_in(cal, points)
+    return fitted, worst, points
+
+
+def test_vendored_stand_in_results_match_reference_when_present():
+    for name in ("h200_issue_strategy.json", "h200_bucket_sweep.json"):
+        ref = os.path.join(os.path.dirname(ts.HERE), "..", "shared", "reference", name)
+        if not os.path.exists(ref):
+            pytest.skip("shared/reference not beside the repository")
+        assert json.load(open(ref)) == json.load(open(os.path.join(ts.HERE, "data", name)))
+
+
+def test_bucket_groups_reproduce_the_sweep_broadcast_counts():
+    cal = ts.Calibration.from_anchor(ANCHOR)
+    sweep = json.load(open(tsi.SWEEP))["runs"][0]["S1024"]
+    units, params = tsi.stand_in_model(cal, 1024, 21.1)
+    order = [p.name for p in params]
+    for cap in (0, *tsi.CAPS_MB):
+        groups = ts.bucket_groups(params, order, cap << 20)
+        assert len(groups) == sweep[f"cap{cap}MB"]["broadcasts"], cap
+        assert sorted(n for g in groups for n in g) == sorted(order)
+        for g in groups:
+            assert len({p.owner for p in params if p.name in g}) == 1
+
+
+def test_per_parameter_groups_equal_simulate():
+    cal = ts.Calibration.from_anchor(ANCHOR)
+    units = ts.llama_units(cal, 1024)
+    params = ts.llama_params(ts.LLAMA_7B, 2)
+    order = ts.forward_order(units, params)
+    a = ts.simulate(units, params, order, cal)
+    b = ts.simulate_groups(units, params, [[n] for n in order], cal)
+    assert a.exposed_ms == b.exposed_ms
+
+
+def test_stand_in_fit_reproduces_every_32_layer_point_within_10_percent(stand_in_fit):
+    fitted, worst, points = stand_in_fit
+    assert len(points) == 20
+    assert worst <= 0.10
+    for p in points:
+        model, _ = tsi.model_point(fitted, p)
+        assert abs(tsi.distance(model, p["measured"])) <= 0.10, (p["tokens"], p["mode"], model, p["measured"])
+    # the per-call costs are what makes buckets pay: without them the model
+    # misses the stand-in's per-parameter vs bucket gap
+    assert fitted.call_stall_ms > 0
+
+
+def test_default_cap_beats_per_parameter_on_llama_7b(stand_in_fit):
+    fitted = stand_in_fit[0]
+    for S in (1024, 4096):
+        units = ts.llama_units(fitted, S)
+        params = ts.llama_params(ts.LLAMA_7B, 2)
+        order = ts.forward_order(units, params)
+        per = ts.simulate(units, params, order, fitted)
+        groups = ts.bucket_groups(params, order, 256 << 20)
+        assert len(groups) < len(params) / 3
+        bucketed = ts.simulate_groups(units, params, groups, fitted)
+        assert bucketed.exposed_ms < 0.85 * per.exposed_ms, S

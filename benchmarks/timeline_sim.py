@@ -105,6 +105,11 @@ class Calibration:
     copy_gbps: float  # device copy bandwidth, read + write bytes per second
     hop_ms: float = 0.003  # ring latency per extra rank per call (assumed)
     source: str = ""
+    # Per-call costs of overlapping, 0 unless fitted on the stand-in
+    # (timeline_standin.py): each broadcast that starts while a forward
+    # unit runs stalls that unit by call_stall_ms and itself by call_gap_ms.
+    call_stall_ms: float = 0.0
+    call_gap_ms: float = 0.0
 
     # -- loading / fitting -------------------------------------------------
     @classmethod
@@ -345,6 +350,9 @@ def _simulate_work(
             done.add(ci)
             ci += 1
             crem = comm_ms[ci] if ci < len(comm_ms) else 0.0
+            if ci < len(comm_ms) and contention and needs[ui] <= done:
+                urem += cal.call_stall_ms
+                crem += cal.call_gap_ms
         if ready and urem <= _EPS:
             ui += 1
             urem = units[ui].fwd_ms if ui < len(units) else 0.0
@@ -384,14 +392,64 @@ def simulate(
     ``overlap=False`` every broadcast is waited for before the first unit
     (Paddle's default path); the order then does not matter.
     """
+    return simulate_groups(
+        units, params, [[n] for n in order], cal, ranks=ranks, overlap=overlap, contention=contention
+    )
+
+
+def bucket_groups(params: Sequence[Param], order: Sequence[str], cap_bytes: int) -> List[List[str]]:
+    """Broadcast buckets as ``broadcast_buckets.plan_buckets`` forms them:
+    walk ``order``, close a window once it holds at least ``cap_bytes``,
+    one bucket per owner inside a window (by first appearance).  ``cap_bytes``
+    0 gives one group per parameter."""
     by_name = {p.name: p for p in params}
+    if cap_bytes <= 0:
+        return [[n] for n in order]
+    groups: List[List[str]] = []
+    window: List[str] = []
+    size = 0
+
+    def close():
+        per_owner: Dict[int, List[str]] = {}
+        for n in window:
+            per_owner.setdefault(by_name[n].owner, []).append(n)
+        groups.extend(per_owner.values())
+
+    for n in order:
+        window.append(n)
+        size += by_name[n].nbytes
+        if size >= cap_bytes:
+            close()
+            window, size = [], 0
+    if window:
+        close()
+    return groups
+
+
+def simulate_groups(
+    units: Sequence[Unit],
+    params: Sequence[Param],
+    groups: Sequence[Sequence[str]],
+    cal: Calibration,
+    *,
+    ranks: int = 2,
+    overlap: bool = True,
+    contention: bool = True,
+) -> SimResult:
+    """Like :func:`simulate`, with one broadcast per group of parameters
+    (a bucket living in one contiguous buffer: its bytes in one call); a
+    unit waits for every group holding one of its parameters."""
+    by_name = {p.name: p for p in params}
+    order = [n for g in groups for n in g]
     if len(set(order)) != len(order):
         raise ValueError("broadcast order names a parameter twice")
     unknown = [n for n in order if n not in by_name]
     if unknown:
         raise ValueError(f"broadcast order names unknown parameters: {unknown[:5]}")
-    index = {n: i for i, n in enumerate(order)}
-    comm = [cal.bcast_ms_for(by_name[n].nbytes, ranks, pipelined=i > 0) for i, n in enumerate(order)]
+    index = {n: gi for gi, g in enumerate(groups) for n in g}
+    comm = [
+        cal.bcast_ms_for(sum(by_name[n].nbytes for n in g), ranks, pipelined=i > 0) for i, g in enumerate(groups)
+    ]
     unit_names = [u.name for u in units]
     if len(set(unit_names)) != len(unit_names):
         raise ValueError("unit names must be unique")
@@ -403,8 +461,9 @@ def simulate(
         if p.name in index:
             needs[pos[p.unit]].add(index[p.name])
     if not overlap and units:
-        needs[0] = set(range(len(order)))
-    return _simulate_work(comm, needs, units, cal, contention=contention, labels=list(order))
+        needs[0] = set(range(len(groups)))
+    labels = [g[0] if len(g) == 1 else f"{g[0]}+{len(g) - 1}" for g in groups]
+    return _simulate_work(comm, needs, units, cal, contention=contention, labels=labels)
 
 
 # --------------------------------------------------------------------------
