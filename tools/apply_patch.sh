@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 #
-# Apply a paddle_overlay patch to a Paddle source tree, all or nothing.
+# Apply a paddle_overlay patch to a Paddle source tree and register its tests, all or nothing.
 #
-# Usage: tools/apply_patch.sh PADDLE_SRC [PATCH]
+# Usage: tools/apply_patch.sh [--no-register] PADDLE_SRC [PATCH]
 #
-#   PADDLE_SRC  a Paddle tree laid out as python/paddle/... (a checkout)
-#   PATCH       default: the one file of patches/*.patch that applies to PADDLE_SRC
+#   PADDLE_SRC     a Paddle tree laid out as python/paddle/... (a checkout)
+#   PATCH          default: the one file of patches/*.patch that applies to PADDLE_SRC
+#   --no-register  apply the diff only (same as plain git apply)
 #
-# Runs `git apply --check` first and applies only if it passes. git apply is atomic: when
-# any hunk of any file does not apply, no file is changed. On a mismatch this script says
-# which Paddle version the tree looks like, which committed patches would fit, and whether
-# the patch is already applied.
+# 1. `git apply --check`, then `git apply` (atomic: when any hunk of any file does not apply,
+#    no file is changed). The patch changes python/ and adds new files only.
+# 2. Registration: appends the patch header's "testslist.csv row: " lines (rows whose test
+#    name is not there yet) to test/collective/fleet/testslist.csv, then regenerates the
+#    CMakeLists.txt beside it with the tree's own tools/gen_ut_cmakelists.py (this
+#    repository's when the tree has none) and, when cmake-format is on PATH, formats it as
+#    Paddle's pre-commit does. If a step fails, the tree is put back as it was.
+# On a mismatch it says which Paddle version the tree looks like, which committed patches
+# would fit, and whether the patch is already applied.
 #
-# Exit codes: 0 applied, 1 does not apply (tree unchanged), 2 usage error.
+# Environment: PYTHON (interpreter for the generator, default python3).
+# Exit codes: 0 applied, 1 does not apply or registration failed (tree unchanged), 2 usage error.
 
 set -u
 
@@ -21,9 +28,13 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(dirname "$here")
 patches_dir=$root/patches
 opt_rel=python/paddle/distributed/fleet/meta_optimizers/dygraph_optimizer
+fleet_rel=test/collective/fleet
+row_prefix='testslist.csv row: '
+csv_header='name,os,arch,timeout,run_type,launcher,num_port,run_serial,envs,conditions'
+python=${PYTHON:-python3}
 
 usage() {
-    sed -n '4,16s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+    sed -n '4,24s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 
@@ -32,6 +43,11 @@ die() {
     exit 2
 }
 
+register=1
+if [ $# -ge 1 ] && [ "$1" = --no-register ]; then
+    register=0
+    shift
+fi
 [ $# -ge 1 ] && [ $# -le 2 ] || usage
 case $1 in -h | --help) usage ;; esac
 [ -d "$1" ] || die "$1 is not a folder"
@@ -70,6 +86,52 @@ describe_tree() {
 
 committed_patches() { ls "$patches_dir"/*.patch 2>/dev/null; }
 
+# The header rows of the patch ($1) whose test is not in the tree's testslist.csv yet.
+new_rows() {
+    local csv=$src/$fleet_rel/testslist.csv line name
+    grep "^$row_prefix" "$1" | while IFS= read -r line; do
+        line=${line#"$row_prefix"}
+        name=${line%%,*}
+        if [ -f "$csv" ] && cut -d, -f1 "$csv" | tr -d ' \r' | grep -qx "$name"; then
+            continue
+        fi
+        printf '%s\n' "$line"
+    done
+}
+
+# Append the rows and regenerate CMakeLists.txt; on failure put both files back. Needs
+# $backup (a folder) and $rows (the lines to append).
+register_tests() {
+    local csv=$src/$fleet_rel/testslist.csv cmake=$src/$fleet_rel/CMakeLists.txt gen
+    [ -f "$csv" ] && cp -p "$csv" "$backup/testslist.csv"
+    [ -f "$cmake" ] && cp -p "$cmake" "$backup/CMakeLists.txt"
+    if [ ! -f "$csv" ]; then
+        printf '%s\n' "$csv_header" >"$csv"
+    elif [ -n "$(tail -c1 "$csv")" ]; then
+        echo >>"$csv"  # the last row had no newline
+    fi
+    printf '%s\n' "$rows" >>"$csv"
+    if [ -f "$src/tools/gen_ut_cmakelists.py" ]; then
+        gen=tools/gen_ut_cmakelists.py
+        echo "regenerating $fleet_rel/CMakeLists.txt with the tree's $gen"
+        (cd "$src" && "$python" "$gen" -f "$fleet_rel/testslist.csv") >"$backup/gen.log" 2>&1 || return 1
+        if command -v cmake-format >/dev/null 2>&1; then
+            (cd "$src" && cmake-format -i "$fleet_rel/CMakeLists.txt") >>"$backup/gen.log" 2>&1 || return 1
+        else
+            echo "note: cmake-format not on PATH: run Paddle's pre-commit (cmake-format) on $fleet_rel/CMakeLists.txt"
+        fi
+    else
+        echo "the tree has no tools/gen_ut_cmakelists.py: regenerating $fleet_rel/CMakeLists.txt with ${here#"$root"/}/gen_ut_cmakelists.py"
+        "$python" "$here/gen_ut_cmakelists.py" -f "$csv" >"$backup/gen.log" 2>&1 || return 1
+    fi
+}
+
+restore_registration() {
+    local csv=$src/$fleet_rel/testslist.csv cmake=$src/$fleet_rel/CMakeLists.txt
+    if [ -f "$backup/testslist.csv" ]; then cp -p "$backup/testslist.csv" "$csv"; else rm -f "$csv"; fi
+    if [ -f "$backup/CMakeLists.txt" ]; then cp -p "$backup/CMakeLists.txt" "$cmake"; else rm -f "$cmake"; fi
+}
+
 if [ -z "$patch" ]; then
     fitting=()
     while IFS= read -r p; do fits "$p" && fitting+=("$p"); done < <(committed_patches)
@@ -80,9 +142,24 @@ if [ -z "$patch" ]; then
 fi
 
 if [ -n "$patch" ] && out=$(in_src apply --check "$patch" 2>&1); then
+    rows=
+    [ $register -eq 1 ] && rows=$(new_rows "$patch")
     in_src apply "$patch" || { echo "error: git apply failed after --check passed; see above" >&2; exit 1; }
     echo "applied ${patch#"$root"/} to $src:"
     in_src apply --stat "$patch"
+    if [ -n "$rows" ]; then
+        backup=$(mktemp -d)
+        trap 'rm -rf "$backup"' EXIT
+        if ! register_tests; then
+            restore_registration
+            in_src apply --reverse "$patch"
+            echo "error: registering the tests failed; the tree is as it was (patch reverted):" >&2
+            sed 's/^/  /' "$backup/gen.log" >&2
+            exit 1
+        fi
+        echo "registered in $fleet_rel/testslist.csv and CMakeLists.txt:"
+        printf '%s\n' "$rows" | cut -d, -f1 | sed 's/^/  /'
+    fi
     exit 0
 fi
 
@@ -113,12 +190,12 @@ done < <(committed_patches)
 if [ $any -eq 0 ]; then
     while IFS= read -r p; do
         if fits --include='python/*' "$p"; then
-            echo "The python/ part of ${p#"$root"/} fits, its test/ part does not (the tree has its own" >&2
-            echo "test/collective/fleet files, e.g. upstream's dygraph_group_sharded_stage1_bf16.py)." >&2
+            echo "The python/ part of ${p#"$root"/} fits; a test file it adds is already in the tree" >&2
+            echo "(git apply says which). Rename ours, or make a patch for this exact tree:" >&2
             any=1
         fi
     done < <(committed_patches)
-    echo "Make a patch for this exact tree (test files and registration included):" >&2
+    [ $any -eq 0 ] && echo "Make a patch for this exact tree (a checkout at another commit):" >&2
     echo "  python3 ${here#"$root"/}/make_patch.py --paddle-src $src --out paddle-stage1-broadcast-overlap.patch" >&2
     echo "  ${here#"$root"/}/apply_patch.sh $src paddle-stage1-broadcast-overlap.patch" >&2
 fi

@@ -7,7 +7,8 @@ dygraph_optimizer/`` are the single source. For a Paddle tree laid out as
 ``python/paddle/...`` (a checkout, or an installed wheel's ``paddle`` package
 laid out by ``--from-wheel``) the patch:
 
-* adds ``broadcast_overlap.py`` next to the optimizers, byte for byte;
+* adds every overlay module of that folder that has no Paddle counterpart
+  (``broadcast_overlap.py`` and its helpers) next to the optimizers, byte for byte;
 * splices each overlay class's methods into the Paddle class of the same name
   (``ast`` positions in both files; the method text is cut from the overlay
   file). A name in the overlay module's ``OVERLAY_WRAPS`` wraps the existing
@@ -16,10 +17,12 @@ laid out by ``--from-wheel``) the patch:
   overlay method goes right above it. Any other overlay method replaces the
   Paddle method of that name in place, or is appended to the class;
 * adds the imports the spliced methods need and the target module lacks;
-* adds the collective test files of ``test/collective/fleet/`` and their
-  registration: the ``testslist.csv`` rows and the CMake entries rendered by
-  ``tools/gen_ut_cmakelists.py`` (appended when the tree has those files,
-  new files otherwise).
+* adds every ``*.py`` of ``test/collective/fleet/`` (drivers and per-rank
+  scripts) as new files. It changes no file under ``test/``: the rows of our
+  ``testslist.csv`` go into the patch's header, from which
+  ``tools/apply_patch.sh`` appends them to the checkout's ``testslist.csv``
+  and regenerates its ``CMakeLists.txt`` (``gen_ut_cmakelists.py``), so the
+  patch applies with plain ``git apply`` to any checkout at the matching tag.
 
 The patch is ``git diff`` output from a throw-away repository with fixed
 identity, dates and configuration, so the same inputs give the same bytes.
@@ -36,9 +39,7 @@ Exit codes: 0 ok, 2 bad input (message says what to fix).
 import argparse
 import ast
 import builtins
-import csv
 import glob
-import io
 import os
 import re
 import shutil
@@ -59,24 +60,13 @@ TREE_OPT_DIR = "python/paddle/distributed/fleet/meta_optimizers/dygraph_optimize
 TREE_TEST_DIR = "test/collective/fleet"
 TARGET_PACKAGE = "paddle.distributed.fleet.meta_optimizers.dygraph_optimizer"
 
-# (module file, class) spliced, in this order; broadcast_overlap.py is copied.
+# (module file, class) spliced, in this order; the folder's other modules are copied.
 SPLICED = (
     ("dygraph_sharding_optimizer.py", "DygraphShardingOptimizer"),
     ("hybrid_parallel_optimizer.py", "HybridParallelOptimizer"),
 )
-NEW_MODULE = "broadcast_overlap.py"
-
-# Test files of this repository that stay out of the patch, with the reason.
-EXCLUDED_TESTS = {
-    "test_patched_tree_broadcast_overlap.py": "checks this repository's patch against an "
-    "installed wheel; meaningless inside a Paddle tree",
-}
-# Env every registered row gets inside a Paddle tree: the overlay is in the
-# sources there, so the per-rank scripts must not import paddle_overlay.
-PATCHED_MODE_ENV = "PADDLE_OVERLAY_MODE=patched"
-# Ports of appended CMake entries start this far above the tree's highest
-# PADDLE_DIST_UT_PORT (room for the num_port of the tree's last entry).
-PORT_GAP = 10
+# Prefix of the patch-header lines that carry the testslist.csv rows.
+ROW_PREFIX = "testslist.csv row: "
 
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "paddle_overlay make_patch",
@@ -341,91 +331,70 @@ def _read(path):
         return f.read()
 
 
-def _test_files():
-    """Sorted names of the ``*.py`` files of test/collective/fleet that go into the patch."""
-    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(TEST_DIR, "*.py")))
-    return [n for n in names if n not in EXCLUDED_TESTS]
+def new_modules():
+    """Sorted names of the overlay modules the patch adds to Paddle's folder as new files."""
+    spliced = {name for name, _ in SPLICED}
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(OVERLAY_DIR, "*.py")))
+    return [n for n in names if n != "__init__.py" and n not in spliced]
 
 
-def _csv_line(cells):
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(cells)
-    return buf.getvalue()
+def test_files():
+    """Sorted names of the ``*.py`` files of test/collective/fleet (all go into the patch)."""
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(TEST_DIR, "*.py")))
 
 
-def _registration(tree, test_names):
-    """{tree path: new text} for testslist.csv and CMakeLists.txt of the tree's test folder.
+def patch_source_files():
+    """Repository paths (relative to ROOT) of every file whose text goes into the patch:
+    the overlay modules (copied or spliced) and the test files."""
+    overlay = [name for name, _ in SPLICED] + new_modules()
+    rel_overlay = os.path.relpath(OVERLAY_DIR, ROOT)
+    rel_test = os.path.relpath(TEST_DIR, ROOT)
+    return [f"{rel_overlay}/{n}" for n in sorted(overlay)] + [f"{rel_test}/{n}" for n in test_files()]
 
-    Rows of our testslist.csv whose test is in the patch, with ``PADDLE_OVERLAY_MODE=patched``
-    added to their envs. Appended to the tree's files when it has them (rows already there by
-    name are left alone); otherwise both files are new. Returns {} when this repository has
-    no testslist.csv or generator.
+
+def testslist_rows():
+    """The data lines of our testslist.csv (no header, no blank lines), as written.
+
+    Raises :class:`PatchError` when a row is malformed or names a test without a driver.
     """
-    ours_csv = os.path.join(TEST_DIR, "testslist.csv")
-    gen_path = os.path.join(ROOT, "tools", "gen_ut_cmakelists.py")
-    if not (os.path.isfile(ours_csv) and os.path.isfile(gen_path)):
-        return {}
+    path = os.path.join(TEST_DIR, "testslist.csv")
+    if not os.path.isfile(path):
+        return []
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     try:
-        import gen_ut_cmakelists
         import testslist
     finally:
         sys.path.pop(0)
+    try:
+        rows = testslist.read_testslist(path)
+    except ValueError as e:
+        raise PatchError(str(e)) from None
+    drivers = set(test_files())
+    for row in rows:
+        if row.name + ".py" not in drivers:
+            raise PatchError(f"{path}:{row.line}: {row.name} has no {row.name}.py in {TEST_DIR}")
+    lines = [ln.rstrip("\r\n") for ln in _read(path).splitlines()]
+    return [ln for ln in lines[1:] if ln.strip()]
 
-    with open(ours_csv, newline="") as f:
-        raw = list(csv.reader(f))
-    header, body = raw[0], [r for r in raw[1:] if r]
-    envs_col = list(testslist.FIELDS).index("envs")
-    tree_csv = os.path.join(tree, TREE_TEST_DIR, "testslist.csv")
-    tree_cmake = os.path.join(tree, TREE_TEST_DIR, "CMakeLists.txt")
-    present = set()
-    if os.path.isfile(tree_csv):
-        with open(tree_csv, newline="") as f:
-            present = {r[0].strip() for r in csv.reader(f) if r}
-    rows, lines = [], []
-    for cells in body:
-        if cells[0].strip() + ".py" not in test_names or cells[0].strip() in present:
-            continue
-        envs = [e for e in cells[envs_col].split(";") if e]
-        if not any(e.startswith("PADDLE_OVERLAY_MODE=") for e in envs):
-            envs.insert(0, PATCHED_MODE_ENV)
-        cells = list(cells)
-        cells[envs_col] = ";".join(envs)
-        rows.append(testslist.parse_row(cells))
-        lines.append(_csv_line(cells))
-    if not rows:
-        return {}
 
-    out = {}
-    csv_rel = f"{TREE_TEST_DIR}/testslist.csv"
-    cmake_rel = f"{TREE_TEST_DIR}/CMakeLists.txt"
-    if os.path.isfile(tree_csv):
-        old = _read(tree_csv)
-        out[csv_rel] = old + ("" if old.endswith("\n") or not old else "\n") + "".join(lines)
-    else:
-        out[csv_rel] = _csv_line(header) + "".join(lines)
-    if os.path.isfile(tree_cmake):
-        old = _read(tree_cmake)
-        ports = [int(p) for p in re.findall(r"PADDLE_DIST_UT_PORT=(\d+)", old)]
-        port = max(ports) + PORT_GAP if ports else gen_ut_cmakelists.FIRST_PORT
-        text = old + ("" if old.endswith("\n") or not old else "\n")
-        for row in rows:
-            text += gen_ut_cmakelists.cmake_entry(row, port)
-            port += max(row.num_port, 1)
-        out[cmake_rel] = text
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "testslist.csv")
-            with open(path, "w", newline="") as f:
-                f.write(out[csv_rel])
-            out[cmake_rel] = gen_ut_cmakelists.generate(path)
-    return out
+def imports_of(text, filename="<file>"):
+    """Top-level module names a Python source imports anywhere (absolute imports only)."""
+    names = set()
+    for node in ast.walk(ast.parse(text, filename)):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
 
 
 def patched_files(tree):
     """{path in tree: new text} for every file the patch adds or changes.
 
-    ``tree`` is a Paddle tree laid out as ``python/paddle/...``. Raises :class:`PatchError`.
+    ``tree`` is a Paddle tree laid out as ``python/paddle/...``. Raises :class:`PatchError`
+    when a file to splice is missing, or a file to add already exists in the tree (the
+    tree is patched already, or upstream has a file of that name: the patch adds new files
+    only).
     """
     opt_dir = os.path.join(tree, TREE_OPT_DIR)
     out = {}
@@ -441,15 +410,41 @@ def patched_files(tree):
             target_name=f"{TREE_OPT_DIR}/{filename}",
             overlay_name=os.path.relpath(overlay_path, ROOT),
         )
-    new_module = f"{TREE_OPT_DIR}/{NEW_MODULE}"
-    if os.path.exists(os.path.join(tree, new_module)):
-        raise PatchError(f"{new_module} exists in {tree}: the tree is already patched")
-    out[new_module] = _read(os.path.join(OVERLAY_DIR, NEW_MODULE))
-    tests = _test_files()
-    for name in tests:
-        out[f"{TREE_TEST_DIR}/{name}"] = _read(os.path.join(TEST_DIR, name))
-    out.update(_registration(tree, set(tests)))
+    added = {f"{TREE_OPT_DIR}/{n}": os.path.join(OVERLAY_DIR, n) for n in new_modules()}
+    added.update({f"{TREE_TEST_DIR}/{n}": os.path.join(TEST_DIR, n) for n in test_files()})
+    for rel, src in sorted(added.items()):
+        if os.path.lexists(os.path.join(tree, rel)):
+            raise PatchError(
+                f"{rel} exists in {tree}: the patch adds new files only (is the tree patched already, "
+                "or does upstream have a file of that name? rename ours)"
+            )
+        out[rel] = _read(src)
     return out
+
+
+def header(description, rows):
+    """The patch's leading text (``git apply`` ignores it): what it is, how to apply it, and
+    the testslist.csv rows to register, one per line after :data:`ROW_PREFIX`."""
+    text = (
+        "Sharding stage 1 (DygraphShardingOptimizer V1): parameter broadcast overlapped\n"
+        f"with the next forward, for {description}.\n"
+        "\n"
+        "Generated by tools/make_patch.py of paddle_overlay from its overlay source; do not\n"
+        "edit by hand. It changes files under python/ and adds new files only, so it applies\n"
+        "with plain git apply to a checkout at the matching tag:\n"
+        "    git apply --check FILE && git apply FILE\n"
+    )
+    if rows:
+        text += (
+            "Then register the new tests: append each line below that starts with\n"
+            f'"{ROW_PREFIX.strip()}", without that prefix, to {TREE_TEST_DIR}/testslist.csv\n'
+            "and regenerate the CMakeLists.txt next to it with\n"
+            f"    python3 tools/gen_ut_cmakelists.py -f {TREE_TEST_DIR}/testslist.csv\n"
+            "(tools/apply_patch.sh PADDLE_SRC FILE of paddle_overlay does both steps).\n"
+            "\n"
+        )
+        text += "".join(f"{ROW_PREFIX}{row}\n" for row in rows)
+    return text + "\n"
 
 
 # --------------------------------------------------------------------------- git
@@ -513,18 +508,10 @@ def diff_text(tree, new_files, header=""):
 
 
 def make_patch(tree, description):
-    """Patch text for the Paddle tree ``tree``; ``description`` names it in the header."""
+    """Patch text for the Paddle tree ``tree``; ``description`` names it in the header.
+    Raises :class:`PatchError` (see :func:`patched_files`, :func:`testslist_rows`)."""
     files = patched_files(tree)
-    header = (
-        f"Sharding stage 1 (DygraphShardingOptimizer V1): parameter broadcast overlapped\n"
-        f"with the next forward, for {description}.\n"
-        f"\n"
-        f"Generated by tools/make_patch.py of paddle_overlay from its overlay source; do not\n"
-        f"edit by hand. Apply with: git apply --check FILE && git apply FILE\n"
-        f"(or tools/apply_patch.sh PADDLE_SRC FILE).\n"
-        f"\n"
-    )
-    return diff_text(tree, files, header)
+    return diff_text(tree, files, header(description, testslist_rows()))
 
 
 # --------------------------------------------------------------------------- wheels

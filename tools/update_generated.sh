@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# Regenerate every generated file the repository commits: the CMakeLists.txt
-# next to each testslist.csv, and the Paddle patches in patches/ (from the
-# wheels in .venv-test/paddle-VERSION; run tools/run_collective_tests.sh
-# --paddle VERSION --list once to make a missing venv).
-# Tests (test/tools/test_gen_ut_cmakelists.py, test_make_patch.py) fail when
-# these are stale.
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+#
+# Regenerate every generated file the repository commits: the CMakeLists.txt next to each
+# testslist.csv (tools/gen_ut_cmakelists.py, which formats with cmakelang), and the Paddle
+# patches in patches/ (from the wheels in .venv-test/paddle-VERSION; run
+# tools/run_collective_tests.sh --paddle VERSION --list once to make a missing venv).
+# Run tools/format.sh --fix first when the overlay or test/collective/fleet changed.
+# Tests (test/tools/test_gen_ut_cmakelists.py, test_make_patch.py) fail when these are stale.
+#
+# Environment: PYTHON (default: .venv-test/paddle-3.3.1/bin/python, whose [test] extra has
+# cmakelang; else python3).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-python3 tools/gen_ut_cmakelists.py
+python="${PYTHON:-}"
+if [[ -z "$python" ]]; then
+  python=python3
+  [[ -x .venv-test/paddle-3.3.1/bin/python ]] && python=.venv-test/paddle-3.3.1/bin/python
+fi
+"$python" tools/gen_ut_cmakelists.py
 for version in 2.6.2 3.3.1; do
-  python3 tools/make_patch.py --from-wheel ".venv-test/paddle-$version" --version "$version" \
+  "$python" tools/make_patch.py --from-wheel ".venv-test/paddle-$version" --version "$version" \
     --out "patches/paddle-v$version-stage1-broadcast-overlap.patch"
 done
-git status --short -- test/collective/fleet/CMakeLists.txt patches/
+git status --short -- '*CMakeLists.txt' patches/

@@ -1,8 +1,9 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""tools/apply_patch.sh: applies all or nothing, and says what fits on a mismatch.
+"""tools/apply_patch.sh: applies and registers all or nothing, and says what fits on a mismatch.
 
-Trees are laid out from the installed wheels in ``.venv-test/paddle-<version>`` (tests
-skip with the reason when a venv is missing).
+Trees are checkout-like (``test/patch/checkout_tree.py``: python/ from the installed wheels in
+``.venv-test/paddle-<version>``, this project's stand-ins for upstream's test/ files and
+generator); tests skip with the reason when a venv is missing.
 """
 
 import os
@@ -12,26 +13,28 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import make_patch  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "test", "patch"))
+import checkout_tree  # noqa: E402
+from checkout_tree import FLEET, make_patch  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "tools", "apply_patch.sh")
 PATCH = {v: make_patch.patch_path(v) for v in ("2.6.2", "3.3.1")}
 
 
-def wheel_tree(version, path):
+def tree_for(version, path):
     venv = os.path.join(ROOT, ".venv-test", f"paddle-{version}")
+    tree = str(path / f"Paddle-{version}")
     try:
-        pkg = make_patch.paddle_package_dir(venv)
+        checkout_tree.build(venv, tree)
     except make_patch.PatchError as e:
         pytest.skip(f"Paddle {version} wheel not installed: {e}")
-    tree = str(path / f"Paddle-{version}")
-    make_patch.layout_wheel_tree(pkg, tree)
     return tree
 
 
-def apply(*args):
-    return subprocess.run(["bash", SCRIPT, *args], capture_output=True, text=True)
+def apply(*args, **env):
+    return subprocess.run(
+        ["bash", SCRIPT, *args], capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable, **env)
+    )
 
 
 def state(tree):
@@ -40,16 +43,60 @@ def state(tree):
 
 
 @pytest.mark.parametrize("version", ["2.6.2", "3.3.1"])
-def test_fitting_patch_is_applied(version, tmp_path):
-    tree = wheel_tree(version, tmp_path)
+def test_fitting_patch_is_applied_and_its_tests_registered(version, tmp_path):
+    tree = tree_for(version, tmp_path)
+    before = checkout_tree.snapshot(tree)
     proc = apply(tree, PATCH[version])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "applied" in proc.stdout
     make_patch.git(tree, "apply", "--reverse", "--check", PATCH[version])  # fully applied
+    after = checkout_tree.snapshot(tree)
+    rows = make_patch.testslist_rows()
+    csv_rel = f"{FLEET}/testslist.csv"
+    assert after[csv_rel].decode() == before[csv_rel].decode() + "".join(r + "\n" for r in rows)
+    for rel in checkout_tree.UPSTREAM_FILES[:2]:
+        assert after[rel] == before[rel], rel
+    cmake_rel = f"{FLEET}/CMakeLists.txt"
+    assert after[cmake_rel].startswith(before[cmake_rel]) and len(after[cmake_rel]) > len(before[cmake_rel])
+    changed = sorted(line[3:] for line in make_patch.git(tree, "status", "--porcelain").splitlines() if line[:2] == " M")
+    assert changed == sorted([cmake_rel, csv_rel] + [f"{make_patch.TREE_OPT_DIR}/{n}" for n, _ in make_patch.SPLICED])
+
+
+def test_no_register_is_plain_git_apply(tmp_path):
+    tree = tree_for("3.3.1", tmp_path)
+    before = checkout_tree.snapshot(tree)
+    proc = apply("--no-register", tree, PATCH["3.3.1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert checkout_tree.snapshot(tree) == before
+    make_patch.git(tree, "apply", "--reverse", "--check", PATCH["3.3.1"])
+
+
+def test_failing_generator_leaves_the_tree_as_it_was(tmp_path):
+    tree = tree_for("3.3.1", tmp_path)
+    with open(os.path.join(tree, "tools", "gen_ut_cmakelists.py"), "w") as f:
+        f.write("import sys\nsys.exit('generator broke')\n")
+    make_patch.git(tree, "commit", "-qam", "broken generator")
+    before = state(tree)
+    proc = apply(tree, PATCH["3.3.1"])
+    assert proc.returncode == 1
+    assert "registering the tests failed; the tree is as it was" in proc.stderr
+    assert "generator broke" in proc.stderr
+    assert state(tree) == before
+
+
+def test_tree_without_generator_uses_ours(tmp_path):
+    tree = tree_for("2.6.2", tmp_path)
+    make_patch.git(tree, "rm", "-q", "tools/gen_ut_cmakelists.py", "tools/testslist.py")
+    make_patch.git(tree, "commit", "-qm", "no generator")
+    proc = apply(tree, PATCH["2.6.2"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the tree has no tools/gen_ut_cmakelists.py" in proc.stdout
+    with open(os.path.join(tree, FLEET, "CMakeLists.txt")) as f:
+        assert "test_dygraph_sharding_stage1_broadcast_overlap\n" in f.read()
 
 
 def test_patch_is_chosen_when_not_given(tmp_path):
-    tree = wheel_tree("2.6.2", tmp_path)
+    tree = tree_for("2.6.2", tmp_path)
     proc = apply(tree)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "using patches/paddle-v2.6.2-stage1-broadcast-overlap.patch" in proc.stdout
@@ -57,20 +104,21 @@ def test_patch_is_chosen_when_not_given(tmp_path):
 
 @pytest.mark.parametrize("version,other", [("3.3.1", "2.6.2"), ("2.6.2", "3.3.1")])
 def test_wrong_version_changes_nothing_and_names_the_fitting_patch(version, other, tmp_path):
-    tree = wheel_tree(version, tmp_path)
+    tree = tree_for(version, tmp_path)
     before = state(tree)
     proc = apply(tree, PATCH[other])
     assert proc.returncode == 1
     assert state(tree) == before
     assert "nothing was changed" in proc.stderr
     assert f"Paddle {version} (nearest git tag v{version})" in proc.stderr
+    assert f"Paddle {version} (python/paddle/version/__init__.py)" in proc.stderr
     expect = "Paddle 3.x" if version.startswith("3") else "Paddle 2.6"
     assert expect in proc.stderr
     assert f"Patches that fit this tree (git apply --check passes):\n  patches/paddle-v{version}-" in proc.stderr
 
 
 def test_second_application_says_already_applied(tmp_path):
-    tree = wheel_tree("3.3.1", tmp_path)
+    tree = tree_for("3.3.1", tmp_path)
     assert apply(tree, PATCH["3.3.1"]).returncode == 0
     before = state(tree)
     for args in ((tree, PATCH["3.3.1"]), (tree,)):
@@ -81,12 +129,13 @@ def test_second_application_says_already_applied(tmp_path):
         assert state(tree) == before
 
 
-def test_checkout_with_its_own_test_files_gets_told_to_generate(tmp_path):
-    tree = wheel_tree("3.3.1", tmp_path)
-    fleet = os.path.join(tree, make_patch.TREE_TEST_DIR)
-    os.makedirs(fleet)
-    with open(os.path.join(fleet, "dygraph_group_sharded_stage1_bf16.py"), "w") as f:
-        f.write("# upstream's version\n")
+def test_tree_with_a_file_of_our_name_is_told_what_fits(tmp_path):
+    tree = tree_for("3.3.1", tmp_path)
+    name = make_patch.test_files()[0]
+    with open(os.path.join(tree, FLEET, name), "w") as f:
+        f.write("# upstream has a file of this name\n")
+    make_patch.git(tree, "add", "-A")
+    make_patch.git(tree, "commit", "-qm", "name clash")
     before = state(tree)
     proc = apply(tree, PATCH["3.3.1"])
     assert proc.returncode == 1

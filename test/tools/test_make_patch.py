@@ -10,7 +10,6 @@ wheel, giving exactly the spliced files.
 
 import ast
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -277,59 +276,80 @@ def test_cli_writes_the_patch(tmp_path):
     assert bad.returncode == 2 and "is Paddle 2.6.2, not 3.3.1" in bad.stderr
 
 
-# --------------------------------------------------------------------------- a checkout-like tree
-
-UPSTREAM_CSV = (
-    "name,os,arch,timeout,run_type,launcher,num_port,run_serial,envs,conditions\n"
-    "test_dygraph_sharding_stage1_bf16,,GPU,200,DIST,../../legacy_test/dist_test.sh,2,1,"
-    "NVIDIA_TF32_OVERRIDE=0;http_proxy=;https_proxy=;PYTHONPATH=../..,WITH_NCCL\n"
-)
-UPSTREAM_CMAKE = (
-    "# upstream entries\n"
-    "bash_test_modules(test_dygraph_sharding_stage1_bf16 START_BASH ../../legacy_test/dist_test.sh "
-    'TIMEOUT "200" LABELS "RUN_TYPE=DIST" ENVS "PADDLE_DIST_UT_PORT=21532;NVIDIA_TF32_OVERRIDE=0")\n'
-)
+# --------------------------------------------------------------------------- what the patch holds
 
 
-def test_checkout_with_upstream_test_files_gets_modifications_and_appended_rows(tmp_path):
-    """A checkout has upstream's testslist.csv, CMakeLists.txt and bf16 test: the patch for it
-    modifies them (appends rows, replaces the bf16 test) instead of adding new files."""
+def blocks(patch):
+    """{path: diff block text} of a patch."""
+    out = {}
+    for block in patch.split("diff --git a/")[1:]:
+        out[block.split(" ", 1)[0]] = block
+    return out
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_patch_changes_python_only_and_adds_new_files(version):
+    with open(make_patch.patch_path(version), encoding="utf-8") as f:
+        patch = f.read()
+    found = blocks(patch)
+    changed = sorted(p for p, b in found.items() if "\nnew file mode " not in b.split("\n@@", 1)[0])
+    assert changed == sorted(f"{make_patch.TREE_OPT_DIR}/{n}" for n, _ in make_patch.SPLICED)
+    added = sorted(p for p in found if p not in changed)
+    expected = [f"{make_patch.TREE_OPT_DIR}/{n}" for n in make_patch.new_modules()]
+    expected += [f"{make_patch.TREE_TEST_DIR}/{n}" for n in make_patch.test_files()]
+    assert added == sorted(expected)
+    assert "testslist.csv" not in " ".join(found) and "CMakeLists.txt" not in " ".join(found)
+    # registration travels in the header, before the first diff
+    head = patch.split("diff --git", 1)[0]
+    rows = [ln[len(make_patch.ROW_PREFIX) :] for ln in head.splitlines() if ln.startswith(make_patch.ROW_PREFIX)]
+    assert rows == make_patch.testslist_rows() and rows
+    for row in rows:
+        assert f"{make_patch.TREE_TEST_DIR}/{row.split(',')[0]}.py" in added
+
+
+def test_test_folder_holds_only_what_goes_upstream():
+    """Everything in test/collective/fleet goes into the patch: drivers in upstream's form
+    (Paddle's own multi-process base), per-rank scripts, the list and its CMakeLists."""
+    names = sorted(os.listdir(make_patch.TEST_DIR))
+    extra = [n for n in names if n not in make_patch.test_files() + ["testslist.csv", "CMakeLists.txt", "__pycache__"]]
+    assert extra == []
+    for row in make_patch.testslist_rows():
+        driver = make_patch._read(os.path.join(make_patch.TEST_DIR, row.split(",")[0] + ".py"))
+        assert "from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus" in driver
+        assert "(TestMultipleGpus):" in driver and "self.run_mnist_2gpu(" in driver
+
+
+def test_upstream_bf16_names_are_not_taken():
+    """Upstream's test_dygraph_sharding_stage1_bf16 and its per-rank script stay untouched."""
+    ours = make_patch.test_files()
+    assert "dygraph_group_sharded_stage1_bf16.py" not in ours
+    assert "test_dygraph_sharding_stage1_bf16.py" not in ours
+    assert not any(r.startswith("test_dygraph_sharding_stage1_bf16,") for r in make_patch.testslist_rows())
+
+
+def test_no_added_file_imports_paddle_overlay():
+    """Inside Paddle nothing may need this project: no file the patch adds imports it."""
+    offenders = {}
+    for rel in make_patch.patch_source_files():
+        if rel.endswith(tuple(name for name, _ in make_patch.SPLICED)):
+            continue  # spliced: only the methods travel, and splice() refuses paddle_overlay names
+        text = make_patch._read(os.path.join(ROOT, rel))
+        for banned in ("paddle_overlay", "collective_launch", "rank_ready"):
+            if banned in make_patch.imports_of(text, rel):
+                offenders.setdefault(rel, []).append(banned)
+    assert offenders == {}, f"files the patch adds import this project's modules: {offenders}"
+
+
+def test_imports_of_sees_nested_and_conditional_imports():
+    text = "import os\nif x:\n    import paddle_overlay.y as z\ndef f():\n    from a.b import c\nfrom . import d\n"
+    assert make_patch.imports_of(text) == {"os", "paddle_overlay", "a"}
+
+
+def test_tree_that_already_has_a_file_we_add_is_refused(tmp_path):
     tree = wheel_tree("3.3.1", tmp_path)
-    fleet = os.path.join(tree, make_patch.TREE_TEST_DIR)
-    os.makedirs(fleet)
-    for name, text in (
-        ("testslist.csv", UPSTREAM_CSV),
-        ("CMakeLists.txt", UPSTREAM_CMAKE),
-        ("dygraph_group_sharded_stage1_bf16.py", "# upstream's version\n"),
-    ):
-        with open(os.path.join(fleet, name), "w") as f:
-            f.write(text)
-    run_git(tree, "add", "-A")
-    run_git(tree, "commit", "-q", "-m", "upstream test files")
-
-    patch = make_patch.make_patch(tree, "a checkout")
-    new_files = [line.split()[-1] for line in patch.splitlines() if line.startswith("+++ ")]
-    assert "b/test/collective/fleet/testslist.csv" in new_files
-    for name in ("testslist.csv", "CMakeLists.txt", "dygraph_group_sharded_stage1_bf16.py"):
-        header = f"diff --git a/test/collective/fleet/{name} b/test/collective/fleet/{name}\n"
-        block = patch.split(header, 1)[1].split("diff --git", 1)[0]
-        assert not block.startswith("new file"), f"{name} must be modified, not created"
-    path = tmp_path / "checkout.patch"
-    path.write_text(patch, encoding="utf-8")
-    run_git(tree, "apply", "--check", str(path))
-    run_git(tree, "apply", str(path))
-
-    with open(os.path.join(fleet, "testslist.csv")) as f:
-        csv_text = f.read()
-    assert csv_text.startswith(UPSTREAM_CSV)
-    added = csv_text[len(UPSTREAM_CSV) :].splitlines()
-    assert added and all("PADDLE_OVERLAY_MODE=patched" in row for row in added)
-    assert not any(row.startswith("test_patched_tree_broadcast_overlap,") for row in added)
-    with open(os.path.join(fleet, "CMakeLists.txt")) as f:
-        cmake = f.read()
-    assert cmake.startswith(UPSTREAM_CMAKE)
-    ports = [int(p) for p in re.findall(r"PADDLE_DIST_UT_PORT=(\d+)", cmake)]
-    assert ports[0] == 21532 and min(ports[1:]) > 21532 and len(set(ports)) == len(ports)
-    with open(os.path.join(fleet, "dygraph_group_sharded_stage1_bf16.py")) as f:
-        assert f.read() == make_patch._read(os.path.join(make_patch.TEST_DIR, "dygraph_group_sharded_stage1_bf16.py"))
-    assert not os.path.exists(os.path.join(fleet, "test_patched_tree_broadcast_overlap.py"))
+    name = make_patch.test_files()[0]
+    os.makedirs(os.path.join(tree, make_patch.TREE_TEST_DIR))
+    with open(os.path.join(tree, make_patch.TREE_TEST_DIR, name), "w") as f:
+        f.write("# upstream has a file of this name\n")
+    with pytest.raises(PatchError, match="the patch adds new files only"):
+        make_patch.patched_files(tree)

@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -14,24 +14,26 @@
 """Per-rank script: sharding stage 1 with bf16, broadcast overlap on vs off.
 
 Run on 2 GPUs under ``python -m paddle.distributed.launch --nproc_per_node 2
---devices 0,1`` (driver: ``test_dygraph_group_sharded_stage1_bf16.py``).
-Same shape as upstream Paddle's test of this name, with every comparison made
-on numpy copies taken when a run ends (never on live parameters) and every run
-starting from a fresh model with the same initial weights:
+--devices 0,1`` (driver: ``test_dygraph_sharding_stage1_broadcast_overlap_bf16.py``).
+Same shape as ``dygraph_group_sharded_stage1_bf16.py``, with every comparison
+made on numpy copies taken when a run ends (never on live parameters) and every
+run starting from a fresh model with the same initial weights:
 
 * bf16 O1 (fp32 parameters, bf16 compute) vs bf16 O2 with ``main_grad``
   (bf16 parameters, fp32 master weights and gradients), gradient
   accumulation 1 and 2: equal losses, and O1's parameters equal to O2's
   master weights;
 * for O1 and O2, accumulation 1 and 2: broadcast overlap on vs off bitwise
-  equal losses, parameters and optimizer state.
+  equal losses, parameters and optimizer state;
+* with ``GradScaler`` (static loss scale, as ``distributed_scaler``), O2 with
+  and without ``main_grad``: broadcast overlap on vs off bitwise equal.
 
 Any mismatch raises; the script then exits non-zero. It fails, instead of
 passing having run nothing, when the device lacks bf16: the driver skips
 before launching in that case.
 
-Env ``PADDLE_OVERLAY_MODE``: ``overlay`` (default) applies paddle_overlay;
-``patched`` runs against a Paddle whose sources carry the patch (checked).
+The optimizer must carry the ordered broadcast overlap
+(``DygraphShardingOptimizer._origin_step``); the script checks it at start.
 """
 
 import logging
@@ -48,16 +50,12 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
 )
 from paddle.distributed.fleet.utils import mix_precision_utils
 
-if os.environ.get("PADDLE_OVERLAY_MODE", "overlay") == "overlay":
-    import paddle_overlay
-
-    paddle_overlay.apply()
-elif not hasattr(
+if not hasattr(
     dygraph_sharding_optimizer.DygraphShardingOptimizer, "_origin_step"
 ):
     raise RuntimeError(
-        "PADDLE_OVERLAY_MODE=patched but this Paddle is not patched: "
-        f"{dygraph_sharding_optimizer.__file__} has no "
+        "this Paddle's DygraphShardingOptimizer has no ordered broadcast "
+        f"overlap: {dygraph_sharding_optimizer.__file__} has no "
         "DygraphShardingOptimizer._origin_step"
     )
 
@@ -153,14 +151,19 @@ def train_mlp(
     use_main_grad=False,
     acc_steps=1,
     broadcast_overlap=False,
+    use_scaler=False,
 ):
     """Train a fresh MLP from ``initial_state``; returns numpy copies taken at
     the end: (losses, parameters, optimizer state, master weights), the last
-    three keyed by parameter position (``param<i>...``)."""
+    three keyed by parameter position (``param<i>...``). ``use_scaler``: a
+    ``GradScaler`` with a static loss scale of 1024 (bf16 needs no dynamic
+    scaling) through ``fleet.distributed_scaler``, one update per batch."""
     logging.info(
         f"-- train: pure_bf16={use_pure_bf16} main_grad={use_main_grad} "
-        f"acc_steps={acc_steps} broadcast_overlap={broadcast_overlap}"
+        f"acc_steps={acc_steps} broadcast_overlap={broadcast_overlap} "
+        f"scaler={use_scaler}"
     )
+    assert not (use_scaler and acc_steps != 1), "the scaler runs use acc 1"
     model = MLP()
     model.set_state_dict(
         {k: paddle.to_tensor(v) for k, v in initial_state.items()}
@@ -179,6 +182,13 @@ def train_mlp(
     optimizer = fleet.distributed_optimizer(optimizer)
     if broadcast_overlap:
         optimizer._set_broadcast_overlap(True, layers=model)
+    scaler = None
+    if use_scaler:
+        scaler = fleet.distributed_scaler(
+            paddle.amp.GradScaler(
+                init_loss_scaling=1024, use_dynamic_loss_scaling=False
+            )
+        )
 
     losses = []
     for i, data in enumerate(batches):
@@ -190,6 +200,12 @@ def train_mlp(
         if acc_steps != 1:
             loss = loss / acc_steps
         losses.append(loss.detach())  # no .item(): no host sync per step
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.clear_grad()
+            continue
         loss.backward()
         if (i + 1) % acc_steps == 0:
             optimizer.step()
@@ -222,9 +238,9 @@ def train_mlp(
 
 def assert_all_equal(expected, actual, what):
     """Bitwise equality of two dicts of numpy arrays with the same keys."""
-    assert sorted(expected) == sorted(actual), (
-        f"{what}: keys differ: {sorted(expected)} vs {sorted(actual)}"
-    )
+    assert sorted(expected) == sorted(
+        actual
+    ), f"{what}: keys differ: {sorted(expected)} vs {sorted(actual)}"
     assert expected, f"{what}: nothing to compare"
     for key in sorted(expected):
         np.testing.assert_array_equal(
@@ -264,9 +280,7 @@ def compare_bf16_broadcast_overlap(initial_state, batches, acc_steps):
         dict(use_pure_bf16=False),
         dict(use_pure_bf16=True, use_main_grad=True),
     ):
-        off = train_mlp(
-            initial_state, batches, acc_steps=acc_steps, **kwargs
-        )
+        off = train_mlp(initial_state, batches, acc_steps=acc_steps, **kwargs)
         on = train_mlp(
             initial_state,
             batches,
@@ -280,6 +294,27 @@ def compare_bf16_broadcast_overlap(initial_state, batches, acc_steps):
         assert_all_equal(off[2], on[2], f"{what}: optimizer state")
         if kwargs["use_pure_bf16"]:
             assert_all_equal(off[3], on[3], f"{what}: master weights")
+        logging.info(f"-- {what}: bitwise equal")
+
+
+def compare_bf16_grad_scaler_overlap(initial_state, batches):
+    """With GradScaler, O2 with and without main_grad: overlap on vs off
+    bitwise equal losses, parameters, optimizer state and master weights."""
+    for use_main_grad in (True, False):
+        kwargs = dict(use_pure_bf16=True, use_main_grad=use_main_grad)
+        off = train_mlp(initial_state, batches, use_scaler=True, **kwargs)
+        on = train_mlp(
+            initial_state,
+            batches,
+            use_scaler=True,
+            broadcast_overlap=True,
+            **kwargs,
+        )
+        what = f"GradScaler, overlap on vs off, {kwargs}"
+        np.testing.assert_array_equal(on[0], off[0], err_msg=f"{what}: losses")
+        assert_all_equal(off[1], on[1], f"{what}: parameters")
+        assert_all_equal(off[2], on[2], f"{what}: optimizer state")
+        assert_all_equal(off[3], on[3], f"{what}: master weights")
         logging.info(f"-- {what}: bitwise equal")
 
 
@@ -307,6 +342,7 @@ def test_stage1_bf16():
         compare_bf16_o1_vs_o2(initial_state, batches, acc_steps)
     for acc_steps in (1, 2):
         compare_bf16_broadcast_overlap(initial_state, batches, acc_steps)
+    compare_bf16_grad_scaler_overlap(initial_state, batches)
     logging.info(f"-- rank {rank}: all stage-1 bf16 comparisons passed")
 
 

@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -11,22 +11,11 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Driver: sharding stage 1 broadcast overlap, 2 ranks under Paddle's launcher.
 
-Each parameterized case is one launch of the per-rank script
-``dygraph_sharding_stage1_broadcast_overlap.py`` running a group of cases
-(Paddle start-up costs seconds, so cases share a launch). A non-zero rank
-fails the test with that rank's log tail.
-"""
-
-import os
-import sys
 import unittest
 
+from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus
 from parameterized import parameterized
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from collective_launch import CollectiveTestCase  # noqa: E402
 
 FOUNDATION = "dygraph_sharding_stage1_broadcast_overlap.py"
 MODELS = "dygraph_sharding_stage1_broadcast_overlap_models.py"
@@ -100,14 +89,15 @@ LAUNCHES = [
 ]
 
 
-class TestDygraphShardingStage1BroadcastOverlap(CollectiveTestCase):
+class TestDygraphShardingStage1BroadcastOverlap(TestMultipleGpus):
+    # Each case is one launch of a per-rank script on 2 ranks running a group
+    # of cases (chosen by BROADCAST_OVERLAP_CASES; start-up costs seconds, so
+    # cases share a launch): broadcast overlap on vs off bitwise equal, waits
+    # checked by instrumentation, hooks, orders and misuse.
     @parameterized.expand(LAUNCHES)
     def test_launch(self, _name, script, cases, env):
-        self.run_collective(
-            script,
-            nproc=2,
-            timeout=240,
-            env={"BROADCAST_OVERLAP_CASES": cases, **env},
+        self.run_mnist_2gpu(
+            script, need_envs={"BROADCAST_OVERLAP_CASES": cases, **env}
         )
 
 

@@ -1,0 +1,54 @@
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""A git tree shaped like a Paddle checkout at a wheel's tag, for testing the patches.
+
+``python/`` comes from an installed wheel (the files the patch touches, as
+:func:`make_patch.layout_wheel_tree` lays them out); ``test/`` from the stand-ins in
+``test/patch/checkout_like`` (see its README.md); ``tools/gen_ut_cmakelists.py`` (with
+``tools/testslist.py``) is this repository's generator, standing in for upstream's.
+"""
+
+import os
+import shutil
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURE = os.path.join(ROOT, "test", "patch", "checkout_like")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import make_patch  # noqa: E402
+
+FLEET = make_patch.TREE_TEST_DIR
+# Upstream's bf16 files (stand-ins of the same names): the patch must leave them as they are.
+UPSTREAM_FILES = (
+    f"{FLEET}/test_dygraph_sharding_stage1_bf16.py",
+    f"{FLEET}/dygraph_group_sharded_stage1_bf16.py",
+    f"{FLEET}/testslist.csv",
+    f"{FLEET}/CMakeLists.txt",
+)
+UPSTREAM_ROW = "test_dygraph_sharding_stage1_bf16"
+
+
+def build(venv, dest):
+    """Lay out the checkout-like tree for the wheel installed in ``venv`` at ``dest`` (a new
+    git repository, committed and tagged ``v<version>``). Returns the wheel's version.
+
+    Raises :class:`make_patch.PatchError` when ``venv`` has no installed paddle.
+    """
+    pkg = make_patch.paddle_package_dir(venv)
+    shutil.copytree(os.path.join(FIXTURE, "test"), os.path.join(dest, "test"))
+    os.makedirs(os.path.join(dest, "tools"))
+    for name in ("gen_ut_cmakelists.py", "testslist.py"):
+        shutil.copyfile(os.path.join(ROOT, "tools", name), os.path.join(dest, "tools", name))
+    version_dir = os.path.join(dest, "python", "paddle", "version")
+    os.makedirs(version_dir)
+    shutil.copyfile(os.path.join(pkg, "version", "__init__.py"), os.path.join(version_dir, "__init__.py"))
+    return make_patch.layout_wheel_tree(pkg, dest)
+
+
+def read_bytes(tree, rel):
+    with open(os.path.join(tree, rel), "rb") as f:
+        return f.read()
+
+
+def snapshot(tree):
+    """{path: bytes} of upstream's files the patch must not change."""
+    return {rel: read_bytes(tree, rel) for rel in UPSTREAM_FILES}
