@@ -273,49 +273,44 @@ def compare_bf16_o1_vs_o2(initial_state, batches, acc_steps):
     )
 
 
+def compare_overlap_on_off(initial_state, batches, what, **kwargs):
+    """Train with ``kwargs`` (see ``train_mlp``) overlap off, then on: bitwise
+    equal losses, parameters, optimizer state and (pure bf16) master
+    weights."""
+    off = train_mlp(initial_state, batches, **kwargs)
+    on = train_mlp(initial_state, batches, broadcast_overlap=True, **kwargs)
+    what = f"{what}, overlap on vs off, {kwargs}"
+    np.testing.assert_array_equal(on[0], off[0], err_msg=f"{what}: losses")
+    assert_all_equal(off[1], on[1], f"{what}: parameters")
+    assert_all_equal(off[2], on[2], f"{what}: optimizer state")
+    if kwargs["use_pure_bf16"]:
+        assert_all_equal(off[3], on[3], f"{what}: master weights")
+    logging.info(f"-- {what}: bitwise equal")
+
+
 def compare_bf16_broadcast_overlap(initial_state, batches, acc_steps):
-    """Overlap on vs off, for O1 and for O2 with main_grad: bitwise equal
-    losses, parameters, optimizer state and master weights."""
+    """Overlap on vs off, for O1 and for O2 with main_grad."""
     for kwargs in (
         dict(use_pure_bf16=False),
         dict(use_pure_bf16=True, use_main_grad=True),
     ):
-        off = train_mlp(initial_state, batches, acc_steps=acc_steps, **kwargs)
-        on = train_mlp(
-            initial_state,
-            batches,
-            acc_steps=acc_steps,
-            broadcast_overlap=True,
-            **kwargs,
+        compare_overlap_on_off(
+            initial_state, batches, "bf16", acc_steps=acc_steps, **kwargs
         )
-        what = f"overlap on vs off, {kwargs}, acc_steps={acc_steps}"
-        np.testing.assert_array_equal(on[0], off[0], err_msg=f"{what}: losses")
-        assert_all_equal(off[1], on[1], f"{what}: parameters")
-        assert_all_equal(off[2], on[2], f"{what}: optimizer state")
-        if kwargs["use_pure_bf16"]:
-            assert_all_equal(off[3], on[3], f"{what}: master weights")
-        logging.info(f"-- {what}: bitwise equal")
 
 
 def compare_bf16_grad_scaler_overlap(initial_state, batches):
-    """With GradScaler, O2 with and without main_grad: overlap on vs off
-    bitwise equal losses, parameters, optimizer state and master weights."""
+    """With GradScaler (as upstream's two scaler runs), O2 with and without
+    main_grad: overlap on vs off."""
     for use_main_grad in (True, False):
-        kwargs = dict(use_pure_bf16=True, use_main_grad=use_main_grad)
-        off = train_mlp(initial_state, batches, use_scaler=True, **kwargs)
-        on = train_mlp(
+        compare_overlap_on_off(
             initial_state,
             batches,
+            "bf16 GradScaler",
+            use_pure_bf16=True,
+            use_main_grad=use_main_grad,
             use_scaler=True,
-            broadcast_overlap=True,
-            **kwargs,
         )
-        what = f"GradScaler, overlap on vs off, {kwargs}"
-        np.testing.assert_array_equal(on[0], off[0], err_msg=f"{what}: losses")
-        assert_all_equal(off[1], on[1], f"{what}: parameters")
-        assert_all_equal(off[2], on[2], f"{what}: optimizer state")
-        assert_all_equal(off[3], on[3], f"{what}: master weights")
-        logging.info(f"-- {what}: bitwise equal")
 
 
 def test_stage1_bf16():
