@@ -56,10 +56,10 @@ any other path that gives it a new allocation) no longer points into its
 slot. :meth:`BucketStorage.units` notices that (one ``data_ptr()`` compare
 per parameter, cheap) and gives the parameter a unit of its own, with one
 warning naming it; its old slot is still sent with the bucket but nobody
-reads it. :meth:`BucketStorage.relink` puts a replaced parameter of unchanged
-dtype and size back into its slot (copying its value), for loads that hand
-new tensors. ``set_value``/``set_state_dict`` copy in place and keep the
-views (checked on Paddle 2.6.2 and 3.3.1).
+reads it (and its memory stays until overlap is enabled again, which plans
+and moves everything afresh). ``set_value``/``set_state_dict`` copy in
+place and keep the views (checked on Paddle 2.6.2 and 3.3.1); a loader that
+hands new tensors (``_share_data_with``) is such a replacement.
 
 Default cap, ``DEFAULT_BUCKET_SIZE_MB = 256``, from the stand-in sweep
 (``h200_bucket_sweep.json``, 2x H200, two runs): exposed broadcast per
@@ -177,7 +177,9 @@ BucketSpec.__doc__ = """One bucket of the plan.
     length (int): elements of the buffer, padding included.
 """
 
-BroadcastUnit = collections.namedtuple("BroadcastUnit", ["indices", "src", "tensor"])
+BroadcastUnit = collections.namedtuple(
+    "BroadcastUnit", ["indices", "src", "tensor", "bucket"]
+)
 BroadcastUnit.__doc__ = """One broadcast of a launch.
 
     indices (tuple[int]): positions in the optimizer's parameter list whose
@@ -186,10 +188,14 @@ BroadcastUnit.__doc__ = """One broadcast of a launch.
     src (int): global source rank.
     tensor (paddle.Tensor): what is broadcast: a bucket's 1-D buffer, or a
         parameter on its own.
+    bucket (bool): True for a bucket's buffer (always sent; ``indices`` may
+        be empty when every slot was detached).
 """
 
 
-def plan_buckets(order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES):
+def plan_buckets(
+    order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES, alone=()
+):
     """Group parameters into broadcast buckets (no memory is touched).
 
     Args:
@@ -201,10 +207,14 @@ def plan_buckets(order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES):
         cap_bytes (int): a window closes once it holds at least this many
             bytes (> 0).
         align_bytes (int): each slot starts at a multiple of this many bytes.
+        alone (iterable[int]): positions never bucketed (the owner passes
+            the parameters no layer owns: they are waited right after their
+            launch, and a bucket holding one would lose its overlap).
 
     Returns:
         list[BucketSpec]: in launch order (window, then first parameter).
-        Positions of tied repeats, frozen and empty parameters are in none.
+        Positions in ``alone``, tied repeats, frozen and empty parameters are
+        in none.
 
     Raises:
         ValueError: ``order`` is not a permutation of the parameter
@@ -227,6 +237,7 @@ def plan_buckets(order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES):
         raise ValueError(f"cap_bytes must be a positive int, got {cap_bytes!r}.")
 
     placed = set()  # id() of tensors already given a slot (tied repeats)
+    alone = frozenset(alone)
     specs = []
     window, window_bytes = [], 0
 
@@ -251,7 +262,12 @@ def plan_buckets(order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES):
     windows = 0
     for i in order:
         param = params[i]
-        if param.stop_gradient or id(param) in placed or _numel(param) == 0:
+        if (
+            i in alone
+            or param.stop_gradient
+            or id(param) in placed
+            or _numel(param) == 0
+        ):
             continue
         placed.add(id(param))
         window.append(i)
@@ -368,33 +384,6 @@ class BucketStorage:
                 self._buffers.append(buffer)
         self._units = None
 
-    def relink(self):
-        """Put parameters whose memory was replaced, with unchanged dtype and
-        size, back into their slots (their current value is copied in).
-
-        For loads that hand new tensors instead of copying. Positions already
-        detached by :meth:`units` stay detached (the launch sequence must
-        not change under a pending plan). Returns:
-            list[int]: the positions relinked.
-        """
-        relinked = []
-        with paddle.no_grad():
-            for b, spec in enumerate(self._specs):
-                buffer = self._buffers[b]
-                for i, offset, numel in zip(spec.indices, spec.offsets, spec.numels):
-                    param = self._params[i]
-                    if i in self._detached or param.data_ptr() == self._slot_ptr[i]:
-                        continue
-                    if dtype_name(param.dtype) != spec.dtype or _numel(param) != numel:
-                        continue
-                    shape = list(param.shape)
-                    view = buffer._slice(offset, offset + numel)
-                    paddle.assign(param.reshape([numel]), view)
-                    view._share_buffer_to(param)
-                    param.get_tensor()._set_dims(shape)
-                    relinked.append(i)
-        return relinked
-
     # ------------------------------------------------------------------
     def units(self):
         """The broadcasts of one launch, in the agreed order.
@@ -460,10 +449,10 @@ class BucketStorage:
                 k for i in live for k in [i] + sorted(aliases[i], key=self._rank_in_order.get)
             )
             units.append((self._rank_in_order[spec.indices[0]],
-                          BroadcastUnit(covered, spec.src, self._buffers[b])))
+                          BroadcastUnit(covered, spec.src, self._buffers[b], True)))
         for i in loose:
             covered = (i, *sorted(aliases[i], key=self._rank_in_order.get))
             units.append((self._rank_in_order[i],
-                          BroadcastUnit(covered, self._src_ranks[i], self._params[i])))
+                          BroadcastUnit(covered, self._src_ranks[i], self._params[i], False)))
         units.sort(key=lambda item: item[0])
         return [unit for _, unit in units]
