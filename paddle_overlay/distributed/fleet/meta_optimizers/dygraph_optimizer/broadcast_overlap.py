@@ -67,6 +67,7 @@ import weakref
 
 import paddle
 
+from .broadcast_buckets import BucketStorage, check_bucket_size_mb, plan_buckets
 from .parameter_read_guard import (
     clear_pending,
     guard_layer,
@@ -156,18 +157,23 @@ class _PaddleComm:
 
 class _Unit:
     """One broadcast: the tensor sent, its source rank, and the positions
-    (in the optimizer's parameter list) of the parameters it carries."""
+    (in the optimizer's parameter list) of the parameters it carries;
+    ``bucket`` when the tensor is a bucket's buffer (NOTE [broadcast
+    buckets] in ``broadcast_buckets.py``)."""
 
-    __slots__ = ("tensor", "src", "indices")
+    __slots__ = ("tensor", "src", "indices", "bucket")
 
-    def __init__(self, tensor, src, indices):
+    def __init__(self, tensor, src, indices, bucket=False):
         self.tensor = tensor
         self.src = src
         self.indices = indices
+        self.bucket = bucket
 
     def is_frozen(self):
-        # Frozen parameters are never broadcast: no rank changes them.
-        return self.tensor.stop_gradient
+        # Frozen parameters are never broadcast: no rank changes them. A
+        # bucket holds only parameters trainable when it was planned and is
+        # always sent (one frozen since keeps its value on every rank).
+        return not self.bucket and self.tensor.stop_gradient
 
 
 class _Hook:
@@ -261,21 +267,37 @@ class StageOneBroadcastOverlap:
         comm: the collectives (``broadcast(tensor, src, group, sync_op)``
             returning a task with ``wait()``, and ``rank()``); Paddle's by
             default. Unit tests pass a recording fake.
+        bucket_size_mb (int | float): 0 (here the default): one broadcast
+            per parameter. Above 0: at the first launch the parameters are
+            moved into contiguous buckets planned from the agreed order in
+            windows of this many MB (``broadcast_buckets.py``), one
+            broadcast per bucket. The optimizer's ``_set_broadcast_overlap``
+            defaults to ``DEFAULT_BUCKET_SIZE_MB``.
 
     Raises:
-        TypeError: ``layers`` is not a ``paddle.nn.Layer`` or ``strict`` is
-            not a bool.
-        ValueError: ``layers`` is None or owns none of ``params``, or
-            ``params`` and ``src_ranks`` differ in length.
+        TypeError: ``layers`` is not a ``paddle.nn.Layer``, ``strict`` is
+            not a bool, or ``bucket_size_mb`` is not a number.
+        ValueError: ``layers`` is None or owns none of ``params``,
+            ``params`` and ``src_ranks`` differ in length, or
+            ``bucket_size_mb`` is negative or not finite.
 
     The constructor only validates and builds tables; :meth:`open` installs
     the hooks, so a rejected call changes nothing.
     """
 
     def __init__(
-        self, params, src_ranks, group, layers, strict=False, comm=None
+        self,
+        params,
+        src_ranks,
+        group,
+        layers,
+        strict=False,
+        comm=None,
+        bucket_size_mb=0,
     ):
         self._check_arguments(params, src_ranks, layers, strict)
+        # Bytes per bucket window; 0: one broadcast per parameter.
+        self._bucket_cap = check_bucket_size_mb(bucket_size_mb)
         self._comm = comm if comm is not None else _PaddleComm()
         self._index_parameters(params, src_ranks, group)
         self._map_waiting_layers(layers, strict)
@@ -373,6 +395,10 @@ class StageOneBroadcastOverlap:
         self._units = []
         self._unit_of = {}
         self._units_of_layer = {}
+        # Bucket storage (bucket mode), and the list of its units the
+        # tables above were built from (rebuilt when it changes).
+        self._buckets = None
+        self._bucket_units = None
         # In flight: unit position -> task, in launch order.
         self._pending = {}
         # Hook handles, paired: removed together in close().
@@ -552,6 +578,8 @@ class StageOneBroadcastOverlap:
                 "wait_before_update() must run before every update."
             )
         self._refresh_read_paths()
+        if self._buckets is not None:
+            self._refresh_bucket_units()
         group, pending = self._group, self._pending
         for position, unit in enumerate(self._units):
             if unit.is_frozen():
@@ -606,22 +634,59 @@ class StageOneBroadcastOverlap:
 
     def _adopt_order(self, order):
         """Build the broadcast units from the agreed order (one per
-        parameter) and the units each hooked layer waits for."""
+        parameter, or the buckets planned from it: their parameters move
+        into contiguous storage now, once) and the units each hooked layer
+        waits for."""
         self._order = order
         self._recorded, self._recorded_set = [], set()
-        self._units = [
-            _Unit(self._params[i], self._src_ranks[i], (i,)) for i in order
-        ]
+        if self._bucket_cap:
+            specs = plan_buckets(
+                order,
+                self._params,
+                self._src_ranks,
+                self._bucket_cap,
+                alone=self._unreachable,
+            )
+            self._buckets = BucketStorage(
+                specs, self._params, self._src_ranks, order
+            )
+            self._buckets.materialize()
+            self._refresh_bucket_units()
+        else:
+            self._use_units(
+                [_Unit(self._params[i], self._src_ranks[i], (i,)) for i in order]
+            )
+        self._state = BroadcastOverlapState.ORDERED
+
+    def _refresh_bucket_units(self):
+        """Once per launch in bucket mode: the storage's units (a parameter
+        whose memory was replaced is sent alone, one unfrozen since planning
+        too); tables rebuilt only when that list changed."""
+        units = self._buckets.units()
+        if units is self._bucket_units:
+            return
+        self._bucket_units = units
+        self._use_units(
+            [_Unit(u.tensor, u.src, u.indices, u.bucket) for u in units]
+        )
+
+    def _use_units(self, units):
+        """Adopt ``units`` (launch order) and index them: the unit of each
+        parameter position, the units each hooked layer waits for."""
+        self._units = units
         self._unit_of = {
             i: position
             for position, unit in enumerate(self._units)
             for i in unit.indices
         }
         self._units_of_layer = {
-            key: tuple(dict.fromkeys(self._unit_of[i] for i in indices))
+            key: tuple(
+                dict.fromkeys(
+                    self._unit_of[i] for i in indices if i in self._unit_of
+                )
+            )
             for key, indices in self._indices_of_layer.items()
         }
-        self._state = BroadcastOverlapState.ORDERED
 
     def _refresh_read_paths(self):
         """Once per launch: re-guard a layer whose ``_parameters`` was

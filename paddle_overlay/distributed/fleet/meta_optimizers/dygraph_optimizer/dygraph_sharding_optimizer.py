@@ -25,6 +25,7 @@ broadcast overlap is off. Every other method here is new.
 
 from paddle import framework
 
+from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
 from .broadcast_overlap import (
     StageOneBroadcastOverlap,
     check_broadcast_overlap_flag,
@@ -41,7 +42,11 @@ class DygraphShardingOptimizer:
     changed methods; never instantiated."""
 
     def _set_broadcast_overlap(
-        self, broadcast_overlap, layers=None, strict=False
+        self,
+        broadcast_overlap,
+        layers=None,
+        strict=False,
+        bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
     ):
         """Overlap the post-update parameter broadcast with the next forward.
 
@@ -65,12 +70,20 @@ class DygraphShardingOptimizer:
                 waits for every pending task (safe, no overlap); use it when
                 the model reads parameters without calling their owner
                 layer. Default False.
+            bucket_size_mb (int | float): broadcast buckets: at the first
+                update the parameters move into contiguous buffers, one per
+                (window of this many MB in the agreed order, owner rank,
+                dtype), and each launch issues one broadcast per bucket
+                (NOTE [broadcast buckets] in ``broadcast_buckets.py``, which
+                says why the default is 256). 0: one broadcast per parameter.
 
         Raises:
-            TypeError: ``broadcast_overlap`` or ``strict`` is not a bool, or
-                ``layers`` is not a ``paddle.nn.Layer``.
+            TypeError: ``broadcast_overlap`` or ``strict`` is not a bool,
+                ``layers`` is not a ``paddle.nn.Layer``, or
+                ``bucket_size_mb`` is not a number.
             ValueError: ``layers`` is None or owns none of the optimizer's
-                parameters; sharding degree is 1; ``tensor_fusion`` or
+                parameters; ``bucket_size_mb`` is negative or not finite;
+                sharding degree is 1; ``tensor_fusion`` or
                 ``comm_overlap`` is set in ``sharding_configs``.
             Nothing is changed when an error is raised.
         """
@@ -105,7 +118,12 @@ class DygraphShardingOptimizer:
         }
         params = list(self._origin_parameter_list)
         new = StageOneBroadcastOverlap(
-            params, [src_of[id(p)] for p in params], group, layers, strict
+            params,
+            [src_of[id(p)] for p in params],
+            group,
+            layers,
+            strict,
+            bucket_size_mb=bucket_size_mb,
         )
         if current is not None:
             current.close()

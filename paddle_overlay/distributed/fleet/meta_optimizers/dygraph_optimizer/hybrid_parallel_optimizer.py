@@ -21,6 +21,7 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
     DygraphShardingOptimizer,
 )
 
+from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
 from .broadcast_overlap import (
     check_broadcast_overlap_flag,
     get_broadcast_overlap,
@@ -35,7 +36,11 @@ class HybridParallelOptimizer:
     changed methods; never instantiated."""
 
     def _set_broadcast_overlap(
-        self, broadcast_overlap, layers=None, strict=False
+        self,
+        broadcast_overlap,
+        layers=None,
+        strict=False,
+        bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
     ):
         """Turn broadcast overlap on or off for the wrapped sharding optimizer.
 
@@ -61,7 +66,9 @@ class HybridParallelOptimizer:
                 )
             self._broadcast_overlap = False
             return
-        inner._set_broadcast_overlap(broadcast_overlap, layers, strict=strict)
+        inner._set_broadcast_overlap(
+            broadcast_overlap, layers, strict=strict, bucket_size_mb=bucket_size_mb
+        )
         self._broadcast_overlap = broadcast_overlap
         self._layers = layers if broadcast_overlap else None
 
