@@ -154,7 +154,9 @@ def train(
         opt = fleet.distributed_optimizer(make_optimizer(params))
         model = fleet.distributed_model(model)
         if overlap:
-            opt._set_broadcast_overlap(True, layers=model, strict=strict)
+            opt._set_broadcast_overlap(
+                True, layers=model, strict=strict, **overlap_options()
+            )
     if checker is not None:
         checker.watch(model, opt)
     losses = []
@@ -205,6 +207,27 @@ def overlap_module():
             broadcast_overlap,
         )
     return broadcast_overlap
+
+
+def read_guard_module():
+    """The module holding GuardedParameters (overlay's or patched Paddle's)."""
+    return sys.modules[
+        overlap_module().__name__.rpartition(".")[0] + ".parameter_read_guard"
+    ]
+
+
+def overlap_options():
+    """Extra ``_set_broadcast_overlap`` arguments for ``train``: env
+    ``BROADCAST_OVERLAP_BUCKET_MB`` as ``bucket_size_mb`` (the driver reruns
+    launches with buckets); unset: 0, one broadcast per parameter, the
+    granularity the structural checks of the cases describe."""
+    return {"bucket_size_mb": float(os.environ.get("BROADCAST_OVERLAP_BUCKET_MB", "0"))}
+
+
+def per_parameter(opt):
+    """True when ``opt``'s overlap sends one broadcast per parameter (no
+    buckets): the structural checks that count per-parameter tasks hold."""
+    return getattr(overlap_impl(opt), "_buckets", None) is None
 
 
 def overlap_impl(opt):

@@ -1,0 +1,193 @@
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-rank script: parameter reads between step() and the next forward.
+
+Each case reads parameters the way user code does outside ``model(...)``
+(an ``encode()``-style helper calling ``sublayer.forward``, weight-norm
+logging, a loop over ``model.parameters()``), with overlap on and off:
+bitwise-equal results, and the wait checker (which checks at the read:
+``F.linear``, ``paddle.linalg.norm``, ``Tensor.set_value``, ...) sees no
+read of a parameter whose broadcast is pending. A negative control removes
+the read guard and must show violations. Cases are chosen with env
+``BROADCAST_OVERLAP_CASES``.
+"""
+
+import sys
+
+import paddle
+from broadcast_overlap_checker import BroadcastWaitChecker
+from broadcast_overlap_training import (
+    HIDDEN,
+    assert_bitwise_equal,
+    cases_of,
+    overlap_impl,
+    read_guard_module,
+    run_cases,
+    train,
+)
+
+
+class OneLinear(paddle.nn.Layer):
+    """A root with one ``nn.Linear(16, 8)`` named ``fc``; [B, S] int64
+    tokens (read as floats) -> [B, S, 32] logits through a fixed tile."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = paddle.nn.Linear(HIDDEN, 8)
+
+    def forward(self, tokens):
+        x = paddle.nn.functional.one_hot(tokens % HIDDEN, HIDDEN)
+        return paddle.tile(self.fc(x), [1, 1, 4])
+
+
+PROBE = paddle.linspace(-1.0, 1.0, 2 * HIDDEN).reshape([2, HIDDEN])
+
+
+def run_with_reads(read, strict=False, checker=None, steps=3):
+    """Train OneLinear for ``steps``; after each step ``read(raw_model)``
+    runs before the next forward. Returns ((losses, params), outputs of
+    read, info)."""
+    outputs = []
+
+    def on_step(_step, model, _opt):
+        outputs.append(read(model._layers))
+
+    losses, params, info = train(
+        OneLinear,
+        overlap=checker is not None,
+        strict=strict,
+        checker=checker,
+        on_step=on_step,
+        steps=steps,
+    )
+    return (losses, params), outputs, info
+
+
+def compare_reads(read, strict=False):
+    """Off vs on: bitwise results and read outputs; zero violations, and
+    the reads really found pending broadcasts (waited on read)."""
+    off, off_out, _ = run_with_reads(read, strict=strict)
+    with BroadcastWaitChecker() as checker:
+        on, on_out, info = run_with_reads(read, strict=strict, checker=checker)
+    assert_bitwise_equal(off, on, f"reads strict={strict}")
+    assert len(off_out) == len(on_out) == 3
+    for a, b in zip(off_out, on_out):
+        assert a.tobytes() == b.tobytes(), (a, b)
+    assert checker.violations == [], checker.violations[:5]
+    read_checks = checker.counts["checked"]
+    assert read_checks > 0, checker.counts
+    return checker, overlap_impl(info["opt"])
+
+
+def encode(raw):
+    """An encode()/generate()-style helper: a direct sublayer forward."""
+    with paddle.no_grad():
+        return raw.fc.forward(PROBE).numpy()
+
+
+def weight_norm(raw):
+    return paddle.linalg.norm(raw.fc.weight).numpy()
+
+
+READ_CHECK = [None]
+
+
+def ema_over_parameters(raw, _ema={}):
+    """An EMA update over model.parameters(), keyed by position."""
+    out = []
+    for i, p in enumerate(raw.parameters()):
+        if READ_CHECK[0] is not None:
+            READ_CHECK[0]([p])
+        prev = _ema.get(i)
+        value = p.numpy()
+        _ema[i] = value if prev is None else 0.9 * prev + 0.1 * value
+        out.append(_ema[i].ravel())
+    import numpy as np
+
+    return np.concatenate(out)
+
+
+def case_helper_forward_outside_model_call():
+    for strict in (False, True):
+        _, impl = compare_reads(encode, strict=strict)
+        # each helper read found fc's broadcasts pending and waited them
+        assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
+
+
+def case_weight_norm_logging_between_steps():
+    _, impl = compare_reads(weight_norm)
+    assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
+
+
+def case_parameters_loop_between_steps():
+    ema_over_parameters.__defaults__[0].clear()
+    off, off_out, _ = run_with_reads(ema_over_parameters)
+    ema_over_parameters.__defaults__[0].clear()
+    with BroadcastWaitChecker() as checker:
+        READ_CHECK[0] = lambda params: checker.check(params, "read:parameters")
+        try:
+            on, on_out, info = run_with_reads(
+                ema_over_parameters, checker=checker
+            )
+        finally:
+            READ_CHECK[0] = None
+    assert_bitwise_equal(off, on, "parameters() loop")
+    for a, b in zip(off_out, on_out):
+        assert a.tobytes() == b.tobytes()
+    impl = overlap_impl(info["opt"])
+    assert impl.read_paths["iteration"] > 0, dict(impl.read_paths)
+    # each tensor parameters() handed out was checked before p.numpy()
+    assert checker.violations == [], checker.violations[:5]
+
+
+def case_guard_removed_reads_are_caught():
+    """Negative control: without the read guard the checker must report
+    the helper's reads of parameters with a pending broadcast."""
+    guarded = read_guard_module().GuardedParameters
+    from collections import OrderedDict
+
+    saved = (guarded.__getitem__, guarded.get)
+    guarded.__getitem__ = OrderedDict.__getitem__
+    guarded.get = OrderedDict.get
+    try:
+        with BroadcastWaitChecker() as checker:
+            run_with_reads(encode, checker=checker)
+    finally:
+        guarded.__getitem__, guarded.get = saved
+    reads = [v for v in checker.violations if v[0] == "read:linear"]
+    assert len(reads) >= 2 * 3, checker.violations  # weight + bias, 3 steps
+
+
+def case_held_reference_is_documented_limit():
+    """A tensor taken before step() and read after it is not intercepted
+    (documented; the fix is to read ``layer.weight`` again)."""
+    held = {}
+
+    def read(raw):
+        if "w" not in held:
+            held["w"] = raw.fc.weight  # taken now, read after later steps
+            return held["w"].numpy()
+        return paddle.linalg.norm(held["w"]).numpy()
+
+    with BroadcastWaitChecker() as checker:
+        run_with_reads(read, checker=checker)
+    stale = [v for v in checker.violations if v[0] == "read:norm"]
+    assert len(stale) == 2, checker.violations  # steps 2 and 3
+    with BroadcastWaitChecker() as checker:
+        run_with_reads(weight_norm, checker=checker)  # re-read: waited
+    assert checker.violations == []
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases(cases_of(globals())))
