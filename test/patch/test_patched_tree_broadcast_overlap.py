@@ -113,7 +113,7 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         )
         expected_new = [f"{make_patch.TREE_OPT_DIR}/{n}" for n in make_patch.new_modules()]
         expected_new += [f"{FLEET}/{n}" for n in make_patch.test_files()]
-        self.assertEqual(added, sorted(expected_new))
+        self.assertEqual(added, sorted(expected_new), f"{self.patch} is stale: run tools/update_generated.sh")
         self.assertEqual(checkout_tree.snapshot(self.plain)[f"{FLEET}/testslist.csv"], self.before[f"{FLEET}/testslist.csv"])
 
     def test_registration_appends_rows_and_keeps_upstream_entries(self):
