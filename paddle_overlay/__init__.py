@@ -14,6 +14,8 @@ patches for a Paddle checkout.
 
 from ._patching import (
     SUPPORTED_PADDLE,
+    TESTED_PADDLE,
+    PaddleInternalsChanged,
     UnsupportedPaddleVersion,
     apply,
     is_applied,
@@ -24,6 +26,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SUPPORTED_PADDLE",
+    "TESTED_PADDLE",
+    "PaddleInternalsChanged",
     "UnsupportedPaddleVersion",
     "apply",
     "is_applied",

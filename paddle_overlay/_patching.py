@@ -4,15 +4,37 @@ Each overlay module under ``paddle_overlay/distributed/...`` mirrors the
 Paddle module of the same dotted path and holds one class of the same name
 as the Paddle class, plus ``OVERLAY_WRAPS``: the names that replace an
 existing method, whose original is kept as ``_origin_<name>``.
+
+Before anything is patched, :func:`apply` checks the installed Paddle:
+
+* its version against :data:`TESTED_PADDLE` (the releases the collective
+  tests run on). A tested release applies silently; an untested release not
+  older than the oldest tested one applies after one ``UserWarning``; an
+  older or unreadable version is refused (:class:`UnsupportedPaddleVersion`).
+* its structure (:class:`PaddleInternalsChanged` names what moved): every
+  wrapped method exists on the class itself; the call paths the overlay
+  relies on are still in the source (:data:`CALL_PATHS`); and no method the
+  overlay *adds* (anything not wrapped and not in
+  :data:`REPLACES_UPSTREAM`) exists on the installed class, so an added
+  method never shadows one a later Paddle defines. Such a clash is refused,
+  not renamed: a renamed method would not be the one callers reach.
 """
 
 import gc
 import importlib
+import inspect
+import os
 import re
+import sys
+import warnings
 
 __all__ = [
+    "CALL_PATHS",
     "OVERLAY_MODULES",
+    "PaddleInternalsChanged",
+    "REPLACES_UPSTREAM",
     "SUPPORTED_PADDLE",
+    "TESTED_PADDLE",
     "UnsupportedPaddleVersion",
     "apply",
     "remove",
@@ -29,15 +51,58 @@ OVERLAY_MODULES = (
     (f"{_DYGRAPH_OPT}.hybrid_parallel_optimizer", "HybridParallelOptimizer"),
 )
 
-SUPPORTED_PADDLE = "2.6.x and 3.x (>=2.6, <4)"
+# Every release the package index serves that the collective tests pass on
+# (tools/run_release_matrix.sh); oldest first.
+TESTED_PADDLE = (
+    "2.6.2",
+    "3.0.0",
+    "3.1.0",
+    "3.1.1",
+    "3.2.0",
+    "3.2.1",
+    "3.2.2",
+    "3.3.0",
+    "3.3.1",
+)
+SUPPORTED_PADDLE = (
+    f"{', '.join(TESTED_PADDLE)} (tested); a newer release applies with a "
+    f"warning; older than {TESTED_PADDLE[0]} is refused"
+)
+
+# Methods the overlay defines on purpose in place of Paddle's own version of
+# the same API (upstream PR #63945 added _set_broadcast_overlap in 3.0):
+# replaced without calling the original.
+REPLACES_UPSTREAM = frozenset({"_set_broadcast_overlap"})
+
+# What the overlay relies on, as (class, method or None for the whole class
+# source, names that source must mention, why).
+CALL_PATHS = (
+    ("DygraphShardingOptimizer", "step", ("_sharding_sync_parameters",),
+     "step() must reach the sharding parameter broadcast the overlay launches"),
+    ("DygraphShardingOptimizer", "minimize", ("_sharding_sync_parameters",),
+     "minimize() must reach the sharding parameter broadcast"),
+    ("DygraphShardingOptimizer", None,
+     ("_rank2params", "_origin_parameter_list", "_sharding_world_size", "_hcg", "_inner_opt"),
+     "the overlay reads these attributes to know each parameter's owner rank and group"),
+    ("HybridParallelOptimizer", "step", ("_step",),
+     "step() must go through _step, where the launch waits for the mp/pp parameter syncs"),
+    ("HybridParallelOptimizer", "_step", ("_inner_opt.step",),
+     "_step must run the sharding optimizer's step before its mp/pp syncs"),
+)
 
 _MISSING = object()
 # (class, attribute name) -> the attribute before apply() (or _MISSING).
 _saved = {}
+_warned_versions = set()
 
 
 class UnsupportedPaddleVersion(RuntimeError):
-    """The installed Paddle is outside :data:`SUPPORTED_PADDLE`."""
+    """The installed Paddle is older than :data:`TESTED_PADDLE` or its version is unreadable."""
+
+
+class PaddleInternalsChanged(UnsupportedPaddleVersion):
+    """A method the overlay wraps or a call path it relies on moved, or a method it adds
+    would shadow one the installed Paddle defines."""
 
 
 def origin_name(name):
@@ -55,22 +120,94 @@ def overlay_methods(overlay_cls):
     }
 
 
+def _release(version):
+    """``"3.1.0"`` -> ``((3, 1, 0), "")``; ``"3.0.0rc1"`` -> ``((3, 0, 0), "rc1")``;
+    None when the version does not start with three numbers."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)(.*)$", version.strip())
+    if not match:
+        return None
+    return tuple(int(v) for v in match.groups()[:3]), match.group(4)
+
+
 def _check_version(version):
-    match = re.match(r"(\d+)\.(\d+)", version)
-    major_minor = tuple(int(v) for v in match.groups()) if match else None
-    if major_minor is None or not ((2, 6) <= major_minor < (4, 0)):
+    """Refuse (raise) or warn (once per version) for ``version``; silent when tested.
+
+    Raises:
+        UnsupportedPaddleVersion: older than the oldest tested release, or
+            not of the form ``X.Y.Z``.
+    """
+    if version in TESTED_PADDLE:
+        return
+    parsed = _release(version)
+    oldest = _release(TESTED_PADDLE[0])
+    if parsed is None or parsed[0] < oldest[0]:
         raise UnsupportedPaddleVersion(
             f"paddle_overlay supports Paddle {SUPPORTED_PADDLE}; the installed "
-            f"Paddle is {version}. Install a supported paddlepaddle or "
-            "paddlepaddle-gpu; nothing was patched."
+            f"Paddle is {version}. Install one of the tested releases, e.g. "
+            f"pip install paddlepaddle=={TESTED_PADDLE[-1]} (or paddlepaddle-gpu); "
+            "nothing was patched."
         )
+    if version not in _warned_versions:
+        _warned_versions.add(version)
+        warnings.warn(
+            f"paddle_overlay was not tested with Paddle {version} (tested: "
+            f"{', '.join(TESTED_PADDLE)}); its structure checks passed, so the "
+            "overlay is applied. Run the collective tests with this Paddle "
+            "(tools/run_collective_tests.sh) before relying on it.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _source(obj):
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+
+
+def _check_call_paths(classes):
+    """Problems (list of str) with :data:`CALL_PATHS` on ``classes`` (name -> class)."""
+    problems = []
+    for class_name, method, needles, why in CALL_PATHS:
+        cls = classes[class_name]
+        owner = cls if method is None else vars(cls).get(method)
+        where = class_name if method is None else f"{class_name}.{method}"
+        if owner is None:
+            problems.append(f"{where} is missing ({why})")
+            continue
+        text = _source(owner)
+        if text is None:
+            problems.append(f"the source of {where} cannot be read to check that {why}")
+            continue
+        missing = [n for n in needles if not re.search(rf"(?<!\w){re.escape(n)}(?!\w)", text)]
+        if missing:
+            problems.append(f"{where} no longer mentions {', '.join(missing)} ({why})")
+    return problems
+
+
+def _check_methods(target, overlay_module, overlay_cls):
+    """Problems (list of str) with wrapped and added methods of one class."""
+    problems = []
+    name = target.__name__
+    wraps = tuple(overlay_module.OVERLAY_WRAPS)
+    for method in wraps:
+        if method not in vars(target):
+            problems.append(f"{name}.{method} (wrapped by the overlay) is not defined by the installed class")
+        if hasattr(target, origin_name(method)):
+            problems.append(f"{name}.{origin_name(method)} already exists; the overlay keeps {method}'s original there")
+    for method in overlay_methods(overlay_cls):
+        if method in wraps or method in REPLACES_UPSTREAM:
+            continue
+        if hasattr(target, method):
+            problems.append(
+                f"{name}.{method} is defined by the installed Paddle; the overlay's own {method} would shadow it"
+            )
+    return problems
 
 
 def _targets():
     """[(paddle class, overlay module, overlay class)] for every overlay."""
-    import paddle
-
-    _check_version(paddle.__version__)
     found = []
     for module_name, class_name in OVERLAY_MODULES:
         target_module = importlib.import_module(f"paddle.{module_name}")
@@ -85,32 +222,60 @@ def _targets():
     return found
 
 
+def _check_structure(version, targets):
+    """Raise :class:`PaddleInternalsChanged` listing every problem found, if any."""
+    problems = _check_call_paths({t.__name__: t for t, _, _ in targets})
+    for target, overlay_module, overlay_cls in targets:
+        problems += _check_methods(target, overlay_module, overlay_cls)
+    if problems:
+        raise PaddleInternalsChanged(
+            f"paddle_overlay cannot patch Paddle {version}: "
+            + "; ".join(problems)
+            + f". Tested releases: {', '.join(TESTED_PADDLE)}. Nothing was patched."
+        )
+
+
+def _announce(version):
+    rank = os.environ.get("PADDLE_TRAINER_ID")
+    where = f"rank {rank}" if rank is not None else f"process {os.getpid()}, no PADDLE_TRAINER_ID"
+    sys.stderr.write(f"paddle_overlay: applied to Paddle {version} ({where})\n")
+    sys.stderr.flush()
+
+
 def apply():
     """Patch the installed Paddle with the overlay methods. Idempotent.
 
+    Prints ``paddle_overlay: applied to Paddle X (rank R)`` to stderr each time
+    it patches (once per process unless :func:`remove` ran in between).
+
+    Warns (``UserWarning``, once per version) when the installed Paddle is a
+    release newer than the oldest in :data:`TESTED_PADDLE` but not in it.
+
     Raises:
-        UnsupportedPaddleVersion: Paddle is outside :data:`SUPPORTED_PADDLE`
-            (checked before anything is patched).
-        AttributeError: a method listed in ``OVERLAY_WRAPS`` is missing from
-            the installed class (nothing is patched).
+        UnsupportedPaddleVersion: Paddle is older than the oldest tested
+            release or its version is unreadable.
+        PaddleInternalsChanged: a wrapped method or a call path in
+            :data:`CALL_PATHS` moved, or an added method would shadow one of
+            the installed Paddle; the message names each.
+        Both are raised before anything is patched.
     """
     if _saved:
         return
+    import paddle
+
+    version = paddle.__version__
+    _check_version(version)
     targets = _targets()
+    _check_structure(version, targets)
     plan = []
     for target, overlay_module, overlay_cls in targets:
-        methods = overlay_methods(overlay_cls)
         for name in overlay_module.OVERLAY_WRAPS:
-            if name not in vars(target):
-                raise AttributeError(
-                    f"{target.__name__}.{name} is not in the installed Paddle; "
-                    "cannot wrap it. Nothing was patched."
-                )
             plan.append((target, origin_name(name), vars(target)[name]))
-        plan.extend((target, name, fn) for name, fn in methods.items())
+        plan.extend((target, name, fn) for name, fn in overlay_methods(overlay_cls).items())
     for target, name, value in plan:
         _saved.setdefault((target, name), vars(target).get(name, _MISSING))
         setattr(target, name, value)
+    _announce(version)
 
 
 def remove():

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Run the collective tests listed in test/collective/fleet/testslist.csv.
+"""Run the collective tests listed in ``testslist.csv`` files.
 
-Each selected row runs its driver ``test/collective/fleet/<name>.py`` as
+The lists: ``test/collective/fleet/testslist.csv`` (what goes upstream to Paddle) and the
+project's own ``test/*/testslist.csv`` (e.g. ``test/harness``: the launcher's fault injection),
+same columns; a row's driver lives next to its list. Each selected row runs its driver
+``<list folder>/<name>.py`` as
 ``python -m pytest -q -rs DRIVER`` with the row's timeout (seconds), in its own session;
 on timeout its whole process tree is killed. Rows whose arch/os/conditions do not hold
 here are reported SKIP with the reason. Logs of every rank stay under the run directory:
@@ -23,6 +26,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLEET_DIR = os.path.join(ROOT, "test", "collective", "fleet")
 TESTSLIST = os.path.join(FLEET_DIR, "testslist.csv")
+
+
+def default_testslists():
+    """Upstream's list first, then the project's ``test/*/testslist.csv`` in name order."""
+    import glob
+
+    return [TESTSLIST] + sorted(glob.glob(os.path.join(ROOT, "test", "*", "testslist.csv")))
+
 # The project's launcher wrapper (collective_launch.py) and the test-only stand-in for upstream's
 # legacy_test.test_parallel_dygraph_dataparallel: first on every driver's PYTHONPATH.
 HARNESS_DIR = os.path.join(ROOT, "tools", "collective")
@@ -43,6 +54,7 @@ def parse_args(argv=None):
         ),
     )
     p.add_argument("-k", dest="pattern", metavar="PATTERN", help="run tests whose name matches this regular expression")
+    p.add_argument("--exclude", metavar="PATTERN", help="leave out tests whose name matches this regular expression")
     p.add_argument("--list", action="store_true", help="list the tests (name, timeout, requirements) and exit")
     p.add_argument("--repeat", type=int, default=1, metavar="N", help="run each selected test N times (flake hunting)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
@@ -57,27 +69,50 @@ def parse_args(argv=None):
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report; {paddle} -> Paddle version")
     p.add_argument("--coverage", action="store_true", help="measure paddle_overlay in every rank and report")
     p.add_argument("--cov-fail-under", type=float, metavar="PCT", help="with --coverage: fail under PCT percent")
+    p.add_argument("--slow-start", type=float, metavar="SECONDS",
+                   help="delay every process running a test script by SECONDS at start-up (a sitecustomize.py "
+                        "first on PYTHONPATH), as a loaded machine does: issue 13's reproduction")
     p.add_argument("--skip-exit-code", type=int, default=0, metavar="CODE",
                    help="exit with CODE when every selected test was skipped (ctest uses 77)")
-    p.add_argument("--testslist", default=TESTSLIST, help=argparse.SUPPRESS)
+    p.add_argument("--testslist", action="append", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeat < 1 or args.nproc < 1:
         p.error("--repeat and --nproc must be >= 1")
     if args.cov_fail_under is not None and not args.coverage:
         p.error("--cov-fail-under needs --coverage")
+    if args.slow_start is not None and args.slow_start <= 0:
+        p.error("--slow-start must be a positive number of seconds")
     return args
 
 
-def select_rows(rows, pattern):
-    """Rows whose name matches ``pattern`` (a regular expression searched in the name)."""
-    if not pattern:
-        return list(rows)
-    rx = re.compile(pattern)
-    return [r for r in rows if rx.search(r.name)]
+def select_rows(rows, pattern, exclude=None):
+    """Rows whose name matches ``pattern`` and not ``exclude`` (regular expressions searched in the name)."""
+    rx = re.compile(pattern) if pattern else None
+    ex = re.compile(exclude) if exclude else None
+    return [r for r in rows if (rx is None or rx.search(r.name)) and (ex is None or not ex.search(r.name))]
+
+
+_ROW_DIRS = {}  # test name -> folder of the testslist.csv that lists it
+
+
+def read_rows(paths):
+    """Rows of every list in ``paths``, in order. Raises ValueError on a malformed row or a
+    name listed twice (naming both lists)."""
+    import testslist
+
+    rows = []
+    for path in paths:
+        for row in testslist.read_testslist(path):
+            folder = os.path.dirname(os.path.abspath(path))
+            if _ROW_DIRS.get(row.name, folder) != folder:
+                raise ValueError(f"{row.name} is listed in both {_ROW_DIRS[row.name]} and {folder}")
+            _ROW_DIRS[row.name] = folder
+            rows.append(row)
+    return rows
 
 
 def driver_path(row):
-    return os.path.join(FLEET_DIR, row.name + ".py")
+    return os.path.join(_ROW_DIRS.get(row.name, FLEET_DIR), row.name + ".py")
 
 
 def probe_paddle(python):
@@ -115,14 +150,17 @@ def launch_args(args):
     return " ".join(extra)
 
 
-def driver_env(row, args, device, out_dir, cov_rc):
-    """Environment of one driver run: ours on top of the caller's and the row's ``envs``."""
+def driver_env(row, args, device, out_dir, cov_rc, first_paths=()):
+    """Environment of one driver run: ours on top of the caller's and the row's ``envs``.
+
+    ``first_paths``: folders put before the harness on ``PYTHONPATH`` (the slow-start hook)."""
     env = dict(os.environ)
     for k, v in row.env_dict().items():
         if k != "PYTHONPATH":  # upstream's PYTHONPATH=../.. points into a Paddle build tree
             env[k] = v
     env.update(
-        PYTHONPATH=os.pathsep.join([HARNESS_DIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+        PYTHONPATH=os.pathsep.join([*first_paths, HARNESS_DIR]
+                                   + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
         PADDLE_OVERLAY_TEST_DEVICE=device,
         PADDLE_OVERLAY_TEST_NPROC=str(args.nproc),
         PADDLE_OVERLAY_RUN_DIR=out_dir,
@@ -145,7 +183,8 @@ def list_rows(rows):
         req = " ".join(filter(None, [";".join(r.os), ";".join(r.arch), ";".join(r.conditions)])) or "-"
         present = "" if os.path.isfile(driver_path(r)) else "  (driver MISSING)"
         print(f"{r.name:52} {r.timeout_seconds:>7}s  {req}{present}")
-    print(f"{len(rows)} tests in {os.path.relpath(TESTSLIST, ROOT)}")
+    lists = sorted({os.path.relpath(os.path.join(_ROW_DIRS.get(r.name, FLEET_DIR), "testslist.csv"), ROOT) for r in rows})
+    print(f"{len(rows)} tests in {', '.join(lists) or 'no list'}")
 
 
 def write_junit(path, results, paddle_version):
@@ -185,12 +224,13 @@ def print_table(results):
 def main(argv=None):
     args = parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, HARNESS_DIR)
     import time
 
     import testslist
     from run_driver import log_tail, run_driver
 
-    rows = select_rows(testslist.read_testslist(args.testslist), args.pattern)
+    rows = select_rows(read_rows(args.testslist or default_testslists()), args.pattern, args.exclude)
     if args.list:
         list_rows(rows)
         return 0
@@ -217,6 +257,14 @@ def main(argv=None):
             return 1
         cov_rc = rank_coverage.write_rcfile(run_dir)
 
+    first_paths = []
+    if args.slow_start:
+        import slow_start
+
+        first_paths.append(slow_start.write_sitecustomize(os.path.join(run_dir, "slow-start"), args.slow_start,
+                                                          os.path.join(ROOT, "test") + os.sep))
+        print(f"slow start: every process running a script under test/ sleeps {args.slow_start:g}s at start-up",
+              flush=True)
     plan = [(row, k) for row in rows for k in range(args.repeat)]
     print(f"Paddle {paddle['version']} ({'CUDA, %d GPUs' % paddle['gpus'] if paddle['cuda'] else 'CPU build'}), "
           f"device {device}, {args.nproc} ranks, {len(plan)} runs; logs in {run_dir}", flush=True)
@@ -237,7 +285,7 @@ def main(argv=None):
             rec.update(note=f"driver missing: {os.path.relpath(driver, ROOT)}")
         else:
             beat = lambda s, name=label: print(f"    ... {name} still running ({fmt_seconds(s)})", flush=True)
-            res = run_driver(driver, timeout=row.timeout_seconds, env=driver_env(row, args, device, out_dir, cov_rc),
+            res = run_driver(driver, timeout=row.timeout_seconds, env=driver_env(row, args, device, out_dir, cov_rc, first_paths),
                              out_dir=out_dir, heartbeat=beat)
             note = "; ".join(res.problems) if res.outcome == "FAIL" else res.summary()
             if res.outcome == "SKIP":

@@ -12,7 +12,9 @@ so each process leaves its own data file, then combines them and reports.
 import os
 import subprocess
 import sys
-import sysconfig
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "collective"))
+import site_pth  # noqa: E402
 
 PTH_NAME = "paddle_overlay_coverage.pth"
 # One line; a .pth line starting with "import" is executed at interpreter start-up.
@@ -25,29 +27,16 @@ PTH_TEXT = (
 
 def pth_path():
     """Where the ``.pth`` belongs for this interpreter (its purelib site-packages)."""
-    return os.path.join(sysconfig.get_paths()["purelib"], PTH_NAME)
+    return site_pth.pth_path(PTH_NAME)
 
 
 def install_pth():
     """Write the ``.pth`` if missing or different (idempotent). Returns its path."""
-    path = pth_path()
-    try:
-        with open(path) as f:
-            if f.read() == PTH_TEXT:
-                return path
-    except OSError:
-        pass
-    with open(path, "w") as f:
-        f.write(PTH_TEXT)
-    return path
+    return site_pth.install(PTH_NAME, PTH_TEXT)
 
 
 def pth_installed():
-    try:
-        with open(pth_path()) as f:
-            return f.read() == PTH_TEXT
-    except OSError:
-        return False
+    return site_pth.installed(PTH_NAME, PTH_TEXT)
 
 
 def write_rcfile(run_dir, source="paddle_overlay"):

@@ -6,6 +6,11 @@ file ``<out_dir>/pytest-junit.xml``. On timeout its whole process tree (driver, 
 launcher, ranks; collected with psutil before killing) gets SIGTERM, then SIGKILL.
 The outcome is PASS (no failure, at least one case passed), SKIP (every case skipped) or
 FAIL (anything else, including a timeout, a crash or no cases collected).
+
+The timeout counts the driver's own time minus the start-up of its ranks: every launch of
+``collective_launch`` writes ``rank-startup.json`` under ``out_dir`` (seconds until every rank
+had imported Paddle), and the deadline moves out by their sum, up to ``max_startup_extension``
+seconds, so a slow machine never turns into a timeout verdict.
 """
 
 import os
@@ -21,6 +26,27 @@ sys.path.insert(0, HARNESS_DIR)
 from collective_launch import kill_process_tree, tree_of  # noqa: E402
 
 _POLL_SECONDS = 0.5
+MAX_STARTUP_EXTENSION = 900.0  # seconds: the most rank start-up that may extend a driver's deadline
+
+
+def startup_seconds(out_dir, now=None):
+    """Seconds of rank start-up recorded under ``out_dir`` by ``collective_launch``: the sum over
+    every ``rank-startup.json`` of its ``startup_seconds``, or, for a launch still starting,
+    ``now - started_at`` (wall-clock seconds; ``now`` defaults to ``time.time()``). 0.0 if none."""
+    import json
+
+    now = time.time() if now is None else now
+    total = 0.0
+    for folder, _, files in os.walk(out_dir):
+        if "rank-startup.json" in files:
+            try:
+                with open(os.path.join(folder, "rank-startup.json")) as f:
+                    record = json.load(f)
+                done = record.get("startup_seconds")
+                total += float(done) if done is not None else max(0.0, now - float(record["started_at"]))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+    return total
 
 
 @dataclass
@@ -63,10 +89,12 @@ def _read_junit(path):
     return counts, skips, problems
 
 
-def run_driver(driver, *, timeout, env, out_dir, python=sys.executable, heartbeat=None, heartbeat_every=60.0):
+def run_driver(driver, *, timeout, env, out_dir, python=sys.executable, heartbeat=None, heartbeat_every=60.0,
+               max_startup_extension=MAX_STARTUP_EXTENSION):
     """Run ``driver`` (path of a ``test_*.py``) under pytest; return a :class:`DriverResult`.
 
-    ``timeout``: seconds for the whole driver. ``env``: full environment for it. ``out_dir``:
+    ``timeout``: seconds for the driver, not counting its ranks' start-up (at most
+    ``max_startup_extension`` seconds of it). ``env``: full environment for it. ``out_dir``:
     created if needed. ``heartbeat(elapsed_seconds)`` is called every ``heartbeat_every``
     seconds while it runs. Never raises for a failing driver; raises OSError if the
     interpreter cannot be started.
@@ -82,12 +110,16 @@ def run_driver(driver, *, timeout, env, out_dir, python=sys.executable, heartbea
         proc = subprocess.Popen(cmd, cwd=os.path.dirname(driver), env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     tracked, timed_out, next_beat = {}, False, heartbeat_every
+    extension, next_scan = 0.0, 0.0
     try:
         while proc.poll() is None:
             for p in tree_of(proc.pid):
                 tracked.setdefault(p.pid, p)
             elapsed = time.monotonic() - start
-            if elapsed >= timeout:
+            if elapsed >= next_scan:  # launches report their rank start-up when they end
+                extension = min(startup_seconds(out_dir), max_startup_extension)
+                next_scan = elapsed + 5.0
+            if elapsed >= timeout + extension:
                 timed_out = True
                 break
             if heartbeat and elapsed >= next_beat:
@@ -110,7 +142,8 @@ def run_driver(driver, *, timeout, env, out_dir, python=sys.executable, heartbea
     except (OSError, ET.ParseError):
         result.problems.append("pytest wrote no JUnit report (crashed or killed)")
     if timed_out:
-        result.problems.insert(0, f"timeout after {timeout:.0f}s: driver process tree killed")
+        result.problems.insert(0, f"timeout after {timeout:.0f}s (+{extension:.0f}s of rank start-up): "
+                                  "driver process tree killed")
     elif proc.returncode == 5:
         result.problems.insert(0, "no test cases collected")
     elif proc.returncode == 0 and result.counts:

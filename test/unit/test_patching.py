@@ -1,16 +1,25 @@
-"""paddle_overlay.apply()/remove() on the installed Paddle (one process, no launch)."""
+"""paddle_overlay.apply()/remove() on the installed Paddle (one process, no launch):
+exact restore, the version gate, the structure checks, the log line."""
 
+import contextlib
+import io
 import unittest
+import warnings
+from unittest import mock
 
 import paddle
 from parameterized import parameterized
 
 import paddle_overlay
+from paddle_overlay import _patching
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizer,
 )
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
     HybridParallelOptimizer,
+)
+from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+    dygraph_sharding_optimizer as sharding_overlay,
 )
 
 CLASSES = (DygraphShardingOptimizer, HybridParallelOptimizer)
@@ -20,18 +29,46 @@ def snapshot():
     return {cls: dict(vars(cls)) for cls in CLASSES}
 
 
+@contextlib.contextmanager
+def paddle_version(version):
+    real = paddle.__version__
+    paddle.__version__ = version
+    try:
+        yield
+    finally:
+        paddle.__version__ = real
+
+
+def apply_quietly():
+    """apply(); returns (stderr text, list of warnings raised)."""
+    err = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stderr(err):
+        warnings.simplefilter("always")
+        paddle_overlay.apply()
+    return err.getvalue(), [w for w in caught if "paddle_overlay" in str(w.message)]
+
+
+def an_added_method():
+    """A method the sharding overlay adds (neither wrapped nor replacing upstream's)."""
+    for name in _patching.overlay_methods(sharding_overlay.DygraphShardingOptimizer):
+        if name not in sharding_overlay.OVERLAY_WRAPS and name not in _patching.REPLACES_UPSTREAM:
+            return name
+    raise AssertionError("the sharding overlay adds no method")
+
+
 class TestApplyRemove(unittest.TestCase):
+    def setUp(self):
+        _patching._warned_versions.clear()
+
     def tearDown(self):
         paddle_overlay.remove()
 
     def test_apply_then_remove_restores_exact_attributes(self):
         before = snapshot()
-        paddle_overlay.apply()
+        err, _ = apply_quietly()
         paddle_overlay.apply()  # idempotent
         self.assertTrue(paddle_overlay.is_applied())
-        self.assertIs(
-            DygraphShardingOptimizer._origin_step, before[DygraphShardingOptimizer]["step"]
-        )
+        self.assertIs(DygraphShardingOptimizer._origin_step, before[DygraphShardingOptimizer]["step"])
         self.assertIsNot(DygraphShardingOptimizer.step, before[DygraphShardingOptimizer]["step"])
         self.assertIn("_set_broadcast_overlap", vars(HybridParallelOptimizer))
         paddle_overlay.remove()
@@ -43,31 +80,116 @@ class TestApplyRemove(unittest.TestCase):
             for name, value in before[cls].items():
                 self.assertIs(after[cls][name], value, f"{cls.__name__}.{name}")
 
-    @parameterized.expand([("2.5.0",), ("4.0.0",), ("0.0.0",), ("dev",)])
-    def test_unsupported_version_patches_nothing(self, version):
+    def test_log_line_once_per_patching(self):
+        with mock.patch.dict("os.environ", {"PADDLE_TRAINER_ID": "3"}):
+            err, _ = apply_quietly()
+            again, _ = apply_quietly()  # already applied: nothing patched, nothing said
+        self.assertEqual(err, f"paddle_overlay: applied to Paddle {paddle.__version__} (rank 3)\n")
+        self.assertEqual(again, "")
+
+    @parameterized.expand([("2.5.0",), ("2.6.1",), ("2.6.0",), ("0.0.0",), ("dev",), ("3.1",)])
+    def test_older_or_unreadable_version_patches_nothing(self, version):
         before = snapshot()
-        real = paddle.__version__
-        paddle.__version__ = version
-        try:
-            with self.assertRaises(paddle_overlay.UnsupportedPaddleVersion) as ctx:
-                paddle_overlay.apply()
-        finally:
-            paddle.__version__ = real
+        with paddle_version(version), self.assertRaises(paddle_overlay.UnsupportedPaddleVersion) as ctx:
+            paddle_overlay.apply()
         message = str(ctx.exception)
         self.assertIn(version, message)
         self.assertIn(paddle_overlay.SUPPORTED_PADDLE, message)
+        self.assertIn("nothing was patched", message)
         self.assertFalse(paddle_overlay.is_applied())
         self.assertEqual(snapshot(), before)
 
-    @parameterized.expand([("2.6.0",), ("2.6.2",), ("3.0.0rc1",), ("3.3.1",)])
-    def test_supported_versions_apply(self, version):
-        real = paddle.__version__
-        paddle.__version__ = version
-        try:
-            paddle_overlay.apply()
-        finally:
-            paddle.__version__ = real
+    def test_version_gate_names_exactly_the_tested_releases(self):
+        self.assertEqual(
+            paddle_overlay.TESTED_PADDLE,
+            ("2.6.2", "3.0.0", "3.1.0", "3.1.1", "3.2.0", "3.2.1", "3.2.2", "3.3.0", "3.3.1"),
+        )
+
+    @parameterized.expand([(v,) for v in _patching.TESTED_PADDLE])
+    def test_tested_release_applies_without_warning(self, version):
+        with paddle_version(version):
+            err, caught = apply_quietly()
         self.assertTrue(paddle_overlay.is_applied())
+        self.assertEqual(caught, [])
+        self.assertIn(f"applied to Paddle {version}", err)
+
+    @parameterized.expand([("3.4.0",), ("4.0.0",), ("3.0.0rc1",)])
+    def test_untested_newer_release_warns_once_and_applies(self, version):
+        with paddle_version(version):
+            _, first = apply_quietly()
+            paddle_overlay.remove()
+            _, second = apply_quietly()
+        self.assertTrue(paddle_overlay.is_applied())
+        self.assertEqual(len(first), 1)
+        self.assertIn(f"not tested with Paddle {version}", str(first[0].message))
+        self.assertIn("3.3.1", str(first[0].message))
+        self.assertEqual(second, [])  # one warning per process and version
+
+
+class TestStructureChecks(unittest.TestCase):
+    """apply() refuses, naming what moved, before patching anything."""
+
+    def tearDown(self):
+        paddle_overlay.remove()
+
+    def assert_refused(self, *expected):
+        before = snapshot()
+        with self.assertRaises(paddle_overlay.PaddleInternalsChanged) as ctx:
+            paddle_overlay.apply()
+        message = str(ctx.exception)
+        for text in expected:
+            self.assertIn(text, message)
+        self.assertIn("Nothing was patched", message)
+        self.assertFalse(paddle_overlay.is_applied())
+        self.assertEqual(snapshot(), before)
+
+    def test_wrapped_method_missing(self):
+        wraps = (*sharding_overlay.OVERLAY_WRAPS, "_renamed_in_a_later_paddle")
+        with mock.patch.object(sharding_overlay, "OVERLAY_WRAPS", wraps):
+            self.assert_refused("DygraphShardingOptimizer._renamed_in_a_later_paddle (wrapped by the overlay) "
+                                "is not defined by the installed class")
+
+    def test_step_no_longer_reaches_the_sharding_sync(self):
+        def step(self):  # a later Paddle whose step syncs parameters another way
+            return self._inner_opt.step()
+
+        with mock.patch.object(DygraphShardingOptimizer, "step", step):
+            self.assert_refused("DygraphShardingOptimizer.step no longer mentions _sharding_sync_parameters")
+
+    def test_hybrid_step_no_longer_goes_through_private_step(self):
+        def step(self):
+            return self._inner_opt.step()
+
+        with mock.patch.object(HybridParallelOptimizer, "step", step):
+            self.assert_refused("HybridParallelOptimizer.step no longer mentions _step")
+
+    def test_internal_attribute_renamed(self):
+        real = _patching.CALL_PATHS
+        moved = tuple(
+            (c, m, tuple(n.replace("_rank2params", "_param_owner_table") for n in needles), why)
+            for c, m, needles, why in real
+        )
+        with mock.patch.object(_patching, "CALL_PATHS", moved):
+            self.assert_refused("DygraphShardingOptimizer no longer mentions _param_owner_table")
+
+    def test_added_method_never_shadows_paddles_own(self):
+        name = an_added_method()
+        with mock.patch.object(DygraphShardingOptimizer, name, lambda self: None, create=True):
+            self.assert_refused(f"DygraphShardingOptimizer.{name} is defined by the installed Paddle")
+
+    def test_origin_slot_taken(self):
+        with mock.patch.object(HybridParallelOptimizer, "_origin_step", lambda self: None, create=True):
+            self.assert_refused("HybridParallelOptimizer._origin_step already exists")
+
+    def test_every_problem_is_named(self):
+        def step(self):
+            return None
+
+        name = an_added_method()
+        with mock.patch.object(DygraphShardingOptimizer, "step", step), \
+                mock.patch.object(DygraphShardingOptimizer, name, lambda self: None, create=True):
+            self.assert_refused("DygraphShardingOptimizer.step no longer mentions",
+                                f"DygraphShardingOptimizer.{name} is defined")
 
 
 if __name__ == "__main__":

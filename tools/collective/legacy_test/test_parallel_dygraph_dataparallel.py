@@ -19,7 +19,9 @@ Never shipped upstream: ``tools/make_patch.py`` only takes files of ``test/colle
 
 Environment: as :mod:`collective_launch`, plus ``PADDLE_OVERLAY_LAUNCH_TIMEOUT`` (seconds of
 behaviour allowed per launch after every rank is ready, default 300; always capped by the
-``TEST_TIMEOUT`` budget).
+``TEST_TIMEOUT`` budget) and ``PADDLE_OVERLAY_MODE`` (``overlay``, the default: the ranks get
+``PADDLE_OVERLAY=1`` so the package's start-up hook applies the overlay; ``patched``: they
+do not).
 """
 
 import os
@@ -64,11 +66,23 @@ def _script_path(test_case, target_file_name):
     return os.path.abspath(target_file_name)
 
 
-def _run_two_ranks(test_case, target_file_name, allocator_strategy, need_envs, device):
+def _rank_env(allocator_strategy, need_envs, device):
+    """Environment added for the ranks: upstream's allocator flags, ``need_envs``, and in overlay
+    mode (``PADDLE_OVERLAY_MODE`` unset or ``overlay``) ``PADDLE_OVERLAY=1``, so the installed
+    start-up hook applies paddle_overlay in every rank and the per-rank scripts, which go
+    upstream, never import it. A ``PADDLE_OVERLAY`` already set by the caller is kept."""
     env = {"FLAGS_allocator_strategy": allocator_strategy}
     if device == "gpu" and allocator_strategy == "auto_growth":
         env["FLAGS_fraction_of_gpu_memory_to_use"] = "0.1"  # as upstream
     env.update(need_envs or {})
+    mode = env.get("PADDLE_OVERLAY_MODE", os.environ.get("PADDLE_OVERLAY_MODE", "overlay"))
+    if mode == "overlay" and "PADDLE_OVERLAY" not in env and "PADDLE_OVERLAY" not in os.environ:
+        env["PADDLE_OVERLAY"] = "1"
+    return env
+
+
+def _run_two_ranks(test_case, target_file_name, allocator_strategy, need_envs, device):
+    env = _rank_env(allocator_strategy, need_envs, device)
     try:
         return launch_collective(
             _script_path(test_case, target_file_name), nproc=2, timeout=_launch_timeout(), env=env, device=device
