@@ -353,3 +353,22 @@ def test_tree_that_already_has_a_file_we_add_is_refused(tmp_path):
         f.write("# upstream has a file of this name\n")
     with pytest.raises(PatchError, match="the patch adds new files only"):
         make_patch.patched_files(tree)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_patch_for_a_checkout_like_tree_is_the_committed_one(version, tmp_path):
+    """--paddle-src on a checkout at the tag (upstream's test files present) gives the same
+    diff as the committed patch: new files do not depend on what test/ already holds."""
+    sys.path.insert(0, os.path.join(ROOT, "test", "patch"))
+    try:
+        import checkout_tree
+    finally:
+        sys.path.pop(0)
+    tree = str(tmp_path / "checkout")
+    checkout_tree.build(wheel_package(version), tree)
+    ours = make_patch.make_patch(tree, "a checkout")
+    committed, _ = make_patch.make_wheel_patch(wheel_package(version), version)
+    assert ours.split("\ndiff --git", 1)[1] == committed.split("\ndiff --git", 1)[1]
+    assert [ln for ln in ours.splitlines() if ln.startswith(make_patch.ROW_PREFIX)] == [
+        ln for ln in committed.splitlines() if ln.startswith(make_patch.ROW_PREFIX)
+    ]
