@@ -372,3 +372,30 @@ def test_patch_for_a_checkout_like_tree_is_the_committed_one(version, tmp_path):
     assert [ln for ln in ours.splitlines() if ln.startswith(make_patch.ROW_PREFIX)] == [
         ln for ln in committed.splitlines() if ln.startswith(make_patch.ROW_PREFIX)
     ]
+
+
+@pytest.mark.parametrize("legacy_classes", [("TestMultipleGpus",), ("TestMultipleAccelerators",), ()])
+def test_drivers_follow_the_checkouts_name_of_the_test_base(legacy_classes, tmp_path):
+    """A later Paddle names upstream's base TestMultipleAccelerators (run_mnist_2accelerators):
+    drivers generated for such a checkout use it, still formatted as Paddle wants."""
+    import paddle_format
+
+    tree = wheel_tree("3.3.1", tmp_path)
+    legacy = os.path.join(tree, make_patch.LEGACY_BASE)
+    os.makedirs(os.path.dirname(legacy))
+    with open(legacy, "w") as f:
+        f.write("".join(f"class {c}(unittest.TestCase):\n    pass\n" for c in legacy_classes))
+    files = make_patch.patched_files(tree)
+    drivers = {rel: text for rel, text in files.items() if os.path.basename(rel).startswith("test_")}
+    assert drivers
+    renamed = legacy_classes == ("TestMultipleAccelerators",)
+    for rel, text in drivers.items():
+        original = make_patch._read(os.path.join(make_patch.TEST_DIR, os.path.basename(rel)))
+        if not renamed:
+            assert text == original
+            continue
+        assert "TestMultipleGpus" not in text and "run_mnist_2gpu" not in text
+        assert "(TestMultipleAccelerators):" in text and "self.run_mnist_2accelerators(" in text
+        # the renaming adds no formatting change of its own
+        clean = paddle_format.formatted(original, rel, header=True)
+        assert paddle_format.formatted(text, rel, header=True) == make_patch.adapt_test_base(tree, clean), rel

@@ -18,6 +18,8 @@ from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus
 
 import paddle
 
+SCRIPT = 'dygraph_sharding_stage1_broadcast_overlap_bf16.py'
+
 
 def skip_reason():
     """Why the bf16 case cannot run here (str), or None."""
@@ -38,7 +40,7 @@ class TestDygraphShardingStage1BroadcastOverlapBF16(TestMultipleGpus):
         reason = skip_reason()
         if reason:
             self.skipTest(reason)
-        self.run_mnist_2gpu('dygraph_sharding_stage1_broadcast_overlap_bf16.py')
+        self.run_mnist_2gpu(SCRIPT)
 
 
 if __name__ == "__main__":
