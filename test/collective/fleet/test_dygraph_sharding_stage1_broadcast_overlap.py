@@ -20,9 +20,10 @@ from parameterized import parameterized
 FOUNDATION = "dygraph_sharding_stage1_broadcast_overlap.py"
 MODELS = "dygraph_sharding_stage1_broadcast_overlap_models.py"
 LOOPS = "dygraph_sharding_stage1_broadcast_overlap_loops.py"
+BUCKETS = "dygraph_sharding_stage1_broadcast_overlap_buckets.py"
 
 # (launch name, per-rank script, cases run in that launch, extra env)
-LAUNCHES = [
+_PER_PARAMETER = [
     (
         "on_off_bitwise_equal",
         FOUNDATION,
@@ -80,6 +81,29 @@ LAUNCHES = [
         "error_after_update_then_training_continues",
         {},
     ),
+]
+LAUNCHES = [
+    *_PER_PARAMETER,
+    (
+        "buckets",
+        BUCKETS,
+        "on_off_bitwise_with_buckets,checker_catches_a_pending_bucket,"
+        "tied_parameter_one_slot,"
+        "frozen_and_trainable_share_windows_under_weight_decay,"
+        "mixed_dtypes_never_share_a_buffer,odd_sizes_ranks_agree_on_lengths,"
+        "layer_spanning_two_buckets_waits_for_both,"
+        "optimizer_state_and_decay_selection_on_views,"
+        "checkpoint_across_bucket_modes,bucket_size_zero_is_per_parameter,"
+        "bad_bucket_size_raises_before_any_change",
+        {},
+    ),
+    # Every launch above (but the refusal) again with 2 KB buckets: several
+    # windows per model, all cases bitwise equal to off with no read of a
+    # pending bucket (the checker maps bucket broadcasts to parameters).
+    *[
+        (f"{name}_in_buckets", script, cases, {**env, "BROADCAST_OVERLAP_BUCKET_MB": "0.002"})
+        for name, script, cases, env in _PER_PARAMETER
+    ],
     (
         "sharding_degree_1_refused",
         MODELS,
