@@ -20,6 +20,8 @@ the waits by instrumentation instead: it wraps
 ``wait()``, and at every point of use (each forward pre-hook of a layer that
 owns parameters, and each optimizer update) it records a violation for any
 parameter about to be used whose latest broadcast task was never waited.
+A broadcast of a bucket buffer (``broadcast_buckets.py``) counts for every
+watched parameter whose memory lies inside that buffer.
 It also wraps the tensor functions that read parameters in the test models
 (:data:`READ_FUNCTIONS`: ``F.linear``, ``F.embedding``, ``paddle.matmul``,
 ``paddle.linalg.norm``), so a read outside any layer's call (a helper
@@ -38,6 +40,19 @@ READ_FUNCTIONS = (
     (paddle, "matmul"),
     (paddle.linalg, "norm"),
 )
+
+
+# bytes per element, by the dtype's name (no paddle_overlay import here: the
+# checker also runs against a patched Paddle tree)
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+def _memory_range(tensor):
+    """[start, end) of ``tensor``'s elements in memory, in bytes."""
+    name = str(tensor.dtype).rsplit(".", 1)[-1].lower()
+    name = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(name, name)
+    start = tensor.data_ptr()
+    return start, start + int(tensor._numel()) * _ITEMSIZE.get(name, 1)
 
 
 class _RecordingTask:
@@ -80,6 +95,7 @@ class BroadcastWaitChecker:
 
     def __init__(self):
         self._latest = {}  # id(tensor) -> (tensor, _RecordingTask)
+        self._watched = {}  # id(parameter) -> parameter, from watch()
         self._original_broadcast = None
         self._handles = []
         self._patched_optimizers = []
@@ -99,6 +115,11 @@ class BroadcastWaitChecker:
                 return task
             proxy = _RecordingTask(task, self)
             self._latest[id(tensor)] = (tensor, proxy)
+            if id(tensor) not in self._watched:  # a bucket: its parameters
+                start, end = _memory_range(tensor)
+                for p in self._watched.values():
+                    if start <= p.data_ptr() < end:
+                        self._latest[id(p)] = (p, proxy)
             self.counts["launched"] += 1
             return proxy
 
@@ -156,6 +177,7 @@ class BroadcastWaitChecker:
         the overlap's own."""
         for name, layer in model.named_sublayers(include_self=True):
             own = list(layer.parameters(include_sublayers=False))
+            self._watched.update((id(p), p) for p in own)
             if own:
                 self._handles.append(
                     layer.register_forward_pre_hook(
@@ -194,7 +216,9 @@ class BroadcastWaitChecker:
 
     def num_unwaited(self):
         """int: tasks launched and not waited yet."""
-        return sum(not proxy.waited for _, proxy in self._latest.values())
+        return len(
+            {id(proxy) for _, proxy in self._latest.values() if not proxy.waited}
+        )
 
     def step_report(self):
         """Counts since the previous report, e.g. ``{'launched': 8,

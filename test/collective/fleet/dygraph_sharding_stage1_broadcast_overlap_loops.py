@@ -41,6 +41,7 @@ from broadcast_overlap_training import (
     default_micro_step,
     lm_loss,
     overlap_impl,
+    per_parameter,
     overlap_module,
     rank,
     run_cases,
@@ -163,14 +164,15 @@ def case_forward_order_differs_between_ranks_and_steps():
     # rank 0 recorded branch_a first; whoever runs branch_b first waits for
     # a task launched after a pending one
     out_of_order = overlap_impl(info["opt"]).stats["waited_out_of_order"]
-    assert out_of_order > 0, out_of_order
+    assert out_of_order > 0 or not per_parameter(info["opt"]), out_of_order
 
 
 def case_expert_routing_leaves_experts_unused():
     _, info = compare_on_off(ExpertLM, steps=6, micro_step=step_aware_micro_step)
     assert_order_agreed(info)
     impl = overlap_impl(info["opt"])
-    assert impl.stats["waited_before_update"] > 0, impl.stats
+    # (a bucket shared with a layer that ran is waited in forward)
+    assert impl.stats["waited_before_update"] > 0 or not per_parameter(info["opt"]), impl.stats
 
 
 def case_ranks_run_different_forward_counts():

@@ -45,6 +45,7 @@ from broadcast_overlap_training import (
     compare_on_off,
     default_micro_step,
     overlap_impl,
+    per_parameter,
     rank,
     run_cases,
     train,
@@ -256,7 +257,8 @@ def case_layer_not_run_and_eval_between_steps():
     )
     impl = overlap_impl(info["opt"])
     # block 1's tasks of the odd steps were waited before the next update
-    assert impl.stats["waited_before_update"] > 0, impl.stats
+    # (a bucket shared with a layer that ran is waited in forward)
+    assert impl.stats["waited_before_update"] > 0 or not per_parameter(info["opt"]), impl.stats
 
 
 def case_state_dict_and_save_without_synchronize():
@@ -489,7 +491,8 @@ def case_load_into_inner_model_or_sublayer_waits():
     # block's load leaves the other layers' broadcasts in flight
     assert {n for n, _ in loads} == {"inner", "block"}, loads
     assert all(left == 0 for n, left in loads if n == "inner"), loads
-    assert all(left > 0 for n, left in loads if n == "block"), loads
+    if per_parameter(on[2]["opt"]):  # buckets span the block and the rest
+        assert all(left > 0 for n, left in loads if n == "block"), loads
     assert checker.counts["writes"] > 0, checker.counts
     assert checker.violations == []
     model, opt = on[2]["model"], on[2]["opt"]
