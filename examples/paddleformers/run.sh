@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+#
+# PaddleFormers Trainer + paddle_overlay, enabled by PADDLE_OVERLAY=1 alone: a tiny random
+# LLaMA on 2 CPU ranks (gloo), sharding stage 1 with broadcast overlap. Three launches:
+#   on      PADDLE_OVERLAY=1, --stage1_broadcast_overlap true, 6 steps, checkpoints at 3 and 6
+#   off     no PADDLE_OVERLAY, --stage1_broadcast_overlap false, same 6 steps
+#   resume  PADDLE_OVERLAY=1, resumes the on run's checkpoint-3 and trains to step 6
+# then check_results.py: on vs off bitwise (losses, parameters), resume vs on bitwise.
+# Opt-in, not part of CI: it makes its own venv from requirements.txt (about 1 GB, a few
+# minutes the first time) and needs the package registry.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+HERE="$ROOT/examples/paddleformers"
+VENV="${PADDLEFORMERS_VENV:-$ROOT/.venv-examples/paddleformers}"
+OUT="$ROOT/build/examples/paddleformers/$(date +%Y%m%d-%H%M%S)"
+TIMEOUT=600  # seconds per launch
+
+usage() {
+  cat <<EOF
+usage: examples/paddleformers/run.sh [--out DIR]
+
+Makes or reuses the venv $VENV (pinned requirements.txt, then this project with
+pip install -e), runs the on / off / resume launches on 2 CPU ranks and compares them.
+  --out DIR   where runs, rank logs and checkpoints go (default build/examples/paddleformers/<time>)
+Environment: PADDLEFORMERS_VENV (venv path), PYTHON (interpreter that creates it, default python3).
+EOF
+}
+
+while (($#)); do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --out) [[ $# -ge 2 ]] || { echo "error: --out needs a folder" >&2; exit 2; }; OUT="$2"; shift 2 ;;
+    *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+ensure_venv() {
+  local stamp="$VENV/.requirements-sha256" want
+  want="$(cat "$HERE/requirements.txt" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+  if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "venv: reusing $VENV"
+    return
+  fi
+  echo "venv: installing $HERE/requirements.txt and this project into $VENV"
+  [[ -x "$VENV/bin/python" ]] || "${PYTHON:-python3}" -m venv "$VENV"
+  if ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$HERE/requirements.txt" \
+      || ! "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$ROOT"; then
+    rm -rf "$VENV"
+    echo "error: pip failed (output above); removed the half-made $VENV" >&2
+    exit 1
+  fi
+  printf '%s' "$want" >"$stamp"
+}
+
+# launch NAME [ENV=VALUE...] -- [trainer arguments...]: one 2-rank launch into $OUT/NAME.
+launch() {
+  local name="$1"; shift
+  local envs=()
+  while [[ "$1" != "--" ]]; do envs+=("$1"); shift; done
+  shift
+  rm -rf "$OUT/$name"
+  mkdir -p "$OUT/$name"
+  echo "run $name: ${envs[*]:-(no PADDLE_OVERLAY)} $*"
+  if ! env -u PADDLE_OVERLAY "${envs[@]}" timeout -k 10 "$TIMEOUT" \
+      "$VENV/bin/python" -m paddle.distributed.launch --nproc_per_node 2 --log_dir "$OUT/$name/log" \
+      "$HERE/train_tiny_llama.py" --output_dir "$OUT/$name/out" "${COMMON[@]}" "$@" \
+      >"$OUT/$name/launch.log" 2>&1; then
+    echo "FAIL run $name: see $OUT/$name/launch.log and $OUT/$name/log/workerlog.*" >&2
+    tail -n 5 "$OUT/$name/launch.log" >&2
+    exit 1
+  fi
+}
+
+ensure_venv
+# Trainer arguments shared by the three runs; README.md says why each non-default is there.
+COMMON=(
+  --device cpu --sharding stage1 --split_param false --amp_master_grad false --max_grad_norm 0
+  --save_checkpoint_format unified_checkpoint --load_checkpoint_format unified_checkpoint
+  --max_steps 6 --save_steps 3 --logging_steps 1 --per_device_train_batch_size 2
+  --learning_rate 1e-3 --seed 42 --report_to none
+)
+launch on PADDLE_OVERLAY=1 -- --stage1_broadcast_overlap true
+launch off -- --stage1_broadcast_overlap false
+launch resume PADDLE_OVERLAY=1 -- --stage1_broadcast_overlap true \
+  --resume_from_checkpoint "$OUT/on/out/checkpoint-3"
+echo "runs in $OUT"
+"$VENV/bin/python" "$HERE/check_results.py" "$OUT/on/out" "$OUT/off/out" "$OUT/resume/out" 3
