@@ -19,23 +19,34 @@ nothing when Paddle is compiled with CUDA and the ranks use GPUs; on CPU it
 replaces, for the test process only:
 
 1. ``paddle.distributed.new_group`` -> the same call between two barriers
-   of the global group. Why: ``fleet.init`` creates every sub-group
-   (pipe, data, model, sharding, check) back to back; on gloo, concurrent
-   full-mesh connections of different groups on 4 ranks fail at random
-   (``pair.cc TIMEOUT`` or ``Connection refused``). One group at a time
-   always connects.
+   of the global group, and the global group itself for a group of every
+   rank. Why: ``fleet.init`` creates every sub-group (pipe, data, model,
+   sharding, check) back to back; on gloo, concurrent full-mesh
+   connections of different groups on 4 ranks fail at random
+   (``pair.cc TIMEOUT``, ``Connection refused``), and a second gloo
+   context over all ranks (the "check" group) fails in
+   ``address.cc`` (``sizeof(impl_) == bytes.size()``).
 2. ``ParallelEnv._device_id`` -> a class default of 0. Why:
    ``PipelineLayer.__init__`` reads ``ParallelEnv().device_id``, which is
    only set when a GPU/XPU device is selected; on CPU the attribute is
    missing and the constructor raises ``AttributeError``.
-3. The ``c_identity`` forward of model-parallel layers
-   (``paddle.distributed.fleet.layers.mpu.mp_ops._c_identity``) -> an
-   identity with the same backward (all-reduce of the gradient over the
-   model-parallel group). Why: the CPU build has no ``c_identity`` kernel.
+3. ``mp_ops._c_identity`` and ``mp_ops._mp_allreduce`` of the
+   model-parallel layers (``paddle.distributed.fleet.layers.mpu``) -> the
+   same maths with ``paddle.distributed.all_reduce`` in a PyLayer
+   (identity forward / all-reduced gradient, and all-reduced forward /
+   identity gradient). Why: the CPU build has no ``c_identity`` kernel and
+   gloo has no all-reduce "on calc stream".
+4. ``tensor_parallel.broadcast_input_data`` (``TensorParallel`` sends each
+   forward's inputs from the model-parallel source rank) -> the same
+   broadcast of each input tensor over the model-parallel group. Why:
+   Paddle's version asserts a GPU/XPU/custom device.
 
-Pipeline p2p on gloo also needs ``pp_configs.use_batch_p2p_comm = False``
-(gloo has no send/recv "on calc stream"); that is a strategy setting, set
-by the tests' ``DistributedStrategy``, not patched here.
+5. ``p2p_communication.batch_send_recv_on_calc_stream`` (pipeline p2p) ->
+   ``paddle.distributed.isend``/``irecv`` of each op (sends towards higher
+   ranks first), then a wait for all. Why: gloo has no send/recv "on calc
+   stream", and its send/recv block until matched. Paddle 3.x also offers
+   ``pp_configs.use_batch_p2p_comm = False`` (isend/irecv), which the tests
+   set; Paddle 2.6 always batches.
 """
 
 import functools
@@ -53,9 +64,18 @@ def _serialize_group_creation():
     original = paddle.distributed.new_group
 
     @functools.wraps(original)
-    def new_group_one_at_a_time(*args, **kwargs):
+    def new_group_one_at_a_time(ranks=None, *args, **kwargs):
+        world = paddle.distributed.get_world_size()
+        if ranks is not None and sorted(ranks) == list(range(world)):
+            # the whole world again (the hybrid "check" group): the global
+            # group has exactly these ranks, and a second gloo context of
+            # the same size reads the first one's rendezvous keys
+            # ("address.cc ... sizeof(impl_) == bytes.size()")
+            from paddle.distributed import collective
+
+            return collective._get_default_group()
         paddle.distributed.barrier()
-        group = original(*args, **kwargs)
+        group = original(ranks, *args, **kwargs)
         paddle.distributed.barrier()
         return group
 
@@ -94,6 +114,75 @@ def _identity_for_c_identity():
 
     mp_ops._c_identity = c_identity
 
+    class _AllReduceIdentityGrad(paddle.autograd.PyLayer):
+        @staticmethod
+        def forward(ctx, tensor, group):
+            out = paddle.assign(tensor)
+            paddle.distributed.all_reduce(out, group=group)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            return paddle.assign(grad)
+
+    original_allreduce = mp_ops._mp_allreduce
+
+    @functools.wraps(original_allreduce)
+    def mp_allreduce(tensor, *args, group=None, **kwargs):
+        if group is None or group.nranks <= 1:
+            return original_allreduce(tensor, *args, group=group, **kwargs)
+        return _AllReduceIdentityGrad.apply(tensor, group)
+
+    mp_ops._mp_allreduce = mp_allreduce
+
+
+def _broadcast_input_data_on_cpu():
+    from paddle.distributed.fleet.meta_parallel import tensor_parallel
+
+    def broadcast_input_data(hcg, *inputs, **kwargs):
+        group = hcg.get_model_parallel_group()
+        src = hcg.get_model_parallel_group_src_rank()
+        for value in list(inputs) + list(kwargs.values()):
+            if isinstance(value, paddle.Tensor):
+                paddle.distributed.broadcast(value, src=src, group=group)
+        return inputs, kwargs
+
+    tensor_parallel.broadcast_input_data = broadcast_input_data
+
+
+def _pipeline_p2p_with_isend_irecv():
+    from paddle.distributed.fleet.meta_parallel.pp_utils import (
+        p2p_communication as p2p,
+    )
+
+    if not hasattr(p2p, "batch_send_recv_on_calc_stream"):
+        return
+
+    def batch_send_recv(p2p_op_list):
+        # gloo's send/recv block until matched: towards a higher rank send
+        # first, towards a lower rank receive first, so two stages that
+        # both send and receive never wait on each other's send.
+        me = paddle.distributed.get_rank()
+
+        def is_send(op):
+            return op.op.__name__ == "_send_on_calc_stream"
+
+        ordered = sorted(
+            p2p_op_list, key=lambda op: is_send(op) != (me < op.peer)
+        )
+        tasks = []
+        for op in ordered:
+            if is_send(op):
+                send = paddle.distributed.isend
+                tasks.append(send(op.tensor, dst=op.peer, group=op.group))
+            else:
+                recv = paddle.distributed.irecv
+                tasks.append(recv(op.tensor, src=op.peer, group=op.group))
+        for task in tasks:
+            task.wait()
+
+    p2p.batch_send_recv_on_calc_stream = batch_send_recv
+
 
 def install():
     """Apply the shims above once per process; a no-op on GPU ranks.
@@ -104,3 +193,5 @@ def install():
     _serialize_group_creation()
     _default_device_id()
     _identity_for_c_identity()
+    _broadcast_input_data_on_cpu()
+    _pipeline_p2p_with_isend_irecv()

@@ -1,0 +1,376 @@
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-rank script: broadcast overlap in hybrid topologies on 4 ranks.
+
+Env ``BROADCAST_OVERLAP_TOPOLOGY`` picks one (``fleet.init`` runs once per
+process): ``pp2_sharding2`` (pipeline with ``train_batch``/``eval_batch``,
+plain and with a tied embedding/head built from ``SharedLayerDesc``),
+``dp2_sharding2`` and ``mp2_sharding2`` (``mp_configs.sync_param`` on);
+in the last two the second sharding group does not start at rank 0.
+Every case trains with overlap off and on from the same initial weights
+and checks bitwise-equal losses and parameters, and the wait checker sees
+no read or update of a parameter whose broadcast is pending. Cases are
+chosen with env ``BROADCAST_OVERLAP_CASES``.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
+import paddle
+from broadcast_overlap_checker import BroadcastWaitChecker
+from broadcast_overlap_training import (
+    assert_bitwise_equal,
+    cases_of,
+    overlap_impl,
+    rank,
+    run_cases,
+)
+from paddle.distributed import fleet
+
+TOPOLOGY = os.environ.get("BROADCAST_OVERLAP_TOPOLOGY", "pp2_sharding2")
+VOCAB, HIDDEN, BATCH, SEQ = 32, 16, 4, 4
+STEPS = 3
+
+DEGREES = {
+    "pp2_sharding2": dict(pp_degree=2, sharding_degree=2),
+    "dp2_sharding2": dict(dp_degree=2, sharding_degree=2),
+    "mp2_sharding2": dict(mp_degree=2, sharding_degree=2),
+}
+
+
+def init_fleet():
+    hybrid_parallel_cpu_shim.install()
+    paddle.set_device(os.environ.get("PADDLE_OVERLAY_TEST_DEVICE", "cpu"))
+    strategy = fleet.DistributedStrategy()
+    configs = {
+        "dp_degree": 1,
+        "mp_degree": 1,
+        "pp_degree": 1,
+        "sharding_degree": 1,
+    }
+    configs.update(DEGREES[TOPOLOGY])
+    if TOPOLOGY == "pp2_sharding2":
+        # gloo has no batched send/recv on the calc stream (3.x setting;
+        # 2.6 always batches: see hybrid_parallel_cpu_shim)
+        pp_configs = strategy.strategy.hybrid_configs.pp_configs
+        if hasattr(pp_configs, "use_batch_p2p_comm"):
+            configs["pp_configs"] = {"use_batch_p2p_comm": False}
+        strategy.pipeline_configs = {
+            "accumulate_steps": 2,
+            "micro_batch_size": BATCH // 2,
+        }
+    if TOPOLOGY == "mp2_sharding2":
+        configs["mp_configs"] = {"sync_param": True}
+    strategy.hybrid_configs = configs
+    fleet.init(is_collective=True, strategy=strategy)
+
+
+def data(step):
+    """([B, S] int64 tokens, [B, S, 1] int64 labels): the same on the ranks
+    of one model/pipeline-parallel group, different across sharding and
+    data-parallel ranks."""
+    hcg = fleet.get_hybrid_communicate_group()
+    seed = (
+        1000 * step
+        + 7 * hcg.get_sharding_parallel_rank()
+        + 13 * hcg.get_data_parallel_rank()
+    )
+    rng = np.random.RandomState(seed)
+    tokens = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
+    labels = rng.randint(0, VOCAB, size=(BATCH, SEQ, 1)).astype("int64")
+    return paddle.to_tensor(tokens), paddle.to_tensor(labels)
+
+
+def cross_entropy(logits, labels):
+    return paddle.nn.functional.cross_entropy(logits, labels).mean()
+
+
+# ----------------------------------------------------------------------
+# pipeline models
+class EmbPipe(paddle.nn.Layer):
+    """Owns one parameter ``embedding_weight`` [32, 16]."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding_weight = self.create_parameter([VOCAB, HIDDEN])
+
+    def forward(self, tokens):
+        return paddle.nn.functional.embedding(tokens, self.embedding_weight)
+
+
+class BlockPipe(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.fc = paddle.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x):
+        return paddle.tanh(self.fc(x))
+
+
+class HeadPipe(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.fc = paddle.nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def tied_head(emb, x):
+    """PaddleNLP's tied LM head: reads the shared weight without calling
+    the shared layer (on the last stage it is never called)."""
+    return paddle.matmul(x, emb.embedding_weight, transpose_y=True)
+
+
+def pipeline_model(tied):
+    from paddle.distributed.fleet.meta_parallel import (
+        LayerDesc,
+        PipelineLayer,
+        SharedLayerDesc,
+    )
+
+    if tied:
+        descs = [
+            SharedLayerDesc(
+                "embed", EmbPipe, shared_weight_attr="embedding_weight"
+            ),
+            LayerDesc(BlockPipe),
+            LayerDesc(BlockPipe),
+            SharedLayerDesc(
+                "embed",
+                EmbPipe,
+                forward_func=tied_head,
+                shared_weight_attr="embedding_weight",
+            ),
+        ]
+    else:
+        descs = [
+            LayerDesc(EmbPipe),
+            LayerDesc(BlockPipe),
+            LayerDesc(BlockPipe),
+            LayerDesc(HeadPipe),
+        ]
+    hcg = fleet.get_hybrid_communicate_group()
+    paddle.seed(2026 + hcg.get_stage_id())
+    return PipelineLayer(
+        layers=descs, topology=hcg.topology(), loss_fn=cross_entropy
+    )
+
+
+# ----------------------------------------------------------------------
+# dp / mp models
+class MpLM(paddle.nn.Layer):
+    """Vocab-parallel embedding -> column/row-parallel MLP -> head."""
+
+    def __init__(self):
+        super().__init__()
+        mpu = fleet.meta_parallel
+        self.embed = mpu.VocabParallelEmbedding(VOCAB, HIDDEN)
+        self.up = mpu.ColumnParallelLinear(
+            HIDDEN, 2 * HIDDEN, gather_output=False, has_bias=True
+        )
+        self.down = mpu.RowParallelLinear(
+            2 * HIDDEN, HIDDEN, input_is_parallel=True, has_bias=True
+        )
+        self.head = paddle.nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        x = x + self.down(paddle.nn.functional.gelu(self.up(x)))
+        return self.head(x)
+
+
+class DpLM(paddle.nn.Layer):
+    def __init__(self):
+        super().__init__()
+        self.embed = paddle.nn.Embedding(VOCAB, HIDDEN)
+        self.up = paddle.nn.Linear(HIDDEN, 2 * HIDDEN)
+        self.down = paddle.nn.Linear(2 * HIDDEN, HIDDEN)
+        self.head = paddle.nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        x = x + self.down(paddle.nn.functional.gelu(self.up(x)))
+        return self.head(x)
+
+
+def flat_model():
+    hcg = fleet.get_hybrid_communicate_group()
+    paddle.seed(2026 + 100 * hcg.get_model_parallel_rank())
+    return MpLM() if TOPOLOGY == "mp2_sharding2" else DpLM()
+
+
+# ----------------------------------------------------------------------
+# training
+def snapshot(model):
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
+_INITIAL = {}
+
+
+def build_same(build):
+    """``build()`` with the weights of the first ``build()`` of this
+    process (model-parallel layers draw from Paddle's RNG tracker, which
+    ``paddle.seed`` does not reset), so off and on start equal."""
+    model = build()
+    key = tuple(model.state_dict().keys())
+    if key not in _INITIAL:
+        _INITIAL[key] = {
+            k: v.numpy().copy() for k, v in model.state_dict().items()
+        }
+    else:
+        model.set_state_dict(
+            {k: paddle.to_tensor(v) for k, v in _INITIAL[key].items()}
+        )
+    return model
+
+
+def train(build, overlap, checker=None, after_step=None):
+    """Returns ((losses, params), info)."""
+    raw = build_same(build)
+    opt = fleet.distributed_optimizer(
+        paddle.optimizer.AdamW(
+            learning_rate=0.01,
+            parameters=raw.parameters(),
+            weight_decay=0.01,
+        )
+    )
+    model = fleet.distributed_model(raw)
+    if overlap:
+        opt._set_broadcast_overlap(True, layers=model)
+    if checker is not None:
+        checker.watch(model, opt)
+    losses = []
+    for step in range(STEPS):
+        tokens, labels = data(step)
+        if TOPOLOGY == "pp2_sharding2":
+            loss = model.train_batch([tokens, labels], opt)
+        else:
+            loss = cross_entropy(model(tokens), labels)
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+        losses.append(np.array(loss.numpy()).copy())
+        if after_step is not None:
+            extra = after_step(step, model, opt)
+            if extra is not None:
+                losses.append(np.array(extra).copy())
+    return (losses, snapshot(model)), {"model": model, "opt": opt}
+
+
+def compare(build, after_step=None):
+    off, _ = train(build, overlap=False, after_step=after_step)
+    with BroadcastWaitChecker() as checker:
+        on, info = train(
+            build, overlap=True, checker=checker, after_step=after_step
+        )
+    assert_bitwise_equal(off, on, f"{TOPOLOGY} {build}")
+    assert checker.violations == [], checker.violations[:5]
+    assert checker.counts["launched"] > 0, checker.counts
+    assert checker.num_unwaited() == 0
+    impl = overlap_impl(info["opt"])
+    print(
+        f"rank {rank()} {TOPOLOGY}: checker {checker.counts} stats "
+        f"{impl.stats} read paths {dict(impl.read_paths)}",
+        flush=True,
+    )
+    return checker, impl
+
+
+def is_last_stage():
+    return fleet.get_hybrid_communicate_group().is_last_stage
+
+
+def case_pipeline_train_batch_plain():
+    compare(lambda: pipeline_model(tied=False))
+
+
+def case_pipeline_tied_embedding_head():
+    checker, impl = compare(lambda: pipeline_model(tied=True))
+    if is_last_stage():
+        # tied_head read the shared weight while its broadcast was pending
+        # and waited for it there (the shared layer never runs here)
+        assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
+
+
+def case_pipeline_tied_head_without_guard_is_caught():
+    """Negative control: with the read guard removed, the checker sees the
+    last stage's tied head read the shared weight mid-broadcast."""
+    from collections import OrderedDict
+
+    from broadcast_overlap_training import read_guard_module
+
+    guarded = read_guard_module().GuardedParameters
+    saved = guarded.__getitem__
+    guarded.__getitem__ = OrderedDict.__getitem__
+    try:
+        with BroadcastWaitChecker() as checker:
+            train(lambda: pipeline_model(tied=True), True, checker=checker)
+    finally:
+        guarded.__getitem__ = saved
+    reads = [v for v in checker.violations if v[0] == "read:matmul"]
+    if is_last_stage():
+        assert len(reads) >= STEPS - 1, checker.violations
+    else:
+        assert reads == [], reads
+
+
+def case_pipeline_eval_batch_and_save_after_step():
+    saved = []
+
+    def after_step(step, model, _opt):
+        tokens, labels = data(100 + step)
+        loss = model.eval_batch([tokens, labels], compute_loss=True)
+        path = f"/tmp/overlap_hybrid_{os.getpid()}_{step}.pdparams"
+        paddle.save(model.state_dict(), path)
+        saved.append(paddle.load(path))
+        os.remove(path)
+        return loss.numpy() if loss is not None else np.zeros([1])
+
+    compare(lambda: pipeline_model(tied=True), after_step=after_step)
+    assert len(saved) == 2 * STEPS  # off and on
+
+
+def case_flat_model_on_off():
+    compare(flat_model)
+
+
+def case_sharding_group_layout():
+    """The second sharding group does not start at rank 0; each rank's
+    broadcast sources are global ranks of its own group."""
+    hcg = fleet.get_hybrid_communicate_group()
+    group = hcg.get_sharding_parallel_group()
+    _, impl = compare(flat_model)
+    assert set(impl._src_ranks) <= set(group.ranks), (
+        impl._src_ranks,
+        group.ranks,
+    )
+    if rank() >= 2 and TOPOLOGY == "dp2_sharding2":
+        assert group.ranks == [2, 3], group.ranks
+
+
+if __name__ == "__main__":
+    CASES = cases_of(globals())
+    if TOPOLOGY == "pp2_sharding2":
+        CASES = {k: v for k, v in CASES.items() if k.startswith("pipeline")}
+    else:
+        CASES = {k: v for k, v in CASES.items() if not k.startswith("pipeline")}
+    import broadcast_overlap_training
+
+    broadcast_overlap_training.init_fleet = init_fleet
+    sys.exit(run_cases(CASES))
