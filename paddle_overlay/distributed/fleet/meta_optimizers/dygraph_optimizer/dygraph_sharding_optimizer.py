@@ -24,6 +24,7 @@ broadcast overlap is off. Every other method here is new.
 """
 
 from paddle import framework
+from paddle.distributed import fleet
 
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
 from .broadcast_overlap import (
@@ -84,7 +85,8 @@ class DygraphShardingOptimizer:
             ValueError: ``layers`` is None or owns none of the optimizer's
                 parameters; ``bucket_size_mb`` is negative or not finite;
                 sharding degree is 1; ``tensor_fusion`` or
-                ``comm_overlap`` is set in ``sharding_configs``.
+                ``comm_overlap`` is set in ``sharding_configs``, or
+                ``sharding_comm_overlap`` in ``pp_configs``.
             Nothing is changed when an error is raised.
         """
         check_broadcast_overlap_flag(broadcast_overlap)
@@ -110,6 +112,16 @@ class DygraphShardingOptimizer:
                     f"{option} = True (fused parameter buffers); set it to "
                     "False or leave broadcast overlap off."
                 )
+        strategy = fleet.fleet._user_defined_strategy
+        if strategy is not None and getattr(
+            strategy.hybrid_configs["pp_configs"], "sharding_comm_overlap", False
+        ):
+            raise ValueError(
+                "broadcast overlap does not support pp_configs."
+                "sharding_comm_overlap = True (the pipeline schedule overlaps "
+                "the sharding communication itself, through fused buffers); "
+                "set it to False or leave broadcast overlap off."
+            )
         group = self._hcg.get_sharding_parallel_group()
         src_of = {
             id(p): group.ranks[rank]
