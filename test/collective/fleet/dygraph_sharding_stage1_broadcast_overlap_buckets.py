@@ -463,5 +463,25 @@ def case_bad_bucket_size_raises_before_any_change():
     assert sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)) == hooks
 
 
+def case_pp_sharding_comm_overlap_refused():
+    """pp_configs.sharding_comm_overlap = True: refused, naming the flag,
+    before anything changes (sharding_configs.tensor_fusion and comm_overlap
+    are refused the same way: case bad_input_raises_before_any_change)."""
+    model = fleet.distributed_model(TinyLM())
+    opt = fleet.distributed_optimizer(adamw(model.parameters()))
+    pp = fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
+    pp.sharding_comm_overlap = True
+    try:
+        opt._set_broadcast_overlap(True, layers=model)
+    except ValueError as e:
+        assert "pp_configs.sharding_comm_overlap" in str(e), str(e)
+    else:
+        raise AssertionError("pp_configs.sharding_comm_overlap was not refused")
+    finally:
+        pp.sharding_comm_overlap = False
+    assert overlap_impl(opt) is None
+    assert sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)) == 0
+
+
 if __name__ == "__main__":
     sys.exit(run_cases(cases_of(globals())))

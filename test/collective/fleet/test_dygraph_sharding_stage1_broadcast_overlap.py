@@ -21,6 +21,7 @@ FOUNDATION = "dygraph_sharding_stage1_broadcast_overlap.py"
 MODELS = "dygraph_sharding_stage1_broadcast_overlap_models.py"
 LOOPS = "dygraph_sharding_stage1_broadcast_overlap_loops.py"
 BUCKETS = "dygraph_sharding_stage1_broadcast_overlap_buckets.py"
+READS = "dygraph_sharding_stage1_broadcast_overlap_reads.py"
 
 # (launch name, per-rank script, cases run in that launch, extra env)
 _PER_PARAMETER = [
@@ -74,6 +75,14 @@ _PER_PARAMETER = [
         {},
     ),
     (
+        "reads_outside_model_call",
+        READS,
+        "helper_forward_outside_model_call,weight_norm_logging_between_steps,"
+        "parameters_loop_between_steps,guard_removed_reads_are_caught,"
+        "held_reference_is_documented_limit",
+        {},
+    ),
+    (
         "lifecycle",
         LOOPS,
         "two_optimizers_share_one_model,toggle_on_off_on_mid_training,"
@@ -94,7 +103,8 @@ LAUNCHES = [
         "layer_spanning_two_buckets_waits_for_both,"
         "optimizer_state_and_decay_selection_on_views,"
         "checkpoint_across_bucket_modes,bucket_size_zero_is_per_parameter,"
-        "bad_bucket_size_raises_before_any_change",
+        "bad_bucket_size_raises_before_any_change,"
+        "pp_sharding_comm_overlap_refused",
         {},
     ),
     # Every launch above (but the refusal) again with 2 KB buckets: several
