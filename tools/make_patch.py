@@ -189,6 +189,18 @@ def _globals_used(overlay_text, filename, class_name, method_names):
     return used
 
 
+def _names_read_at_definition(node):
+    """Names a method's decorators, default values and annotations read: Python evaluates them
+    where the ``def`` runs (the class body, then the module), not in the method's scope."""
+    args = node.args
+    exprs = list(node.decorator_list) + list(args.defaults) + [d for d in args.kw_defaults if d is not None]
+    exprs += [a.annotation for a in args.posonlyargs + args.args + args.kwonlyargs if a.annotation is not None]
+    exprs += [a.annotation for a in (args.vararg, args.kwarg) if a is not None and a.annotation is not None]
+    if node.returns is not None:
+        exprs.append(node.returns)
+    return {n.id for e in exprs for n in ast.walk(e) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
 def _import_line(source_module, package, names):
     """``from .x import a, b`` text (relative when ``source_module`` is in ``package``)."""
     if source_module.startswith(package + "."):
@@ -228,7 +240,10 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     t_bound = _top_level_bindings(target_mod, TARGET_PACKAGE)
     builtin_names = set(dir(builtins))
     missing = {}  # absolute module -> [names]
-    for method, names in _globals_used(overlay_text, overlay_name, class_name, set(o_methods)).items():
+    used = _globals_used(overlay_text, overlay_name, class_name, set(o_methods))
+    for method, node in o_methods.items():
+        used.setdefault(method, set()).update(_names_read_at_definition(node))
+    for method, names in used.items():
         for name in sorted(names):
             how = o_bound.get(name)
             if how is None:

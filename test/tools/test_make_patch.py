@@ -399,3 +399,15 @@ def test_drivers_follow_the_checkouts_name_of_the_test_base(legacy_classes, tmp_
         # the renaming adds no formatting change of its own
         clean = paddle_format.formatted(original, rel, header=True)
         assert paddle_format.formatted(text, rel, header=True) == make_patch.adapt_test_base(tree, clean), rel
+
+
+def test_names_read_by_defaults_decorators_and_annotations_get_imported():
+    """They are evaluated where the def runs (class body, then module), not in the method."""
+    overlay = OVERLAY.replace("from .helper import Helper", "from .helper import SIZE, Helper, Kind, wrap")
+    overlay = overlay.replace(
+        "    def added(self):\n", "    @wrap\n    def added(self, size=SIZE, *, kind: Kind = None) -> Kind:\n"
+    )
+    assert "def added(self, size=SIZE" in overlay
+    out = splice(TARGET, overlay, "Opt")
+    assert "from .helper import Helper, Kind, SIZE, wrap" in out.splitlines()
+    compile(out, "spliced", "exec")
