@@ -37,6 +37,8 @@ def default_testslists():
 # The project's launcher wrapper (collective_launch.py) and the test-only stand-in for upstream's
 # legacy_test.test_parallel_dygraph_dataparallel: first on every driver's PYTHONPATH.
 HARNESS_DIR = os.path.join(ROOT, "tools", "collective")
+# Every test output goes under this one folder (pip and setuptools use build/).
+OUT_ROOT = os.path.join(ROOT, ".test-out")
 
 
 def parse_args(argv=None):
@@ -49,7 +51,7 @@ def parse_args(argv=None):
             "  run_collective_tests.sh --list\n"
             "  run_collective_tests.sh -k broadcast_overlap --repeat 5\n"
             "  run_collective_tests.sh --paddle 3.3.1,2.6.2 --coverage --cov-fail-under 90 \\\n"
-            "      --junit-xml build/junit-{paddle}.xml\n"
+            "      --junit-xml .test-out/junit-{paddle}.xml\n"
             "  run_collective_tests.sh --device gpu --nproc 8 --master 10.0.0.1:8090 --nnodes 2 --rank 0"
         ),
     )
@@ -65,7 +67,7 @@ def parse_args(argv=None):
     p.add_argument("--nnodes", metavar="N", help="passed to paddle.distributed.launch (multi-node)")
     p.add_argument("--rank", metavar="R", help="node rank, passed to paddle.distributed.launch (multi-node)")
     p.add_argument("--run-dir", metavar="DIR",
-                   help="keep logs here (default build/collective-runs/<timestamp>); {paddle} -> version")
+                   help="keep logs here (default .test-out/collective-runs/<timestamp>); {paddle} -> version")
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report; {paddle} -> Paddle version")
     p.add_argument("--coverage", action="store_true", help="measure paddle_overlay in every rank and report")
     p.add_argument("--cov-fail-under", type=float, metavar="PCT", help="with --coverage: fail under PCT percent")
@@ -75,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--skip-exit-code", type=int, default=0, metavar="CODE",
                    help="exit with CODE when every selected test was skipped (ctest uses 77)")
     p.add_argument("--testslist", action="append", help=argparse.SUPPRESS)
+    # Used by run_collective_tests.sh before it builds a venv: validate the selection and exit.
+    p.add_argument("--check-selection", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeat < 1 or args.nproc < 1:
         p.error("--repeat and --nproc must be >= 1")
@@ -82,6 +86,11 @@ def parse_args(argv=None):
         p.error("--cov-fail-under needs --coverage")
     if args.slow_start is not None and args.slow_start <= 0:
         p.error("--slow-start must be a positive number of seconds")
+    for flag, pattern in (("-k", args.pattern), ("--exclude", args.exclude)):
+        try:
+            re.compile(pattern or "")
+        except re.error as e:
+            p.error(f"{flag} {pattern!r} is not a regular expression: {e}")
     return args
 
 
@@ -209,10 +218,30 @@ def write_junit(path, results, paddle_version):
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
+NOTE_WIDTH = 100  # characters of a reason shown on one summary line
+
+
+def first_line(text, width=NOTE_WIDTH):
+    """The first non-empty line of ``text``, cut to ``width`` characters (with ``...``)."""
+    line = next((l.strip() for l in text.splitlines() if l.strip()), "")
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def print_failures(results):
+    """One short line per FAIL (the reason's first line), the folder of its logs on the next."""
+    failed = [r for r in results if r["outcome"] == "FAIL"]
+    if not failed:
+        return
+    print(f"\n{len(failed)} failed:")
+    for r in failed:
+        print(f"FAIL {r['label']} (paddle {r['paddle']}): {first_line(r['note'])}")
+        print(f"     logs: {r['out_dir']}")
+
+
 def print_table(results):
     cols = ("test", "paddle", "ranks", "device", "result", "seconds", "note")
     rows = [(r["label"], r["paddle"], str(r["ranks"]), r["device"], r["outcome"], fmt_seconds(r["seconds"]),
-             r["note"][:70]) for r in results]
+             first_line(r["note"], 70)) for r in results]
     widths = [max(len(c), *(len(x[i]) for x in rows)) if rows else len(c) for i, c in enumerate(cols)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
     print("\n" + line(cols))
@@ -228,21 +257,26 @@ def main(argv=None):
     import time
 
     import testslist
-    from run_driver import log_tail, run_driver
 
-    rows = select_rows(read_rows(args.testslist or default_testslists()), args.pattern, args.exclude)
+    all_rows = read_rows(args.testslist or default_testslists())
+    rows = select_rows(all_rows, args.pattern, args.exclude)
     if args.list:
         list_rows(rows)
         return 0
     if not rows:
-        print(f"no test matches -k {args.pattern!r}; see --list", file=sys.stderr)
-        return 1
+        print(f"error: no test matches -k {args.pattern!r}" + (f" --exclude {args.exclude!r}" if args.exclude else "")
+              + f"; the tests are: {', '.join(r.name for r in all_rows)}", file=sys.stderr)
+        return 2
+    if args.check_selection:
+        return 0
+
+    from run_driver import log_tail, run_driver
 
     paddle = probe_paddle(sys.executable)
     device = choose_device(args.device, paddle, args.nproc)
     facts = testslist.platform_facts(cuda=paddle["cuda"])
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_root = os.path.abspath((args.run_dir or os.path.join(ROOT, "build", "collective-runs", stamp))
+    run_root = os.path.abspath((args.run_dir or os.path.join(OUT_ROOT, "collective-runs", stamp))
                                .replace("{paddle}", paddle["version"]))
     run_dir = os.path.join(run_root, f"paddle-{paddle['version']}")
     os.makedirs(run_dir, exist_ok=True)
@@ -294,7 +328,7 @@ def main(argv=None):
                        detail=log_tail(res.log_path, 200) if res.outcome == "FAIL" else "")
         results.append(rec)
         print(f"{label}  paddle {rec['paddle']}  ranks {rec['ranks']}  {device}  {rec['outcome']}  "
-              f"{fmt_seconds(rec['seconds'])}" + (f"  ({rec['note']})" if rec["note"] else ""), flush=True)
+              f"{fmt_seconds(rec['seconds'])}" + (f"  ({first_line(rec['note'])})" if rec["note"] else ""), flush=True)
         if rec["outcome"] == "FAIL" and rec["detail"]:
             print(f"---- {label}: last lines of {os.path.join(out_dir, 'pytest.log')} ----")
             print(rec["detail"].rstrip())
@@ -306,7 +340,11 @@ def main(argv=None):
         import rank_coverage
 
         cov_ok, text = rank_coverage.combine_and_report(cov_rc, args.cov_fail_under)
+        report = os.path.join(run_dir, "coverage-report.txt")
+        with open(report, "w") as f:
+            f.write(text + "\n")
         print(f"\nCoverage of paddle_overlay across all ranks (Paddle {paddle['version']}):\n{text}")
+        print(f"coverage report: {report} (XML: {os.path.join(run_dir, 'coverage.xml')})")
         if not cov_ok:
             print(f"COVERAGE FAILED (threshold {args.cov_fail_under}%)")
     if args.junit_xml:
@@ -314,6 +352,7 @@ def main(argv=None):
         write_junit(path, results, paddle["version"])
         print(f"JUnit XML: {path}")
     n = {o: sum(r["outcome"] == o for r in results) for o in ("PASS", "FAIL", "SKIP")}
+    print_failures(results)
     print(f"logs: {run_dir}")
     print(f"{n['PASS']} passed, {n['FAIL']} failed, {n['SKIP']} skipped", flush=True)
     if n["FAIL"] or not cov_ok:

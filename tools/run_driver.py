@@ -116,7 +116,7 @@ def run_driver(driver, *, timeout, env, out_dir, python=sys.executable, heartbea
             for p in tree_of(proc.pid):
                 tracked.setdefault(p.pid, p)
             elapsed = time.monotonic() - start
-            if elapsed >= next_scan:  # launches report their rank start-up when they end
+            if elapsed >= next_scan or elapsed >= timeout + extension:  # rescan before any verdict
                 extension = min(startup_seconds(out_dir), max_startup_extension)
                 next_scan = elapsed + 5.0
             if elapsed >= timeout + extension:

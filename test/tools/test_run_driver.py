@@ -51,3 +51,30 @@ def test_timeout_kills_process_tree(tmp_path):
     assert res.problems[0].startswith("timeout after 5s")
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
     assert left == []
+
+
+def test_rank_startup_extends_the_deadline(tmp_path):
+    # The driver's "launch" reports 30 s of rank start-up at once, then runs 4 s: with a 2 s
+    # timeout it passes only because start-up is not charged to the driver.
+    out = tmp_path / "out"
+    body = f"""
+        import json, os, time
+        def test_launch():
+            os.makedirs({str(out / "launch")!r}, exist_ok=True)
+            with open({str(out / "launch" / "rank-startup.json")!r}, "w") as f:
+                json.dump({{"startup_seconds": 30.0}}, f)
+            time.sleep(4)
+    """
+    res = run_driver(_driver(tmp_path, body), timeout=2, env=dict(os.environ), out_dir=str(out))
+    assert (res.outcome, res.timed_out) == ("PASS", False), res.problems
+
+
+def test_startup_seconds_counts_launches_still_starting(tmp_path):
+    from run_driver import startup_seconds
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "rank-startup.json").write_text('{"startup_seconds": 12.5}')
+    (tmp_path / "b" / "rank-startup.json").write_text('{"started_at": 1000.0, "startup_seconds": null}')
+    assert startup_seconds(str(tmp_path), now=1004.0) == 16.5
+    assert startup_seconds(str(tmp_path / "missing")) == 0.0

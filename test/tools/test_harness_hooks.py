@@ -1,0 +1,121 @@
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""The per-rank hooks of tools/collective without Paddle: readiness once ``paddle`` is
+imported, exit records, the slow-start reproduction, and the legacy_test stand-in's choices."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HARNESS = os.path.join(ROOT, "tools", "collective")
+sys.path.insert(0, HARNESS)
+import rank_signals  # noqa: E402
+import slow_start  # noqa: E402
+from legacy_test import test_parallel_dygraph_dataparallel as stand_in  # noqa: E402
+
+
+def run_rank(tmp_path, rank, body):
+    """Run ``body`` as a fake rank: the hook installed as the .pth would, a fake ``paddle``."""
+    fake = tmp_path / "fake_site"
+    (fake / "paddle").mkdir(parents=True, exist_ok=True)
+    (fake / "paddle" / "__init__.py").write_text("import time\ntime.sleep(0.3)\n__version__ = 'fake'\n")
+    code = textwrap.dedent(f"""
+        import runpy, sys
+        runpy.run_path({os.path.join(HARNESS, 'rank_signals.py')!r}, run_name={rank_signals._HOOK_RUN_NAME!r})
+        runpy.run_path({os.path.join(HARNESS, 'rank_signals.py')!r}, run_name={rank_signals._HOOK_RUN_NAME!r})
+    """) + textwrap.dedent(body)
+    env = dict(os.environ, PYTHONPATH=str(fake), PADDLE_TRAINER_ID=str(rank),
+               PADDLE_OVERLAY_RANK_SIGNAL_DIR=str(tmp_path / "signals"))
+    return subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_ready_after_paddle_import_and_exit_records(tmp_path):
+    wait_ready = textwrap.dedent("""
+        import os, time
+        assert "rank-{rank}" not in os.listdir(os.environ["PADDLE_OVERLAY_RANK_SIGNAL_DIR"])  # not before import
+        import paddle
+        while "rank-{rank}" not in os.listdir(os.environ["PADDLE_OVERLAY_RANK_SIGNAL_DIR"]):
+            time.sleep(0.05)
+    """)
+    first = run_rank(tmp_path, 1, wait_ready.format(rank=1) + "sys.exit(3)\n")
+    assert first.returncode == 3, first.stderr
+    second = run_rank(tmp_path, 0, wait_ready.format(rank=0) + "raise RuntimeError('peer gone')\n")
+    assert second.returncode == 1 and "peer gone" in second.stderr
+    third = run_rank(tmp_path, 2, "pass\n")  # never imports paddle: ends, never ready
+    assert third.returncode == 0, third.stderr
+    signals = str(tmp_path / "signals")
+    assert rank_signals.ready_ranks(signals) == [0, 1]
+    order = [(rank, how) for _, rank, how in rank_signals.exit_order(signals)]
+    assert order == [(1, "sys.exit(3)"), (0, "uncaught RuntimeError"), (2, "ended")]
+
+
+def test_pth_line_is_inert_without_the_variables():
+    text = rank_signals.pth_text()
+    assert text.startswith("import os; os.environ.get('PADDLE_OVERLAY_RANK_SIGNAL_DIR') and ")
+    assert text.count("\n") == 1
+    exec(text, {})  # neither variable set here: runs nothing
+
+
+def test_slow_start_sitecustomize(tmp_path):
+    folder = slow_start.write_sitecustomize(str(tmp_path / "hook"), 0.5, "marker-" + str(os.getpid()))
+    probe = "import sys; print('sleep' if 'time' in sys.modules else 'no sleep')"
+    env = dict(os.environ, PYTHONPATH=folder)
+    matched = subprocess.run([sys.executable, "-c", probe, f"marker-{os.getpid()}"], env=env,
+                             capture_output=True, text=True)
+    other = subprocess.run([sys.executable, "-c", "import sitecustomize; print(sitecustomize.__file__)"],
+                           env=env, capture_output=True, text=True)
+    assert matched.returncode == 0 and other.returncode == 0, matched.stderr + other.stderr
+    assert other.stdout.strip() == os.path.join(folder, "sitecustomize.py")
+    with pytest.raises(ValueError, match="must be positive"):
+        slow_start.write_sitecustomize(str(tmp_path / "bad"), 0, "x")
+
+
+@pytest.mark.parametrize(
+    "need_envs, outer, expected",
+    [
+        ({"CASES": "a"}, {}, {"CASES": "a", "PADDLE_OVERLAY": "1"}),
+        ({"PADDLE_OVERLAY_MODE": "patched"}, {}, {"PADDLE_OVERLAY_MODE": "patched"}),
+        ({}, {"PADDLE_OVERLAY_MODE": "patched"}, {}),
+        ({"PADDLE_OVERLAY": "0"}, {}, {"PADDLE_OVERLAY": "0"}),
+    ],
+)
+def test_stand_in_rank_env(monkeypatch, need_envs, outer, expected):
+    monkeypatch.delenv("PADDLE_OVERLAY", raising=False)
+    monkeypatch.delenv("PADDLE_OVERLAY_MODE", raising=False)
+    for k, v in outer.items():
+        monkeypatch.setenv(k, v)
+    env = stand_in._rank_env("auto_growth", need_envs, "cpu")
+    assert env == {"FLAGS_allocator_strategy": "auto_growth", **expected}
+
+
+def test_stand_in_signature_matches_upstream():
+    import inspect
+
+    sig = inspect.signature(stand_in.TestMultipleGpus.run_mnist_2gpu)
+    assert list(sig.parameters) == ["self", "target_file_name", "allocator_strategy", "need_envs"]
+    assert sig.parameters["allocator_strategy"].default == "auto_growth"
+
+
+def test_stand_in_resolves_script_next_to_the_driver(tmp_path, monkeypatch):
+    driver = tmp_path / "test_fake_driver.py"
+    driver.write_text("")
+    (tmp_path / "per_rank.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    module = importlib.import_module("test_fake_driver")
+    case = type("TestFake", (stand_in.TestMultipleGpus,), {"__module__": module.__name__})()
+    monkeypatch.chdir(ROOT)
+    assert stand_in._script_path(case, "per_rank.py") == str(tmp_path / "per_rank.py")
+    assert stand_in._script_path(case, "elsewhere.py") == os.path.join(ROOT, "elsewhere.py")
+
+
+def test_stand_in_launch_timeout(monkeypatch):
+    monkeypatch.setenv("PADDLE_OVERLAY_LAUNCH_TIMEOUT", "45")
+    assert stand_in._launch_timeout() == 45.0
+    monkeypatch.setenv("PADDLE_OVERLAY_LAUNCH_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="PADDLE_OVERLAY_LAUNCH_TIMEOUT must be a positive number"):
+        stand_in._launch_timeout()
