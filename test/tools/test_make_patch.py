@@ -411,3 +411,36 @@ def test_names_read_by_defaults_decorators_and_annotations_get_imported():
     out = splice(TARGET, overlay, "Opt")
     assert "from .helper import Helper, Kind, SIZE, wrap" in out.splitlines()
     compile(out, "spliced", "exec")
+
+
+def undefined_globals(text, filename="<spliced>"):
+    """Names some scope of ``text`` reads as globals that the module never binds (nor builtins)."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(text, filename, "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    missing = set()
+
+    def walk(table):
+        for sym in table.get_symbols():
+            if sym.is_referenced() and (sym.is_global() or table is top) and not sym.is_assigned():
+                missing.add(sym.get_name())
+        for child in table.get_children():
+            walk(child)
+
+    walk(top)
+    return sorted(missing - bound - set(dir(builtins)) - {"__file__", "__name__"})
+
+
+def test_undefined_globals_finds_a_name_read_by_a_default():
+    assert undefined_globals("import os\nclass A:\n    def f(self, x=SIZE):\n        return os, y\n") == ["SIZE", "y"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_spliced_modules_read_no_undefined_name(version, tmp_path):
+    tree = wheel_tree(version, tmp_path)
+    files = make_patch.patched_files(tree)
+    for rel, text in files.items():
+        if rel.startswith(make_patch.TREE_OPT_DIR):
+            assert undefined_globals(text, rel) == [], rel
