@@ -1,0 +1,56 @@
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+import unittest
+
+from collective.test_communication_api_base import CommunicationTestDistBase
+from parameterized import parameterized
+
+HYBRID = "dygraph_sharding_stage1_broadcast_overlap_hybrid.py"
+
+# (topology, cases): one 4-rank launch each; fleet.init runs once per process.
+LAUNCHES = [
+    (
+        "pp2_sharding2",
+        "pipeline_train_batch_plain,pipeline_tied_embedding_head,"
+        "pipeline_tied_head_without_guard_is_caught,"
+        "pipeline_eval_batch_and_save_after_step",
+    ),
+    ("dp2_sharding2", "flat_model_on_off,sharding_group_layout"),
+    ("mp2_sharding2", "flat_model_on_off,sharding_group_layout"),
+]
+
+
+class TestDygraphShardingStage1BroadcastOverlapHybrid(
+    CommunicationTestDistBase
+):
+    # Sharding stage 1 broadcast overlap inside hybrid topologies on 4 ranks:
+    # pipeline (train_batch, tied embedding/head, eval_batch, save), data
+    # and model parallel with sharding groups that do not start at rank 0.
+    def setUp(self):
+        super().setUp(num_of_devices=4, timeout=300)
+
+    @parameterized.expand(LAUNCHES)
+    def test_topology(self, topology, cases):
+        self.run_test_case(
+            HYBRID,
+            user_defined_envs={
+                "BROADCAST_OVERLAP_TOPOLOGY": topology,
+                "BROADCAST_OVERLAP_CASES": cases,
+            },
+        )
+
+
+if __name__ == "__main__":
+    unittest.main()
