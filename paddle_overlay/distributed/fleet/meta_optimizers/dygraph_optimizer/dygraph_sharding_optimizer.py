@@ -55,9 +55,10 @@ class DygraphShardingOptimizer:
         broadcasts its updated parameters with ``sync_op=False`` in the order
         forward first uses them (recorded before the first update and agreed
         across the sharding group), and a forward pre-hook on each layer that
-        owns parameters waits only for that layer's own tasks. Anything that
-        reads or writes parameters through the optimizer or the model's
-        layers' ``state_dict``/``set_state_dict`` waits first, so no manual
+        owns parameters waits only for that layer's own tasks. Every Python
+        read of a parameter through its layer (attribute access,
+        ``parameters()``, ``state_dict``/``set_state_dict``, ``to``) and
+        the optimizer's ``state_dict`` wait first, so no manual
         ``paddle.device.synchronize()`` is needed before ``paddle.save``.
         Same entry point as upstream Paddle PR #63945; see NOTE [broadcast
         overlap] in ``broadcast_overlap.py`` for what differs.
@@ -68,9 +69,10 @@ class DygraphShardingOptimizer:
             layers (paddle.nn.Layer): the model that runs the forward;
                 required when turning overlap on.
             strict (bool): the first hooked layer to run in each forward
-                waits for every pending task (safe, no overlap); use it when
-                the model reads parameters without calling their owner
-                layer. Default False.
+                waits for every pending task (safe, no overlap); only needed
+                when the model keeps tensor references to parameters across
+                ``step()`` and reads them in forward (every read through a
+                layer waits anyway). Default False.
             bucket_size_mb (int | float): broadcast buckets: at the first
                 update the parameters move into contiguous buffers, one per
                 (window of this many MB in the agreed order, owner rank,
