@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$ROOT/examples/paddleformers"
 VENV="${PADDLEFORMERS_VENV:-$ROOT/.venv-examples/paddleformers}"
-OUT="$ROOT/build/examples/paddleformers/$(date +%Y%m%d-%H%M%S)"
+OUT="$ROOT/.test-out/examples/paddleformers/$(date +%Y%m%d-%H%M%S)"
 TIMEOUT=600  # seconds per launch
 
 usage() {
@@ -23,7 +23,7 @@ usage: examples/paddleformers/run.sh [--out DIR]
 
 Makes or reuses the venv $VENV (pinned requirements.txt, then this project with
 pip install -e), runs the on / off / resume launches on 2 CPU ranks and compares them.
-  --out DIR   where runs, rank logs and checkpoints go (default build/examples/paddleformers/<time>)
+  --out DIR   where runs, rank logs and checkpoints go (default .test-out/examples/paddleformers/<time>)
 Environment: PADDLEFORMERS_VENV (venv path), PYTHON (interpreter that creates it, default python3).
 EOF
 }

@@ -18,6 +18,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "startup_rank_check.py")
 TIMEOUT = 240  # seconds for one 2-rank launch
 OVERLAY_MODULE = "paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer"
+ANNOUNCE = "paddle_overlay: applied to Paddle "  # the line apply() prints once per process
+
+
+def announce_lines(text):
+    return [l for l in text.splitlines() if l.startswith(ANNOUNCE)]
+
+
+def launcher_text(result):
+    with open(os.path.join(result.log_dir, "launcher.log")) as f:
+        return f.read()
 
 
 def rank_reports(result):
@@ -38,19 +48,29 @@ class TestStartupLaunch(unittest.TestCase):
             return launch_collective(SCRIPT, nproc=2, timeout=TIMEOUT, env=env, log_dir=log_dir)
 
     def test_on_every_rank_runs_with_the_overlay(self):
-        reports = rank_reports(self.launch("1"))
+        result = self.launch("1")
+        reports = rank_reports(result)
         for rank, r in enumerate(reports):
             self.assertEqual(
                 (r["rank"], r["loaded_by_startup"], r["is_applied"], r["set_broadcast_overlap_from"]),
                 (rank, True, True, OVERLAY_MODULE),
             )
+            lines = announce_lines(result.rank_logs[rank])
+            self.assertEqual(len(lines), 1, f"rank {rank}: {lines}")
+            self.assertTrue(lines[0].endswith(f"(rank {rank})"), lines[0])
         self.assertEqual(reports[0]["loss"], reports[1]["loss"])
+        # The launcher process imports Paddle too, but is not a rank: it must not apply. Its
+        # output echoes rank 0's log, so it holds rank 0's line and nothing more.
+        self.assertEqual(announce_lines(launcher_text(result)), announce_lines(result.rank_logs[0]))
 
     def test_unset_no_rank_applies(self):
-        reports = rank_reports(self.launch(None))
+        result = self.launch(None)
+        reports = rank_reports(result)
         for rank, r in enumerate(reports):
             self.assertEqual((r["rank"], r["loaded_by_startup"], r["is_applied"]), (rank, False, False))
             self.assertNotEqual(r["set_broadcast_overlap_from"], OVERLAY_MODULE)
+            self.assertEqual(announce_lines(result.rank_logs[rank]), [])
+        self.assertEqual(announce_lines(launcher_text(result)), [])
 
     def test_bad_value_stops_the_launcher_with_the_message(self):
         log_dir = tempfile.mkdtemp(prefix="startup-bad-value-", dir=os.environ.get("PADDLE_OVERLAY_RUN_DIR"))

@@ -68,8 +68,13 @@ class TestLauncherDetection(unittest.TestCase):
         ]
     )
     def test_orig_argv(self, _name, argv, expected):
-        with mock.patch.object(sys, "orig_argv", argv, create=True):
+        with mock.patch.object(sys, "orig_argv", argv, create=True), mock.patch.object(sys, "argv", argv[1:]):
             self.assertIs(_startup._is_launcher_process(), expected)
+
+    def test_fleetrun_console_script(self):
+        argv = ["/venv/bin/python", "/venv/bin/fleetrun", "--gpus", "0,1", "train.py"]
+        with mock.patch.object(sys, "orig_argv", argv, create=True), mock.patch.object(sys, "argv", argv[1:]):
+            self.assertIs(_startup._is_launcher_process(), True)
 
 
 class TestInstalledHook(unittest.TestCase):
@@ -106,6 +111,8 @@ class TestInstalledHook(unittest.TestCase):
         )
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.split("\n")[:2], ["False True", "True False"])
+        announced = [l for l in out.stderr.splitlines() if l.startswith("paddle_overlay: applied to Paddle ")]
+        self.assertEqual(len(announced), 1, out.stderr)
 
     def test_off_value_does_not_apply(self):
         out = run_python("import paddle, paddle_overlay; print(paddle_overlay.is_applied())", "0")
