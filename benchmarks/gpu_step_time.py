@@ -15,7 +15,10 @@ hits them alike:
 
 * ``off``      - Paddle's blocking broadcast;
 * ``upstream`` - Paddle's built-in ``_set_broadcast_overlap`` (Paddle 3.x);
-* ``ours``     - ``paddle_overlay.apply()`` + ``_set_broadcast_overlap``.
+* ``ours``     - ``paddle_overlay.apply()`` + ``_set_broadcast_overlap``
+                 (broadcast buckets of ``--bucket-size-mb``, default 256);
+* ``ours_per_param`` - the same with ``bucket_size_mb=0``: one broadcast
+                 per parameter (what ``ours`` was before buckets).
 
 Each run builds a fresh model and optimizer, runs ``--warmup`` steps, then
 times ``--steps`` steps between ``paddle.device.synchronize()`` calls.
@@ -65,7 +68,8 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--reps", type=int, default=3, help="runs per mode, interleaved")
-    ap.add_argument("--modes", default="off,upstream,ours")
+    ap.add_argument("--modes", default="off,upstream,ours_per_param,ours")
+    ap.add_argument("--bucket-size-mb", type=float, default=256, help="bucket window of mode ours (MB)")
     ap.add_argument("--log-dir", default="/tmp/gpu_step_time_logs")
     ap.add_argument(
         "--dry-run-cpu",
@@ -159,13 +163,16 @@ def worker(args):
                 vocab=args.vocab,
                 sdpa=not cpu,
             )
-        bc.set_mode(mode)
+        bc.set_mode("ours" if mode.startswith("ours") else mode)
         opt = paddle.optimizer.AdamW(learning_rate=1e-5, parameters=model.parameters(), multi_precision=not cpu)
         if not cpu:
             model, opt = paddle.amp.decorate(models=model, optimizers=opt, level="O2", dtype="bfloat16")
         opt = fleet.distributed_optimizer(opt)
-        if mode in ("upstream", "ours"):
+        if mode == "upstream":
             opt._set_broadcast_overlap(True, layers=model)
+        elif mode.startswith("ours"):
+            cap = 0 if mode == "ours_per_param" else args.bucket_size_mb
+            opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=cap)
 
         def step(i):
             for m in range(args.micro_batches):
@@ -192,7 +199,7 @@ def worker(args):
         sync()
         dist.barrier()
         ms = (time.perf_counter() - t0) / args.steps * 1000.0
-        if mode in ("upstream", "ours"):
+        if mode == "upstream" or mode.startswith("ours"):
             opt._set_broadcast_overlap(False)
         bc.set_mode("off")
         return ms

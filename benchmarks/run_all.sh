@@ -25,8 +25,10 @@ run() {  # run PY NAME SCRIPT: two CPU ranks; keep rank 0's log as the result
 }
 run "$PY331" ordering-3.3.1 benchmarks/ordering.py
 run "$PY331" overhead-3.3.1 benchmarks/overhead.py
+run "$PY331" buckets-3.3.1 benchmarks/buckets.py
 if [[ -x "$PY262" ]]; then
   run "$PY262" ordering-2.6.2 benchmarks/ordering.py
   run "$PY262" overhead-2.6.2 benchmarks/overhead.py
+  run "$PY262" buckets-2.6.2 benchmarks/buckets.py
 fi
 echo "results in $OUT"

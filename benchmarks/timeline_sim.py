@@ -40,6 +40,12 @@ gradient synchronously, fp32 main grads) costs what a broadcast of the same
 bytes costs; the AdamW update moves 30 bytes per owned parameter at the
 measured copy bandwidth.  These only set the step-time denominator.
 
+Broadcast buckets (one broadcast per group of parameters living in one
+buffer, :func:`simulate_groups`) and two per-call costs of overlapping
+(``call_stall_ms``, ``call_gap_ms``, zero in the anchor calibration) are
+fitted on the torch stand-in's bucket measurements in
+``timeline_standin.py``, whose tables this script prints last.
+
 Run ``python benchmarks/timeline_sim.py`` for the tables and
 ``--plot docs/img`` to draw the timelines (needs matplotlib).
 """
@@ -1002,6 +1008,10 @@ def main(argv=None) -> int:
         print()
         print("Table 3. Recalibrated per NCCL_MAX_NCHANNELS run (LLaMA-7B, S=4096, degree 8):")
         print(channels_report(args.channels, anchor, hop_us=args.hop_us))
+    print()
+    import timeline_standin  # buckets, calibrated on the torch stand-in
+
+    timeline_standin.main()
     if args.plot:
         S, d, m = 4096, 8, 1
         rep, sims, parts = all_sims[(S, d, m)]

@@ -154,7 +154,7 @@ def stand_in_table(cal: ts.Calibration, points: Sequence[Mapping]) -> str:
     return ts.format_table(rows, ["S", "issue", "broadcasts", "measured exposed ms", "model ms", "off range by"])
 
 
-def llama_bucket_table(cal: ts.Calibration, *, caps_mb=(0, 256), tokens_list=(4096, 1024), degrees=(2, 8)) -> str:
+def llama_bucket_table(cal: ts.Calibration, *, caps_mb=(0, 256, 1024), tokens_list=(4096, 1024), degrees=(2, 8)) -> str:
     """LLaMA-7B (embedding, 32 layers, head), forward order, one micro-batch:
     exposed broadcast per parameter vs buckets, with ``cal``."""
     rows = []
