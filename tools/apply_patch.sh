@@ -14,8 +14,8 @@
 # 2. Registration: appends the patch header's "testslist.csv row: " lines (rows whose test
 #    name is not there yet) to test/collective/fleet/testslist.csv, then regenerates the
 #    CMakeLists.txt beside it with the tree's own tools/gen_ut_cmakelists.py (this
-#    repository's when the tree has none) and, when cmake-format is on PATH, formats it as
-#    Paddle's pre-commit does. If a step fails, the tree is put back as it was.
+#    repository's when the tree has none) and formats it with cmake-format and the tree's
+#    .cmake-format.py, as Paddle's pre-commit does. If a step fails, the tree is put back.
 # On a mismatch it says which Paddle version the tree looks like, which committed patches
 # would fit, and whether the patch is already applied.
 #
@@ -115,14 +115,27 @@ register_tests() {
         gen=tools/gen_ut_cmakelists.py
         echo "regenerating $fleet_rel/CMakeLists.txt with the tree's $gen"
         (cd "$src" && "$python" "$gen" -f "$fleet_rel/testslist.csv") >"$backup/gen.log" 2>&1 || return 1
-        if command -v cmake-format >/dev/null 2>&1; then
-            (cd "$src" && cmake-format -i "$fleet_rel/CMakeLists.txt") >>"$backup/gen.log" 2>&1 || return 1
-        else
-            echo "note: cmake-format not on PATH: run Paddle's pre-commit (cmake-format) on $fleet_rel/CMakeLists.txt"
-        fi
+        format_cmake || return 1
     else
         echo "the tree has no tools/gen_ut_cmakelists.py: regenerating $fleet_rel/CMakeLists.txt with ${here#"$root"/}/gen_ut_cmakelists.py"
         "$python" "$here/gen_ut_cmakelists.py" -f "$csv" >"$backup/gen.log" 2>&1 || return 1
+    fi
+}
+
+# cmake-format the regenerated CMakeLists.txt as Paddle's pre-commit does (upstream's generator
+# writes it unformatted), with the tree's own .cmake-format.py; cmakelang through $python, else
+# cmake-format on PATH; without either (or without the tree's config) say what to run.
+format_cmake() {
+    local file=$fleet_rel/CMakeLists.txt cfg
+    cfg=$(ls "$src"/.cmake-format.py "$src"/.cmake-format.yaml "$src"/.cmake-format.json 2>/dev/null | head -1)
+    if [ -z "$cfg" ]; then
+        echo "note: the tree has no .cmake-format.py: $file is left as its generator wrote it"
+    elif "$python" -c 'import cmakelang' >/dev/null 2>&1; then
+        (cd "$src" && "$python" -m cmakelang.format -c "$cfg" -i "$file") >>"$backup/gen.log" 2>&1
+    elif command -v cmake-format >/dev/null 2>&1; then
+        (cd "$src" && cmake-format -c "$cfg" -i "$file") >>"$backup/gen.log" 2>&1
+    else
+        echo "note: no cmake-format here: run Paddle's pre-commit (cmake-format) on $file"
     fi
 }
 

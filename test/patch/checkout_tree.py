@@ -3,7 +3,8 @@
 
 ``python/`` comes from an installed wheel (the files the patch touches, as
 :func:`make_patch.layout_wheel_tree` lays them out); ``test/`` from the stand-ins in
-``test/patch/checkout_like`` (see its README.md); ``tools/gen_ut_cmakelists.py`` (with
+``test/patch/checkout_like`` (see its README.md, and its ``.cmake-format.py``);
+``tools/gen_ut_cmakelists.py`` (with
 ``tools/testslist.py``) is this repository's generator, standing in for upstream's.
 """
 
@@ -35,6 +36,7 @@ def build(venv, dest):
     """
     pkg = make_patch.paddle_package_dir(venv)
     shutil.copytree(os.path.join(FIXTURE, "test"), os.path.join(dest, "test"))
+    shutil.copyfile(os.path.join(FIXTURE, ".cmake-format.py"), os.path.join(dest, ".cmake-format.py"))
     os.makedirs(os.path.join(dest, "tools"))
     for name in ("gen_ut_cmakelists.py", "testslist.py"):
         shutil.copyfile(os.path.join(ROOT, "tools", name), os.path.join(dest, "tools", name))

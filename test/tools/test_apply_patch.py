@@ -95,6 +95,48 @@ def test_tree_without_generator_uses_ours(tmp_path):
         assert "test_dygraph_sharding_stage1_broadcast_overlap\n" in f.read()
 
 
+# A generator that writes upstream's unformatted text, as upstream's gen_ut_cmakelists.py does.
+RAW_GENERATOR = """
+import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import formatted_gen as g
+from testslist import read_testslist
+csv = sys.argv[sys.argv.index("-f") + 1]
+rows = read_testslist(csv)
+path = os.path.join(os.path.dirname(csv), "CMakeLists.txt")
+ports = g.PortCounter(rows, g.existing_ports(open(path).read()))
+text = g.HEADER + "".join(g.raw_entry(r, ports.port(r) if r.launcher.endswith(".sh") else None) for r in rows)
+open(path, "w").write(text)
+"""
+
+
+@pytest.mark.parametrize("with_config", [True, False])
+def test_unformatted_generator_output_is_cmake_formatted_with_the_trees_config(with_config, tmp_path):
+    tree = tree_for("3.3.1", tmp_path)
+    tools = os.path.join(tree, "tools")
+    os.rename(os.path.join(tools, "gen_ut_cmakelists.py"), os.path.join(tools, "formatted_gen.py"))
+    with open(os.path.join(tools, "gen_ut_cmakelists.py"), "w") as f:
+        f.write(RAW_GENERATOR)
+    if not with_config:
+        os.remove(os.path.join(tree, ".cmake-format.py"))
+    make_patch.git(tree, "add", "-A")
+    make_patch.git(tree, "commit", "-qm", "generator writes raw text")
+    before = checkout_tree.snapshot(tree)[f"{FLEET}/CMakeLists.txt"]
+    proc = apply(tree, PATCH["3.3.1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(os.path.join(tree, FLEET, "CMakeLists.txt"), "rb") as f:
+        after = f.read()
+    fresh = subprocess.run(
+        [sys.executable, "tools/formatted_gen.py", "--check", "-f", f"{FLEET}/testslist.csv"], cwd=tree
+    )
+    if with_config:
+        assert fresh.returncode == 0  # formatted: what the formatting generator writes
+        assert after.startswith(before)  # upstream's entries as they were
+    else:
+        assert fresh.returncode == 1 and "bash_test_modules(\ntest_dygraph" in after.decode()
+        assert "the tree has no .cmake-format.py" in proc.stdout
+
+
 def test_patch_is_chosen_when_not_given(tmp_path):
     tree = tree_for("2.6.2", tmp_path)
     proc = apply(tree)

@@ -41,10 +41,10 @@ def test_every_file_of_the_patch_is_formatted_and_has_the_header():
 def test_tool_matches_the_black_and_isort_command_lines(tmp_path):
     path = tmp_path / "sample.py"
     path.write_text(SAMPLE)
-    bin_dir = os.path.dirname(sys.executable)
-    subprocess.run([os.path.join(bin_dir, "isort"), "-q", "--profile", "black", "-l", "80", "-p", "paddle",
+    # python -m: a venv moved into place after pip ran has scripts whose shebang names the old path
+    subprocess.run([sys.executable, "-m", "isort", "-q", "--profile", "black", "-l", "80", "-p", "paddle",
                     str(path)], cwd=tmp_path, check=True)  # fmt: skip
-    subprocess.run([os.path.join(bin_dir, "black"), "-q", "-l", "80", "-S", str(path)], cwd=tmp_path, check=True)
+    subprocess.run([sys.executable, "-m", "black", "-q", "-l", "80", "-S", str(path)], cwd=tmp_path, check=True)
     assert paddle_format.formatted(SAMPLE, "sample.py", header=False) == path.read_text()
 
 
