@@ -242,8 +242,15 @@ def _announce(version):
     sys.stderr.flush()
 
 
-def apply():
+def apply(check=None):
     """Patch the installed Paddle with the overlay methods. Idempotent.
+
+    Args:
+        check (str | bool | None): the race checker (``race_check.py``):
+            ``"report"`` or True counts reads of a parameter whose broadcast
+            is pending and prints a per-rank summary at exit, ``"raise"``
+            stops at the first one, False turns it off; None (default)
+            takes the mode from ``PADDLE_OVERLAY_CHECK`` (off when unset).
 
     Prints ``paddle_overlay: applied to Paddle X (rank R)`` to stderr each time
     it patches (once per process unless :func:`remove` ran in between).
@@ -257,9 +264,27 @@ def apply():
         PaddleInternalsChanged: a wrapped method or a call path in
             :data:`CALL_PATHS` moved, or an added method would shadow one of
             the installed Paddle; the message names each.
-        Both are raised before anything is patched.
+        ValueError: ``check`` or ``PADDLE_OVERLAY_CHECK`` is not a mode the
+            race checker knows.
+        All are raised before anything is patched.
     """
+    from . import race_check
+
+    if check is None:
+        check_mode = race_check.mode_from_env()
+    elif check is True:
+        check_mode = "report"
+    elif check is False:
+        check_mode = None
+    elif check in ("report", "raise"):
+        check_mode = check
+    else:
+        raise ValueError(
+            f"apply(check={check!r}): use 'report' (or True), 'raise', "
+            "False, or None to read PADDLE_OVERLAY_CHECK."
+        )
     if _saved:
+        _set_check(race_check, check_mode, explicit=check is not None)
         return
     import paddle
 
@@ -276,6 +301,14 @@ def apply():
         _saved.setdefault((target, name), vars(target).get(name, _MISSING))
         setattr(target, name, value)
     _announce(version)
+    _set_check(race_check, check_mode, explicit=True)
+
+
+def _set_check(race_check, mode, explicit):
+    if mode is not None:
+        race_check.enable(mode)
+    elif explicit and race_check.is_enabled():
+        race_check.disable()
 
 
 def remove():
@@ -304,6 +337,9 @@ def remove():
             delattr(target, name)
         else:
             setattr(target, name, original)
+    from . import race_check
+
+    race_check.disable()
 
 
 def is_applied():
