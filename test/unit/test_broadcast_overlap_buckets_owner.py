@@ -5,7 +5,6 @@ recording comm, exact event lists); bucket buffers are named ``bucket0``,
 ``bucket1``, ... in the order the comm first sees them.
 """
 
-import gc
 import warnings
 
 import paddle
@@ -14,14 +13,12 @@ import pytest
 from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     broadcast_overlap as bo,
 )
-from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    parameter_read_guard as guard,
-)
 from test_broadcast_overlap_owner import (
     FakeGroup,
     Net,
     RecordingComm,
     names_of,
+    no_leftovers,  # noqa: F401  (autouse: closes owners, checks the registry)
     record_forwards,
 )
 
@@ -47,15 +44,6 @@ def make_owner(model, bucket_size_mb, src_ranks=None):
     )
     owner.open()
     return owner, comm
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    yield
-    gc.collect()
-    for owner in bo.open_overlaps():
-        owner.close()
-    assert guard._PENDING == {}
 
 
 def launch_after_forward(model, owner, comm):

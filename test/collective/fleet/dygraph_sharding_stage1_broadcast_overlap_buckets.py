@@ -32,6 +32,7 @@ import numpy as np
 import paddle
 from paddle.distributed import fleet
 from broadcast_overlap_checker import BroadcastWaitChecker
+from dygraph_sharding_stage1_broadcast_overlap_models import rename_state_keys
 from broadcast_overlap_training import (
     HIDDEN,
     STEPS,
@@ -392,7 +393,7 @@ def case_checkpoint_across_bucket_modes():
         fresh.set_state_dict(model_state)
         fresh_opt = fleet.distributed_optimizer(adamw(fresh.parameters()))
         renames = {names[k]: p.name for k, p in fresh.named_parameters()}
-        fresh_opt.set_state_dict(_rename(opt_state, renames))
+        fresh_opt.set_state_dict(rename_state_keys(opt_state, renames))
         fresh = fleet.distributed_model(fresh)
         handed = []
 
@@ -425,20 +426,6 @@ def case_checkpoint_across_bucket_modes():
             alone = [u for u in impl._units if not u.bucket]
             assert [u.tensor is handed[0] for u in alone] == [True], alone
     assert states[2 * KB] == states[None]
-
-
-def _rename(state, renames):
-    by_length = sorted(renames, key=len, reverse=True)
-    out = {}
-    for key, value in state.items():
-        if isinstance(value, dict):
-            value = _rename(value, renames)
-        for old in by_length:
-            if key == old or key.startswith(old + "_"):
-                key = renames[old] + key[len(old):]
-                break
-        out[key] = value
-    return out
 
 
 def case_bucket_size_zero_is_per_parameter():
