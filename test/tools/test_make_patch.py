@@ -456,3 +456,21 @@ def test_spliced_modules_read_no_undefined_name(version, tmp_path):
     for rel, text in files.items():
         if rel.startswith(make_patch.TREE_OPT_DIR):
             assert undefined_globals(text, rel) == [], rel
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_upstream_call_form_of_set_broadcast_overlap_still_fits(version, tmp_path):
+    """Upstream's own test calls optimizer._set_broadcast_overlap(broadcast_overlap=..., layers=model)
+    (PR #63945): both patched classes keep those two leading parameter names, and the rest
+    have defaults, so upstream's test keeps working on the patched sources."""
+    tree = wheel_tree(version, tmp_path)
+    files = make_patch.patched_files(tree)
+    for filename, class_name in make_patch.SPLICED:
+        module = ast.parse(files[f"{make_patch.TREE_OPT_DIR}/{filename}"])
+        cls = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+        fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_set_broadcast_overlap")
+        names = [a.arg for a in fn.args.args]
+        assert names[:3] == ["self", "broadcast_overlap", "layers"], (class_name, names)
+        required = len(fn.args.args) - len(fn.args.defaults)
+        assert required <= 2, (class_name, "parameters after broadcast_overlap need defaults")
+        assert all(d is not None for d in fn.args.kw_defaults), class_name
