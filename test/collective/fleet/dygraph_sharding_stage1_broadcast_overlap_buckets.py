@@ -32,7 +32,7 @@ import numpy as np
 import paddle
 from paddle.distributed import fleet
 from broadcast_overlap_checker import BroadcastWaitChecker
-from dygraph_sharding_stage1_broadcast_overlap_models import rename_state_keys
+from dygraph_sharding_stage1_broadcast_overlap_models import TiedLM, rename_state_keys
 from broadcast_overlap_training import (
     HIDDEN,
     STEPS,
@@ -108,22 +108,6 @@ def assert_views_of_buffers(opt):
 
 # ----------------------------------------------------------------------
 # models
-class TiedLM(TinyLM):
-    """Two Linear layers sharing one weight object, both called."""
-
-    def __init__(self):
-        super().__init__()
-        self.mix_a = paddle.nn.Linear(HIDDEN, HIDDEN)
-        self.mix_b = paddle.nn.Linear(HIDDEN, HIDDEN)
-        self.mix_b.weight = self.mix_a.weight
-
-    def forward(self, tokens):
-        x = self.mix_b(self.mix_a(self.embed(tokens)))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
 class FrozenInsideLM(TinyLM):
     """Block 0's up-projection weight frozen, its bias trainable, between
     trainable neighbours in forward order."""
