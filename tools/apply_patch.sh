@@ -154,6 +154,19 @@ if [ -z "$patch" ]; then
     fi
 fi
 
+# Drivers import upstream's test base by the name the patch was made for; a later Paddle names
+# it TestMultipleAccelerators. Refuse (changing nothing) rather than add drivers that cannot import.
+legacy=$src/test/legacy_test/test_parallel_dygraph_dataparallel.py
+if [ -n "$patch" ] && [ -f "$legacy" ] && ! grep -q '^class TestMultipleGpus\b' "$legacy" \
+    && grep -q '^+from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus$' "$patch"; then
+    echo "error: ${patch#"$root"/}'s drivers use TestMultipleGpus, which this tree's" >&2
+    echo "test/legacy_test/test_parallel_dygraph_dataparallel.py does not define (a later Paddle names it" >&2
+    echo "TestMultipleAccelerators); nothing was changed. Make a patch for this tree (its drivers follow the name):" >&2
+    echo "  python3 ${here#"$root"/}/make_patch.py --paddle-src $src --out paddle-stage1-broadcast-overlap.patch" >&2
+    echo "  ${here#"$root"/}/apply_patch.sh $src paddle-stage1-broadcast-overlap.patch" >&2
+    exit 1
+fi
+
 if [ -n "$patch" ] && out=$(in_src apply --check "$patch" 2>&1); then
     rows=
     [ $register -eq 1 ] && rows=$(new_rows "$patch")

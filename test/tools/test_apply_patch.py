@@ -191,3 +191,28 @@ def test_usage_errors(tmp_path):
     assert apply(str(tmp_path / "missing")).returncode == 2
     proc = apply(str(tmp_path))
     assert proc.returncode == 2 and "no python/paddle folder" in proc.stderr
+
+
+def test_checkout_naming_the_base_test_multiple_accelerators_is_told_to_generate(tmp_path):
+    tree = tree_for("3.3.1", tmp_path)
+    legacy = os.path.join(tree, "test", "legacy_test", "test_parallel_dygraph_dataparallel.py")
+    with open(legacy, "w") as f:
+        f.write("import unittest\n\n\nclass TestMultipleAccelerators(unittest.TestCase):\n    pass\n")
+    make_patch.git(tree, "add", "-A")
+    make_patch.git(tree, "commit", "-qm", "later Paddle's test base")
+    before = state(tree)
+    proc = apply(tree, PATCH["3.3.1"])
+    assert proc.returncode == 1
+    assert state(tree) == before
+    assert "does not define (a later Paddle names it" in proc.stderr
+    assert f"make_patch.py --paddle-src {tree}" in proc.stderr
+    # the patch made for that tree uses the newer name and applies
+    out = tmp_path / "for-tree.patch"
+    gen = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "make_patch.py"), "--paddle-src", tree, "--out", str(out)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    assert "import (\n+    TestMultipleAccelerators,\n+)" in out.read_text()
+    proc = apply(tree, str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
