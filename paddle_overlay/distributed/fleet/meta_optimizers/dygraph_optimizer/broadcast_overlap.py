@@ -52,6 +52,12 @@ upstream in these ways:
 * Hooks. Registered once when overlap is enabled, kept in a dict keyed by
   layer, removed together when it is disabled; upstream registers them every
   step and ``minimize()`` never removes them.
+* Buckets. With ``bucket_size_mb`` > 0 (the optimizer's default) a unit is
+  a bucket: at the first launch the parameters move into contiguous
+  buffers planned from the agreed order, one broadcast per buffer, and a
+  layer waits for every bucket holding one of its parameters (NOTE
+  [broadcast buckets] in ``broadcast_buckets.py``). Upstream sends one
+  broadcast per parameter.
 
 Every wait is safe to call again: it returns at once when nothing is pending.
 On GPUs ``task.wait()`` makes the compute stream wait for the comm stream; it
