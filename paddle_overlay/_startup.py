@@ -6,16 +6,17 @@ one line at every interpreter start-up; the line imports this module only when
 ``PADDLE_OVERLAY`` is set to a non-empty value, so with the variable unset the
 cost is one ``os.environ`` lookup and nothing is imported.
 
-Nothing here imports Paddle. :func:`install` puts a one-shot finder first on
-``sys.meta_path`` that waits for the top-level ``paddle`` package: once
+Nothing here imports Paddle. :func:`install` puts a finder first on
+``sys.meta_path`` that waits for the top-level ``paddle`` package (and leaves
+once it has fired): once
 ``import paddle`` has finished (Paddle's own ``__init__`` already imports fleet
 and the optimizer classes the overlay patches), :func:`paddle_overlay.apply`
 runs. Scripts that set environment variables (``FLAGS_*``,
 ``CUDA_VISIBLE_DEVICES``) before importing Paddle keep working, and processes
 that never import Paddle (pip, shells, tools) are not affected. Paddle's own
-launcher process (``python -m paddle.distributed.launch``, ``fleetrun``)
-is not a training rank and is left unpatched; the ranks it starts inherit the
-variable and apply the overlay themselves.
+launcher process (``python -m paddle.distributed.launch`` on Python 3.10+,
+``fleetrun``) is not a training rank and is left unpatched; the ranks it starts
+inherit the variable and apply the overlay themselves.
 """
 
 import os
@@ -80,8 +81,12 @@ def _is_launcher_process():
 
 
 class _AfterPaddleImport:
-    """One-shot ``sys.meta_path`` finder: calls ``action`` once ``import
-    paddle`` has executed Paddle's ``__init__``, then leaves ``sys.meta_path``.
+    """``sys.meta_path`` finder: calls ``action`` once ``import paddle`` has
+    executed Paddle's ``__init__``, then leaves ``sys.meta_path``.
+
+    A spec that is only looked up (``importlib.util.find_spec("paddle")``,
+    as ``transformers`` does to probe for packages) is never executed, so the
+    finder stays until a spec it handed out really runs.
     """
 
     def __init__(self, action):
@@ -90,30 +95,28 @@ class _AfterPaddleImport:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "paddle":
             return None
-        sys.meta_path.remove(self)
-        spec = _find_with_others(fullname, path, target)
-        if spec is None or spec.loader is None:
+        spec = _find_with_others(self, fullname, path, target)
+        if spec is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
         original_exec = loader.exec_module
-        action = self._action
 
         def exec_then_act(module):
-            try:
-                original_exec(module)
-            finally:
-                del loader.exec_module  # back to the class's method
-            action()
+            vars(loader).pop("exec_module", None)  # back to the class's method
+            original_exec(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            self._action()
 
         # Set on this loader instance only (each source module has its own).
         loader.exec_module = exec_then_act
         return spec
 
 
-def _find_with_others(fullname, path, target):
-    for finder in sys.meta_path:
+def _find_with_others(skip, fullname, path, target):
+    for finder in list(sys.meta_path):
         find_spec = getattr(finder, "find_spec", None)
-        if find_spec is not None:
+        if finder is not skip and find_spec is not None:
             spec = find_spec(fullname, path, target)
             if spec is not None:
                 return spec
@@ -150,6 +153,12 @@ def install(environ=None):
 
     Returns:
         bool: whether a hook was installed (or the overlay applied).
+
+    Raises:
+        ValueError: only when Paddle is already imported and the value is
+            rejected (otherwise the error waits for ``import paddle``).
+        paddle_overlay.UnsupportedPaddleVersion, PaddleInternalsChanged: from
+            :func:`paddle_overlay.apply`, when Paddle is already imported.
     """
     environ = os.environ if environ is None else environ
     try:

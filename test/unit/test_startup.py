@@ -114,6 +114,18 @@ class TestInstalledHook(unittest.TestCase):
         announced = [l for l in out.stderr.splitlines() if l.startswith("paddle_overlay: applied to Paddle ")]
         self.assertEqual(len(announced), 1, out.stderr)
 
+    def test_spec_looked_up_first_still_applies(self):
+        # transformers (used by PaddleFormers/PaddleNLP) probes packages with find_spec.
+        out = run_python(
+            "import importlib.util, sys\n"
+            "assert importlib.util.find_spec('paddle') is not None and 'paddle' not in sys.modules\n"
+            "import paddle, paddle_overlay\n"
+            "print(paddle_overlay.is_applied())\n",
+            "1",
+        )
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip().splitlines()[-1], "True")
+
     def test_off_value_does_not_apply(self):
         out = run_python("import paddle, paddle_overlay; print(paddle_overlay.is_applied())", "0")
         self.assertEqual(out.returncode, 0, out.stderr)
