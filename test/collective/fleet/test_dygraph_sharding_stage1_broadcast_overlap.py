@@ -111,7 +111,12 @@ LAUNCHES = [
     # windows per model, all cases bitwise equal to off with no read of a
     # pending bucket (the checker maps bucket broadcasts to parameters).
     *[
-        (f"{name}_in_buckets", script, cases, {**env, "BROADCAST_OVERLAP_BUCKET_MB": "0.002"})
+        (
+            f"{name}_in_buckets",
+            script,
+            cases,
+            {**env, "BROADCAST_OVERLAP_BUCKET_MB": "0.002"},
+        )
         for name, script, cases, env in _PER_PARAMETER
     ],
     (
