@@ -112,7 +112,11 @@ def measure(kind, modes, warmup, rounds):
 def overlay_stats(opt):
     """paddle_overlay's counters, to show the overlapped path really ran
     (tasks launched by the update and waited by forward pre-hooks)."""
-    impl = getattr(getattr(opt, "_inner_opt", None), "_broadcast_overlap_impl", None)
+    from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+        broadcast_overlap,
+    )
+
+    impl = broadcast_overlap.get_broadcast_overlap(opt)
     return dict(impl.stats) if impl is not None else None
 
 

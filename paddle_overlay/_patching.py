@@ -342,6 +342,28 @@ def remove():
     race_check.disable()
 
 
+def _swap_for_benchmark(patched):
+    """Benchmarks only: switch the classes between the overlay's methods
+    (``patched=True``) and Paddle's own, without :func:`remove`'s refusal,
+    so one process can interleave optimizers of both kinds step by step.
+    Applies first if needed; the overlay's own objects stay alive."""
+    if not _saved:
+        apply()
+    if not _patched_values:
+        for key in _saved:
+            _patched_values[key] = vars(key[0]).get(key[1], _MISSING)
+    for (target, name), original in _saved.items():
+        value = _patched_values[(target, name)] if patched else original
+        if value is _MISSING:
+            if name in vars(target):
+                delattr(target, name)
+        else:
+            setattr(target, name, value)
+
+
+_patched_values = {}
+
+
 def is_applied():
     """bool: whether :func:`apply` is in effect."""
     return bool(_saved)
