@@ -2,7 +2,7 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 #
 # The README's test command (.ci/run calls it): every collective test under the launcher on
-# the oldest and newest tested Paddle (2.6.2, 3.3.1) with coverage across ranks, the
+# the oldest and newest tested Paddle (2.6.2, 3.3.1), up to 4 ranks, with coverage across ranks, the
 # harness's fault injection once (on 3.3.1), then the plain unit tests. Every step runs even
 # if an earlier one failed; the exit code is non-zero if any did. Ends with a recap table
 # (step, result, time, logs) and the coverage reports' paths. Outputs: .test-out/ci/.
@@ -62,7 +62,7 @@ for version in "$NEWEST" "$OLDEST"; do
   fi
   step "collective $version" "$REPORTS/collective-$version.log" -- \
     bash tools/run_collective_tests.sh --paddle "$version" ${exclude[@]+"${exclude[@]}"} \
-    --coverage --cov-fail-under "$COV_FAIL_UNDER" \
+    --nproc 4 --coverage --cov-fail-under "$COV_FAIL_UNDER" \
     --junit-xml "$REPORTS/junit-collective-$version.xml" --run-dir "$REPORTS/runs"
 done
 

@@ -425,10 +425,15 @@ def _failure_message(script, nproc, clocks, timed_out, returncode, seconds, log_
     for r in order:
         lines.append(f"----- rank {r}{notes.get(r, '')}: last {_TAIL_LINES} lines of workerlog.{r} -----")
         lines.append(_tail(rank_logs[r]) or "(empty)")
-    # The launcher echoes the failed rank's log; keep only its own lines.
+    # The launcher echoes the failed rank's log; keep only its own lines. A launcher that died
+    # before any (e.g. a traceback at `import paddle`) shows its plain tail instead.
     own = "\n".join(l for l in launcher_text.splitlines() if l.startswith(("LAUNCH", "Container")))
-    lines.append("----- launcher: last 15 LAUNCH lines of launcher.log -----")
-    lines.append(_tail(own, 15) or "(empty)")
+    if own:
+        lines.append("----- launcher: last 15 LAUNCH lines of launcher.log -----")
+        lines.append(_tail(own, 15))
+    else:
+        lines.append("----- launcher: last 30 lines of launcher.log (no LAUNCH line) -----")
+        lines.append(_tail(launcher_text, 30) or "(empty)")
     return "\n".join(lines)
 
 
