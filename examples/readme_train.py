@@ -24,7 +24,7 @@ fleet.init(is_collective=True, strategy=strategy)
 net = MyModel()
 model = fleet.distributed_model(net)
 optimizer = fleet.distributed_optimizer(paddle.optimizer.AdamW(1e-4, parameters=model.parameters()))
-optimizer._set_broadcast_overlap(True, layers=model)   # strict=True if forward reads params without calling their layer
+optimizer._set_broadcast_overlap(True, layers=model)   # every read of a parameter waits for its broadcast
 for batch in loader:
     loss = model(batch).mean(); loss.backward(); optimizer.step(); optimizer.clear_grad()
 if paddle.distributed.get_rank() == 0:   # stage 1: every rank holds every parameter after step()
