@@ -509,3 +509,19 @@ def test_these_tests_fail_when_a_wait_is_removed(sabotage, monkeypatch):
         scenario()
     for owner in bo.open_overlaps():
         owner.close()
+
+
+def test_remove_refused_while_an_owner_is_open():
+    import paddle_overlay
+
+    model = Net()
+    owner, _ = make_owner(model)
+    paddle_overlay.apply()
+    try:
+        with pytest.raises(RuntimeError, match="_set_broadcast_overlap\\(False\\)"):
+            paddle_overlay.remove()
+        assert paddle_overlay.is_applied()
+        owner.close()
+    finally:
+        paddle_overlay.remove()
+    assert not paddle_overlay.is_applied()

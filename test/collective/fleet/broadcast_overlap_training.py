@@ -19,6 +19,7 @@ per-rank ``main``: fleet init, then the cases chosen by env
 ``BROADCAST_OVERLAP_CASES``, exit code non-zero on any failure).
 """
 
+import importlib
 import os
 import sys
 import traceback
@@ -30,11 +31,6 @@ import paddle
 from paddle.distributed import fleet
 
 from broadcast_overlap_checker import BroadcastWaitChecker
-
-if os.environ.get("PADDLE_OVERLAY_MODE", "overlay") == "overlay":
-    import paddle_overlay
-
-    paddle_overlay.apply()
 
 VOCAB, HIDDEN, SEQ, BATCH = 32, 16, 6, 4
 STEPS = int(os.environ.get("BROADCAST_OVERLAP_STEPS", "4"))
@@ -196,17 +192,17 @@ def assert_bitwise_equal(expected, actual, what):
 
 
 def overlap_module():
-    """The module holding StageOneBroadcastOverlap: the overlay's, or the
-    patched Paddle's (env PADDLE_OVERLAY_MODE=patched)."""
-    if os.environ.get("PADDLE_OVERLAY_MODE", "overlay") == "patched":
-        from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-            broadcast_overlap,
-        )
-    else:
-        from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-            broadcast_overlap,
-        )
-    return broadcast_overlap
+    """The module holding StageOneBroadcastOverlap, found next to the
+    DygraphShardingOptimizer module that defines _set_broadcast_overlap
+    (Paddle's own when the patch is applied; the overlay's when it was
+    applied at start-up, e.g. by PADDLE_OVERLAY=1)."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+        dygraph_sharding_optimizer as dso,
+    )
+
+    defined_in = dso.DygraphShardingOptimizer._set_broadcast_overlap.__module__
+    package = defined_in.rpartition(".")[0]
+    return importlib.import_module(package + ".broadcast_overlap")
 
 
 def read_guard_module():

@@ -22,6 +22,7 @@ models several windows. Cases run by env ``BROADCAST_OVERLAP_CASES`` (all by
 default) under ``python -m paddle.distributed.launch --nproc_per_node 2``.
 """
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import numpy as np
 import paddle
 from paddle.distributed import fleet
 from broadcast_overlap_checker import BroadcastWaitChecker
+from tensor_fusion_cpu_shim import cpu_tensor_fusion
 from dygraph_sharding_stage1_broadcast_overlap_models import TiedLM, rename_state_keys
 from broadcast_overlap_training import (
     HIDDEN,
@@ -452,6 +454,42 @@ def case_pp_sharding_comm_overlap_refused():
         pp.sharding_comm_overlap = False
     assert overlap_impl(opt) is None
     assert sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)) == 0
+
+
+@contextlib.contextmanager
+def tensor_fusion():
+    """sharding_configs.tensor_fusion = True for the optimizers built inside,
+    with the TEST-ONLY CPU shim that lets Paddle build fused buffers here."""
+    config = fleet.fleet._user_defined_strategy.hybrid_configs["sharding_configs"]
+    config.tensor_fusion = True
+    try:
+        with cpu_tensor_fusion():
+            yield
+    finally:
+        config.tensor_fusion = False
+
+
+def case_tensor_fusion_slices_bitwise_equal():
+    """With tensor fusion the parameters already live in per-rank fused
+    buffers: each window sends slices of them (no buffer of ours), bitwise
+    equal to tensor fusion with overlap off; bucket_size_mb=0 sends one
+    broadcast per parameter as upstream does there."""
+    with tensor_fusion():
+        for cap in (2 * KB, 256):
+            checker, model, opt, _ = compare_buckets(TinyLM, cap)
+            inner = opt._inner_opt
+            assert inner.tensor_fusion and inner._rank2fused
+            fused = [t for ts in inner._rank2fused.values() for t in ts]
+            spans = [(t.data_ptr(), t.data_ptr() + 4 * int(t._numel())) for t in fused]
+            store = storage(opt)
+            assert store.specs and len(store.specs) < len(params_of(opt))
+            for buf in store.buffers:  # slices of the fused buffers, nothing new
+                assert any(lo <= buf.data_ptr() < hi for lo, hi in spans), buf.data_ptr()
+            assert checker.counts["launched"] == STEPS * len(store.specs), checker.counts
+            assert all_ranks_equal([v for s in store.specs for v in (s.length, *s.offsets)])
+        checker, model, opt, _ = compare_buckets(TinyLM, 0)
+        assert storage(opt) is None
+        assert checker.counts["launched"] == STEPS * len(params_of(opt))
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ _PER_PARAMETER = [
         "lifecycle",
         LOOPS,
         "two_optimizers_share_one_model,toggle_on_off_on_mid_training,"
-        "remove_refused_while_on_and_deepcopy_loads_copy,"
+        "deepcopy_loads_copy_and_collected_optimizer_closed,"
         "error_after_update_then_training_continues",
         {},
     ),
@@ -104,7 +104,7 @@ LAUNCHES = [
         "optimizer_state_and_decay_selection_on_views,"
         "checkpoint_across_bucket_modes,bucket_size_zero_is_per_parameter,"
         "bad_bucket_size_raises_before_any_change,"
-        "pp_sharding_comm_overlap_refused",
+        "pp_sharding_comm_overlap_refused,tensor_fusion_slices_bitwise_equal",
         {},
     ),
     # Every launch above (but the refusal) again with 2 KB buckets: several
