@@ -18,6 +18,7 @@ from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.broadcas
     check_bucket_size_mb,
     itemsize,
     plan_buckets,
+    plan_fused_slices,
 )
 
 MB = 1 << 20
@@ -287,6 +288,42 @@ class TestStorage(unittest.TestCase):
         specs = plan_buckets([0], params, [0], MB)
         with self.assertRaises(ValueError):
             BucketStorage(specs, other, [0], [0])
+
+
+class TestFusedSlices(unittest.TestCase):
+    """Parameters already living in a fused buffer (tensor fusion): slices."""
+
+    def fused(self, layout):
+        """Six float32 parameters of 16 elements, laid out in one buffer in
+        ``layout`` order (as tensor fusion lays them out by size)."""
+        params = build([((16,), "float32", False)] * 6)
+        storage = materialized(params, [0] * 6, MB, order=layout)
+        return params, storage.buffers[0]
+
+    def test_neighbours_in_a_window_share_a_slice(self):
+        params, buf = self.fused([0, 1, 2, 3, 4, 5])
+        plan = plan_fused_slices(list(range(6)), params, [0] * 6, 3 * 64, [buf])
+        self.assertEqual([(s.window, s.indices, k) for s, k, _ in plan], [(0, (0, 1, 2), 0), (1, (3, 4, 5), 0)])
+        unit = ALIGN_BYTES // 4
+        self.assertEqual([b for _, _, b in plan], [0, 3 * unit])
+        self.assertEqual(plan[0][0].offsets, (0, unit, 2 * unit))
+
+    def test_scattered_layout_gives_one_slice_per_run_never_overlapping(self):
+        params, buf = self.fused([3, 0, 4, 1, 5, 2])
+        plan = plan_fused_slices(list(range(6)), params, [0] * 6, 3 * 64, [buf])
+        self.assertEqual([s.indices for s, _, _ in plan], [(0,), (1,), (2,), (3,), (4,), (5,)])
+        spans = sorted((b, b + s.length) for s, _, b in plan)
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            self.assertLessEqual(end, start)
+        storage = BucketStorage([s for s, _, _ in plan], params, [0] * 6, list(range(6)))
+        storage.use_views([buf._slice(b, b + s.length) for s, _, b in plan])
+        self.assertEqual(len(storage.units()), 6)
+
+    def test_parameter_outside_the_buffers_is_refused(self):
+        params, buf = self.fused([0, 1, 2, 3, 4, 5])
+        stray = build([((16,), "float32", False)])
+        with self.assertRaises(ValueError):
+            plan_fused_slices([0, 1], [params[0], stray[0]], [0, 0], MB, [buf])
 
 
 MEMORY_SCRIPT = r"""

@@ -80,6 +80,7 @@ import paddle
 
 __all__ = [
     "ALIGN_BYTES",
+    "plan_fused_slices",
     "DEFAULT_BUCKET_SIZE_MB",
     "BucketSpec",
     "BucketStorage",
@@ -225,23 +226,8 @@ def plan_buckets(
     same agreed order. Object identity is used only to spot a tensor that
     appears twice, which keeps its first position in ``order``.
     """
-    n = len(params)
-    if len(src_ranks) != n:
-        raise ValueError(f"got {n} parameters but {len(src_ranks)} source ranks.")
-    if sorted(order) != list(range(n)):
-        raise ValueError(
-            f"order must be a permutation of range({n}) (positions in the "
-            "optimizer's parameter list)."
-        )
-    if not isinstance(cap_bytes, int) or cap_bytes <= 0:
-        raise ValueError(f"cap_bytes must be a positive int, got {cap_bytes!r}.")
-
-    placed = set()  # id() of tensors already given a slot (tied repeats)
-    alone = frozenset(alone)
     specs = []
-    window, window_bytes = [], 0
-
-    def close(window_no):
+    for window_no, window in enumerate(_windows(order, params, src_ranks, cap_bytes, alone)):
         groups = {}  # (src, dtype) -> [indices], insertion = first use
         for i in window:
             key = (src_ranks[i], dtype_name(params[i].dtype))
@@ -258,8 +244,26 @@ def plan_buckets(
                 BucketSpec(window_no, src, dtype, tuple(indices),
                            tuple(offsets), tuple(numels), fill)
             )
+    return specs
 
-    windows = 0
+
+def _windows(order, params, src_ranks, cap_bytes, alone):
+    """Yield the windows (lists of positions, in ``order``) of the
+    bucketable parameters; see :func:`plan_buckets` for the rule and the
+    errors raised."""
+    n = len(params)
+    if len(src_ranks) != n:
+        raise ValueError(f"got {n} parameters but {len(src_ranks)} source ranks.")
+    if sorted(order) != list(range(n)):
+        raise ValueError(
+            f"order must be a permutation of range({n}) (positions in the "
+            "optimizer's parameter list)."
+        )
+    if not isinstance(cap_bytes, int) or cap_bytes <= 0:
+        raise ValueError(f"cap_bytes must be a positive int, got {cap_bytes!r}.")
+    placed = set()  # id() of tensors already given a slot (tied repeats)
+    alone = frozenset(alone)
+    window, window_bytes = [], 0
     for i in order:
         param = params[i]
         if (
@@ -273,12 +277,89 @@ def plan_buckets(
         window.append(i)
         window_bytes += _numel(param) * itemsize(param.dtype)
         if window_bytes >= cap_bytes:
-            close(windows)
-            windows += 1
+            yield window
             window, window_bytes = [], 0
     if window:
-        close(windows)
-    return specs
+        yield window
+
+
+def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
+    """Plan broadcasts of slices of buffers the parameters already live in
+    (Paddle's tensor fusion, ``sharding_configs.tensor_fusion``: one fused
+    1-D buffer per owner rank and group, built by
+    ``tensor_fusion_helper.fused_parameters``). Nothing is moved.
+
+    Windows as in :func:`plan_buckets`. Inside a window, the parameters of
+    one buffer are sorted by position in it and split into runs of
+    neighbours (no other parameter's slot between them); each run is one
+    slice, so no memory is sent twice and nothing outside the window is
+    sent early.
+
+    Args:
+        order, params, src_ranks, cap_bytes, alone: as :func:`plan_buckets`.
+        storages (list[paddle.Tensor]): the fused 1-D buffers (every rank's,
+            the same list on every rank).
+
+    Returns:
+        list[tuple[BucketSpec, int, int]]: per slice, in launch order: its
+        spec (offsets relative to the slice start), the index of its buffer
+        in ``storages`` and the slice's first element in that buffer.
+
+    Raises:
+        ValueError: a bucketable parameter lies in none of ``storages``, or
+            in one of another dtype (not the layout tensor fusion builds).
+
+    Positions come from ``data_ptr()`` differences: the same on every rank,
+    since every rank builds the same fused layout.
+    """
+    starts = [t.data_ptr() for t in storages]
+    ends = [
+        t.data_ptr() + int(t._numel()) * itemsize(t.dtype) for t in storages
+    ]
+    where = {}  # position -> (storage index, element offset)
+    for window in _windows(order, params, src_ranks, cap_bytes, alone):
+        for i in window:
+            ptr = params[i].data_ptr()
+            k = next((k for k in range(len(storages)) if starts[k] <= ptr < ends[k]), None)
+            if k is None or dtype_name(storages[k].dtype) != dtype_name(params[i].dtype):
+                raise ValueError(
+                    f"parameter {params[i].name} does not live in a fused "
+                    "buffer of its dtype; tensor fusion did not place it."
+                )
+            where[i] = (k, (ptr - starts[k]) // itemsize(params[i].dtype))
+    # each slot's rank inside its buffer, to find neighbours
+    rank_in_buffer = {}
+    for k in range(len(storages)):
+        slots = sorted((off, i) for i, (kk, off) in where.items() if kk == k)
+        rank_in_buffer.update({i: r for r, (_, i) in enumerate(slots)})
+    plan = []
+    for window_no, window in enumerate(_windows(order, params, src_ranks, cap_bytes, alone)):
+        runs = []  # [(k, [positions by offset])], first use order
+        by_buffer = {}
+        for i in window:
+            by_buffer.setdefault(where[i][0], []).append(i)
+        for k, indices in by_buffer.items():
+            indices.sort(key=lambda i: where[i][1])
+            run = [indices[0]]
+            for i in indices[1:]:
+                if rank_in_buffer[i] == rank_in_buffer[run[-1]] + 1:
+                    run.append(i)
+                else:
+                    runs.append((k, run))
+                    run = [i]
+            runs.append((k, run))
+        first = {i: n for n, i in enumerate(window)}
+        runs.sort(key=lambda kr: min(first[i] for i in kr[1]))
+        for k, run in runs:
+            begin = where[run[0]][1]
+            numels = tuple(_numel(params[i]) for i in run)
+            offsets = tuple(where[i][1] - begin for i in run)
+            plan.append((
+                BucketSpec(window_no, src_ranks[run[0]], dtype_name(storages[k].dtype),
+                           tuple(run), offsets, numels, offsets[-1] + numels[-1]),
+                k, begin,
+            ))
+    return plan
 
 
 class BucketStorage:
@@ -382,6 +463,27 @@ class BucketStorage:
                     param.get_tensor()._set_dims(shape)
                     self._slot_ptr[i] = param.data_ptr()
                 self._buffers.append(buffer)
+        self._units = None
+
+    def use_views(self, buffers):
+        """Adopt ``buffers`` (one 1-D tensor per spec, e.g. slices of fused
+        storage from :func:`plan_fused_slices`) in which the parameters
+        already live; nothing is copied.
+
+        Raises:
+            ValueError: a parameter is not at its spec's offset in its buffer.
+        """
+        assert not self._buffers, "storage already set"
+        for spec, buffer in zip(self._specs, buffers):
+            size = itemsize(spec.dtype)
+            for i, offset in zip(spec.indices, spec.offsets):
+                if self._params[i].data_ptr() != buffer.data_ptr() + offset * size:
+                    raise ValueError(
+                        f"parameter {self._params[i].name} is not at element "
+                        f"{offset} of its planned buffer."
+                    )
+                self._slot_ptr[i] = self._params[i].data_ptr()
+        self._buffers = list(buffers)
         self._units = None
 
     # ------------------------------------------------------------------
