@@ -73,7 +73,12 @@ import weakref
 
 import paddle
 
-from .broadcast_buckets import BucketStorage, check_bucket_size_mb, plan_buckets
+from .broadcast_buckets import (
+    BucketStorage,
+    check_bucket_size_mb,
+    plan_buckets,
+    plan_fused_slices,
+)
 from .parameter_read_guard import (
     clear_pending,
     guard_layer,
@@ -279,6 +284,10 @@ class StageOneBroadcastOverlap:
             windows of this many MB (``broadcast_buckets.py``), one
             broadcast per bucket. The optimizer's ``_set_broadcast_overlap``
             defaults to ``DEFAULT_BUCKET_SIZE_MB``.
+        fused_storages (list[paddle.Tensor] | None): the fused 1-D buffers
+            the parameters already live in (``sharding_configs.tensor_fusion``);
+            with ``bucket_size_mb`` > 0 each window sends slices of them
+            instead of moving the parameters (``plan_fused_slices``).
 
     Raises:
         TypeError: ``layers`` is not a ``paddle.nn.Layer``, ``strict`` is
@@ -300,10 +309,12 @@ class StageOneBroadcastOverlap:
         strict=False,
         comm=None,
         bucket_size_mb=0,
+        fused_storages=None,
     ):
         self._check_arguments(params, src_ranks, layers, strict)
         # Bytes per bucket window; 0: one broadcast per parameter.
         self._bucket_cap = check_bucket_size_mb(bucket_size_mb)
+        self._fused_storages = fused_storages
         self._comm = comm if comm is not None else _PaddleComm()
         self._index_parameters(params, src_ranks, group)
         self._map_waiting_layers(layers, strict)
@@ -645,14 +656,23 @@ class StageOneBroadcastOverlap:
         waits for."""
         self._order = order
         self._recorded, self._recorded_set = [], set()
-        if self._bucket_cap:
-            specs = plan_buckets(
-                order,
-                self._params,
-                self._src_ranks,
-                self._bucket_cap,
-                alone=self._unreachable,
+        args = (order, self._params, self._src_ranks, self._bucket_cap)
+        if self._bucket_cap and self._fused_storages is not None:
+            plan = plan_fused_slices(
+                *args, self._fused_storages, alone=self._unreachable
             )
+            self._buckets = BucketStorage(
+                [spec for spec, _, _ in plan], self._params, self._src_ranks, order
+            )
+            self._buckets.use_views(
+                [
+                    self._fused_storages[k]._slice(begin, begin + spec.length)
+                    for spec, k, begin in plan
+                ]
+            )
+            self._refresh_bucket_units()
+        elif self._bucket_cap:
+            specs = plan_buckets(*args, alone=self._unreachable)
             self._buckets = BucketStorage(
                 specs, self._params, self._src_ranks, order
             )

@@ -86,9 +86,10 @@ class DygraphShardingOptimizer:
                 ``bucket_size_mb`` is not a number.
             ValueError: ``layers`` is None or owns none of the optimizer's
                 parameters; ``bucket_size_mb`` is negative or not finite;
-                sharding degree is 1; ``tensor_fusion`` or
-                ``comm_overlap`` is set in ``sharding_configs``, or
-                ``sharding_comm_overlap`` in ``pp_configs``.
+                sharding degree is 1; ``comm_overlap`` is set in
+                ``sharding_configs``, or ``sharding_comm_overlap`` in
+                ``pp_configs``. (``tensor_fusion`` is supported: buckets are
+                slices of its fused buffers.)
             Nothing is changed when an error is raised.
         """
         check_broadcast_overlap_flag(broadcast_overlap)
@@ -107,13 +108,12 @@ class DygraphShardingOptimizer:
                 f"{self._sharding_world_size}. Set strategy.hybrid_configs"
                 "['sharding_degree'] to the number of sharding ranks."
             )
-        for option in ("tensor_fusion", "comm_overlap"):
-            if getattr(self, option, False):
-                raise ValueError(
-                    f"broadcast overlap does not support sharding_configs."
-                    f"{option} = True (fused parameter buffers); set it to "
-                    "False or leave broadcast overlap off."
-                )
+        if getattr(self, "comm_overlap", False):
+            raise ValueError(
+                "broadcast overlap does not support sharding_configs."
+                "comm_overlap = True (gradient reduce hooks on fused "
+                "buffers); set it to False or leave broadcast overlap off."
+            )
         strategy = fleet.fleet._user_defined_strategy
         if strategy is not None and getattr(
             strategy.hybrid_configs["pp_configs"], "sharding_comm_overlap", False
@@ -131,6 +131,10 @@ class DygraphShardingOptimizer:
             for p in params
         }
         params = list(self._origin_parameter_list)
+        fused = None
+        if getattr(self, "tensor_fusion", False):
+            # the parameters live in per-rank fused buffers: send slices
+            fused = [t for r in sorted(self._rank2fused) for t in self._rank2fused[r]]
         new = StageOneBroadcastOverlap(
             params,
             [src_of[id(p)] for p in params],
@@ -138,6 +142,7 @@ class DygraphShardingOptimizer:
             layers,
             strict,
             bucket_size_mb=bucket_size_mb,
+            fused_storages=fused,
         )
         if current is not None:
             current.close()
