@@ -44,6 +44,11 @@ planning; never broadcast, as in the per-parameter path), a repeat of a
 tensor already placed (tied: one slot, under its first position in the
 order), and empty tensors.
 
+With Paddle's tensor fusion (``sharding_configs.tensor_fusion``) the
+parameters already live in per-rank fused buffers; :func:`plan_fused_slices`
+uses the same windows and sends, per window and buffer, one slice per run of
+neighbouring parameters (:meth:`BucketStorage.use_views`); nothing moves.
+
 Storage: each parameter's slot starts at a multiple of ``ALIGN_BYTES``
 (256 bytes, Paddle's fused-buffer alignment for GPUs, so views keep the
 alignment vectorised kernels expect); padding is zero and travels with the
