@@ -218,7 +218,7 @@ def write_junit(path, results, paddle_version):
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-NOTE_WIDTH = 100  # characters of a reason shown on one summary line
+NOTE_WIDTH = 160  # characters of a reason shown on one summary line
 
 
 def first_line(text, width=NOTE_WIDTH):

@@ -14,6 +14,7 @@ seconds, so a slow machine never turns into a timeout verdict.
 """
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,6 +27,8 @@ sys.path.insert(0, HARNESS_DIR)
 from collective_launch import kill_process_tree, tree_of  # noqa: E402
 
 _POLL_SECONDS = 0.5
+# pytest's message for a failed launch starts "collective_launch.CollectiveLaunchError: collective launch of ...".
+_LAUNCH_ERROR_PREFIX = re.compile(r"^(?:\w+\.)*CollectiveLaunchError: ")
 MAX_STARTUP_EXTENSION = 900.0  # seconds: the most rank start-up that may extend a driver's deadline
 
 
@@ -85,7 +88,8 @@ def _read_junit(path):
         for s in case.findall("skipped"):
             skips.append(f"{label}: {s.get('message', '')}")
         for f in case.findall("failure") + case.findall("error"):
-            problems.append(f"{label}: {(f.get('message') or '').splitlines()[0] if f.get('message') else f.tag}")
+            message = _LAUNCH_ERROR_PREFIX.sub("", (f.get("message") or f.tag).strip())
+            problems.append(f"{label}: {message}")
     return counts, skips, problems
 
 
