@@ -78,3 +78,16 @@ def test_startup_seconds_counts_launches_still_starting(tmp_path):
     (tmp_path / "b" / "rank-startup.json").write_text('{"started_at": 1000.0, "startup_seconds": null}')
     assert startup_seconds(str(tmp_path), now=1004.0) == 16.5
     assert startup_seconds(str(tmp_path / "missing")) == 0.0
+
+
+def test_failure_reason_keeps_its_newlines_without_the_launch_error_prefix(tmp_path):
+    body = """
+        class CollectiveLaunchError(AssertionError):
+            pass
+        CollectiveLaunchError.__module__ = "collective_launch"
+        def test_launch():
+            raise CollectiveLaunchError("collective launch of a.py failed: rank 1 failed first\\nlogs: /x")
+    """
+    res = _run(tmp_path, body)
+    assert res.outcome == "FAIL"
+    assert res.problems == ["test_launch: collective launch of a.py failed: rank 1 failed first\nlogs: /x"]
