@@ -29,7 +29,7 @@ from collective_launch import kill_process_tree, tree_of  # noqa: E402
 _POLL_SECONDS = 0.5
 # pytest's message for a failed launch starts "collective_launch.CollectiveLaunchError: collective launch of ...".
 _LAUNCH_ERROR_PREFIX = re.compile(r"^(?:\w+\.)*CollectiveLaunchError: ")
-MAX_STARTUP_EXTENSION = 900.0  # seconds: the most rank start-up that may extend a driver's deadline
+MAX_STARTUP_EXTENSION = 1800.0  # seconds: the most rank start-up that may extend a driver's deadline
 
 
 def startup_seconds(out_dir, now=None):
