@@ -51,7 +51,7 @@ def write_rcfile(run_dir, source="paddle_overlay"):
             "branch = True\n"
             f"source = {source}\n"
             "# the import-guard stub of the patched-tree test is not project code\n"
-            "omit =\n    */build/patched-paddle-*/*\n    */.test-out/*\n"
+            "omit = */.test-out/*\n"
             f"data_file = {os.path.join(data_dir, '.coverage')}\n"
             "# ranks stopped by the launcher with SIGTERM still save their data\n"
             "sigterm = True\n"
