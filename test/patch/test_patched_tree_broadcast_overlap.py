@@ -38,7 +38,7 @@ from checkout_tree import FLEET, make_patch  # noqa: E402
 
 DRIVER = "test_dygraph_sharding_stage1_broadcast_overlap"
 # Launches of DRIVER run from the patched tree (names from its LAUNCHES).
-REPRESENTATIVE = ("on_off_bitwise_equal", "order_and_hooks")
+REPRESENTATIVE = ("buckets_foundation", "per_parameter_reads")
 STUB = '''raise ImportError(
     "paddle_overlay must not be imported in a patched-Paddle run: "
     "the overlay is in the Paddle sources"

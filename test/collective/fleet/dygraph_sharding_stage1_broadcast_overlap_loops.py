@@ -190,7 +190,8 @@ def case_ranks_run_different_forward_counts():
 def case_forwards_without_backward_tables_bounded():
     """Eval before the first step, several evals between steps, no_grad
     forwards in train() mode and grad-enabled forwards in eval() mode,
-    over 50 steps: internal tables keep their size."""
+    over 10 steps: internal tables keep their size (they would grow by a
+    fixed amount every step if anything leaked)."""
     sizes = []
 
     def extra_forwards(model):
@@ -210,9 +211,7 @@ def case_forwards_without_backward_tables_bounded():
 
     def on_step(step, model, opt):
         extra_forwards(model)
-        impl = overlap_impl(opt) if "_broadcast_overlap_impl" in vars(
-            opt._inner_opt
-        ) else None
+        impl = overlap_impl(opt)
         if impl is not None:
             sizes.append(
                 (
@@ -225,8 +224,8 @@ def case_forwards_without_backward_tables_bounded():
                 )
             )
 
-    _, info = compare_on_off(steps=50, micro_step=micro_step, on_step=on_step)
-    assert len(sizes) == 50 and len(set(sizes)) == 1, sorted(set(sizes))
+    _, info = compare_on_off(steps=10, micro_step=micro_step, on_step=on_step)
+    assert len(sizes) == 10 and len(set(sizes)) == 1, sorted(set(sizes))
     n = len(overlap_impl(info["opt"])._params)
     assert sizes[0][:4] == (n, 0, 0, 0), sizes[0]
 

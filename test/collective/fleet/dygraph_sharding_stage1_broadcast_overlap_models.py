@@ -536,7 +536,7 @@ def case_bad_input_raises_before_any_change():
             raise AssertionError(f"{option} was not refused")
         finally:
             setattr(inner, option, saved)
-    assert inner.__dict__.get("_broadcast_overlap_impl") is None
+    assert overlap_impl(inner) is None
     hooks_after = sum(
         len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
     )
