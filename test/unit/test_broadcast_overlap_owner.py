@@ -525,3 +525,17 @@ def test_remove_refused_while_an_owner_is_open():
     finally:
         paddle_overlay.remove()
     assert not paddle_overlay.is_applied()
+
+
+def test_layer_outside_layers_sharing_a_parameter_is_not_guarded():
+    """Documented limit: a layer outside ``layers`` that holds one of its
+    parameters reads it without waiting; the model's own path waits."""
+    model = Net()
+    outside = paddle.nn.Linear(4, 3)
+    outside.weight = model.first.weight  # shared, but not under `model`
+    owner, comm = make_owner(model)
+    first_step(model, owner, comm, X)
+    outside.weight
+    assert comm.take() == []
+    model.first.weight
+    assert comm.take() == [("wait", "first.weight")]
