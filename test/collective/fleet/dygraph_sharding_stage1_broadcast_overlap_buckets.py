@@ -33,7 +33,7 @@ import numpy as np
 import paddle
 from paddle.distributed import fleet
 from broadcast_overlap_checker import BroadcastWaitChecker
-from tensor_fusion_cpu_shim import cpu_tensor_fusion
+from hybrid_parallel_cpu_shim import cpu_tensor_fusion
 from dygraph_sharding_stage1_broadcast_overlap_models import TiedLM, rename_state_keys
 from broadcast_overlap_training import (
     HIDDEN,

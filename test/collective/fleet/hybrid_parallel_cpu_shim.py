@@ -11,12 +11,12 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Test-only shim: run Paddle's hybrid-parallel layers on CPU ranks (gloo).
+"""Test-only shims: run Paddle's hybrid-parallel layers and tensor fusion on
+CPU ranks (gloo). Never for training.
 
 The one place where the collective tests work around what Paddle's CPU
-build lacks for pipeline- and model-parallel training. :func:`install` does
-nothing when Paddle is compiled with CUDA and the ranks use GPUs; on CPU it
-replaces, for the test process only:
+build lacks. :func:`install` does nothing when Paddle is compiled with CUDA
+and the ranks use GPUs; on CPU it replaces, for the test process only:
 
 1. ``paddle.distributed.new_group`` -> the same call between two barriers
    of the global group, and the global group itself for a group of every
@@ -40,15 +40,19 @@ replaces, for the test process only:
    forward's inputs from the model-parallel source rank) -> the same
    broadcast of each input tensor over the model-parallel group. Why:
    Paddle's version asserts a GPU/XPU/custom device.
-
 5. ``p2p_communication.batch_send_recv_on_calc_stream`` (pipeline p2p) ->
    ``paddle.distributed.isend``/``irecv`` of each op (sends towards higher
    ranks first), then a wait for all. Why: gloo has no send/recv "on calc
    stream", and its send/recv block until matched. Paddle 3.x also offers
    ``pp_configs.use_batch_p2p_comm = False`` (isend/irecv), which the tests
    set; Paddle 2.6 always batches.
+
+and :func:`cpu_tensor_fusion` (item 6, a context manager around building
+the optimizer) lets ``sharding_configs.tensor_fusion`` build its fused
+buffers on the CPU.
 """
 
+import contextlib
 import functools
 
 import paddle
@@ -195,3 +199,47 @@ def install():
     _identity_for_c_identity()
     _broadcast_input_data_on_cpu()
     _pipeline_p2p_with_isend_irecv()
+
+
+@contextlib.contextmanager
+def cpu_tensor_fusion():
+    """6. Inside this block, ``sharding_configs.tensor_fusion`` builds its
+    fused parameter buffers on the CPU. What it replaces, and why:
+    ``tensor_fusion_helper`` and ``group_sharded_storage.ParamStorage``
+    assume a GPU/XPU/NPU: the alignment table has no CPU entry
+    (-> the GPU's 256 bytes), the device type is asserted (-> "cpu"),
+    ``cvt_to_device`` refuses the CPU (-> identity), ``device_guard``
+    switches to ``gpu:N`` on Paddle 2.6 (-> no-op), and ``add_rank_params``
+    copies through ``param.cpu()`` then clears the parameter, which on the
+    CPU is the same memory (-> ``convert_gpu=False``). Restored on exit.
+    """
+    from paddle.distributed.fleet.meta_parallel.sharding import (
+        group_sharded_storage as gss,
+    )
+    from paddle.distributed.fleet.utils import tensor_fusion_helper as tfh
+
+    saved_alignment = dict(tfh.alignment)
+    saved_type = getattr(tfh, "__current_device_type__", None)
+    saved_cvt = gss.cvt_to_device
+    saved_guard = gss.device_guard
+    saved_add = gss.ParamStorage.add_rank_params
+
+    def add_rank_params(self, params, param2align, convert_gpu=True):
+        return saved_add(self, params, param2align, convert_gpu=False)
+
+    tfh.alignment["cpu"] = tfh.alignment["gpu"]
+    if hasattr(tfh, "__current_device_type__"):
+        tfh.__current_device_type__ = "cpu"
+    gss.cvt_to_device = lambda x, dev_id, blocking=True: x
+    gss.device_guard = lambda dev_id=0, device="cpu": contextlib.nullcontext()
+    gss.ParamStorage.add_rank_params = add_rank_params
+    try:
+        yield
+    finally:
+        tfh.alignment.clear()
+        tfh.alignment.update(saved_alignment)
+        if hasattr(tfh, "__current_device_type__"):
+            tfh.__current_device_type__ = saved_type
+        gss.cvt_to_device = saved_cvt
+        gss.device_guard = saved_guard
+        gss.ParamStorage.add_rank_params = saved_add
