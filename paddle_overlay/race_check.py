@@ -7,8 +7,14 @@ reference kept across ``step()`` and read later. On gloo such a read still
 gives the right numbers (an async broadcast has finished when it returns); on
 NCCL it reads memory the comm stream may still be writing. The checker makes
 those reads visible on any machine, CPU or GPU: it wraps every operator entry
-point Paddle's Python API calls (``paddle._C_ops.*``) and the tensor methods
-that copy data out (``numpy``, ``item``, ``tolist``, ``__array__``), and
+point Paddle's Python API calls (``paddle._C_ops.*``, and
+``paddle._legacy_C_ops.*`` where compiled programs run on Paddle 2.6),
+every other name Paddle's modules give those operators (such as
+``paddle.linalg.matmul`` on 3.x), the tensor methods
+that copy data out (``numpy``, ``item``, ``tolist``, ``__array__``) and the
+tensor operators and methods Paddle implements in C++ without ``_C_ops``
+(``x @ w``, ``h + b``, ``w[0]``, ``w.clone()``, ``x.copy_(w)``,
+``w.set_value(v)``, ``w.cpu()``), and
 counts each call that receives a parameter whose broadcast task is pending,
 by parameter, by the layer whose forward is running (``<outside forward>``
 between steps) and by path (the operator or method name). At exit each rank
@@ -50,6 +56,23 @@ _OFF = {"", "0", "off"}
 
 # Tensor methods that copy a tensor's data to the host.
 _TENSOR_METHODS = ("numpy", "item", "tolist", "__array__")
+# Tensor operators and methods that read or write a tensor's data in C++
+# without going through paddle._C_ops (``x @ w``, ``h + b``, ``w[0]``,
+# ``w.clone()``, ``x.copy_(w)``, ``w.set_value(v)``, ``w.cpu()``); the
+# parameter can be self or an argument (``x @ w`` is ``x.__matmul__(w)``).
+# Only what each release defines on the class itself is wrapped; operators
+# that Paddle writes in Python over paddle._C_ops (``-w``, ``abs(w)``) are
+# already seen there and are not wrapped twice.
+_TENSOR_OPERATORS = tuple(
+    """
+    __add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__
+    __rtruediv__ __div__ __rdiv__ __floordiv__ __rfloordiv__ __mod__ __rmod__
+    __pow__ __rpow__ __matmul__ __rmatmul__ __and__ __rand__ __or__ __ror__
+    __xor__ __rxor__ __lshift__ __rlshift__ __rshift__ __rrshift__
+    __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __getitem__ __setitem__
+    clone detach detach_ _copy_to copy_ set_value
+    """.split()
+)
 
 
 class _State:
@@ -133,15 +156,55 @@ def _wrap_op(name, fn, pending):
 
 
 def _wrap_method(name, fn, pending):
+    """A tensor method or operator: checks self and the arguments (the
+    parameter is the argument in ``x @ w``, ``x.copy_(w)``)."""
     path = f"Tensor.{name}"
 
     @functools.wraps(fn)
     def checked(self, *args, **kwargs):
         if pending:
             _record(pending, self, path)
+            _check_args(args, kwargs, path, pending)
         return fn(self, *args, **kwargs)
 
     return checked
+
+
+def _wrap_op_aliases(checked_ops, wrapped):
+    """Point every other name of a ``paddle._C_ops`` operator in Paddle's
+    modules at its wrapper: some APIs are the operator itself, bound at
+    import (``from paddle._C_ops import matmul`` makes
+    ``paddle.linalg.matmul`` the raw operator on Paddle 3.x)."""
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (
+            module_name == "paddle" or module_name.startswith("paddle.")
+        ):
+            continue
+        try:
+            names = list(vars(module).items())
+        except TypeError:
+            continue
+        for name, value in names:
+            entry = checked_ops.get(id(value))
+            if entry is None or entry[0] is not value:
+                continue
+            wrapped.append((module, name, value))
+            setattr(module, name, entry[1])
+
+
+def _tensor_classes():
+    """paddle.Tensor, and the parameter class where it defines an operator
+    of its own (``EagerParamBase._copy_to``, behind ``w.cpu()``)."""
+    import paddle
+
+    classes = [paddle.Tensor]
+    try:
+        from paddle.base.framework import EagerParamBase
+    except ImportError:  # pragma: no cover - every tested release has it
+        EagerParamBase = None
+    if EagerParamBase is not None and EagerParamBase is not paddle.Tensor:
+        classes.append(EagerParamBase)
+    return classes
 
 
 def _wrap_layer_call(fn):
@@ -177,18 +240,34 @@ def enable(mode="report"):
 
     pending = _pending()
     wrapped = []
-    for module in (paddle._C_ops,):
+    checked_ops = {}  # id(original operator) -> (original, its wrapper)
+    # _legacy_C_ops: what a compiled program runs through on Paddle 2.6
+    # (run_program, with the parameters in a list argument).
+    modules = [paddle._C_ops, getattr(paddle, "_legacy_C_ops", None)]
+    for module in modules:
+        if module is None:
+            continue
         for name in dir(module):
             fn = getattr(module, name)
             if name.startswith("_") or not callable(fn):
                 continue
+            if id(fn) not in checked_ops:
+                checked_ops[id(fn)] = (fn, _wrap_op(name, fn, pending))
             wrapped.append((module, name, fn))
-            setattr(module, name, _wrap_op(name, fn, pending))
+            setattr(module, name, checked_ops[id(fn)][1])
+    _wrap_op_aliases(checked_ops, wrapped)
     for name in _TENSOR_METHODS:
         fn = getattr(paddle.Tensor, name, None)
         if fn is not None:
             wrapped.append((paddle.Tensor, name, fn))
             setattr(paddle.Tensor, name, _wrap_method(name, fn, pending))
+    for cls in _tensor_classes():
+        for name in _TENSOR_OPERATORS:
+            fn = cls.__dict__.get(name)
+            if fn is None or not callable(fn):
+                continue
+            wrapped.append((cls, name, fn))
+            setattr(cls, name, _wrap_method(name, fn, pending))
     call = paddle.nn.Layer.__call__
     wrapped.append((paddle.nn.Layer, "__call__", call))
     paddle.nn.Layer.__call__ = _wrap_layer_call(call)

@@ -58,6 +58,8 @@ _odict_getitem = OrderedDict.__getitem__
 _odict_get = OrderedDict.get
 _odict_items = OrderedDict.items
 _odict_values = OrderedDict.values
+_odict_pop = OrderedDict.pop
+_odict_popitem = OrderedDict.popitem
 
 
 def _wait_for(param, path):
@@ -77,10 +79,11 @@ class GuardedParameters(OrderedDict):
     """A layer's ``_parameters`` that waits before handing a parameter out.
 
     Read paths wait for the pending broadcast of exactly the parameters
-    they return: ``d[name]`` and ``d.get(name)`` (path ``"attribute"``),
-    ``d.items()`` and ``d.values()`` (path ``"iteration"``, all of this
-    layer's own parameters). Membership, ``keys()`` and writes are plain
-    ``OrderedDict`` operations. A copy or pickle is a plain ``OrderedDict``
+    they return: ``d[name]``, ``d.get(name)``, ``d.pop(name)`` and
+    ``d.popitem()`` (path ``"attribute"``; ``copy()``, ``setdefault()`` and
+    ``dict(d)`` go through ``d[name]``), ``d.items()`` and ``d.values()``
+    (path ``"iteration"``, all of this layer's own parameters). Membership,
+    ``keys()`` and writes are plain ``OrderedDict`` operations. A copy or pickle is a plain ``OrderedDict``
     (made after the waits), so a ``copy.deepcopy`` of the model carries no
     guard.
     """
@@ -108,6 +111,18 @@ class GuardedParameters(OrderedDict):
         if _PENDING:
             _wait_for_all(_odict_values(self), "iteration")
         return _odict_values(self)
+
+    def pop(self, key, *default):
+        value = _odict_pop(self, key, *default)
+        if _PENDING:
+            _wait_for(value, "attribute")
+        return value
+
+    def popitem(self, last=True):
+        item = _odict_popitem(self, last)
+        if _PENDING:
+            _wait_for(item[1], "attribute")
+        return item
 
     def __reduce__(self):
         return (OrderedDict, (list(self.items()),))
