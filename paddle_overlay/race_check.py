@@ -39,6 +39,7 @@ import collections
 import functools
 import os
 import sys
+import threading
 
 __all__ = [
     "CHECK_ENV",
@@ -81,6 +82,15 @@ class _State:
     races = collections.Counter()  # (parameter, layer, path) -> reads
     layers = []  # stack of layer names whose forward is running
     atexit_registered = False
+
+
+class _Thread(threading.local):
+    # inside a checked tensor method: the calls it makes are the same read
+    # (np.asarray(w) is w.__array__(), which calls w.numpy()), not counted
+    inside = False
+
+
+_THREAD = _Thread()
 
 
 def mode_from_env(environ=None):
@@ -148,7 +158,7 @@ def _check_args(args, kwargs, path, pending):
 def _wrap_op(name, fn, pending):
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-        if pending:
+        if pending and not _THREAD.inside:
             _check_args(args, kwargs, name, pending)
         return fn(*args, **kwargs)
 
@@ -162,10 +172,15 @@ def _wrap_method(name, fn, pending):
 
     @functools.wraps(fn)
     def checked(self, *args, **kwargs):
-        if pending:
-            _record(pending, self, path)
-            _check_args(args, kwargs, path, pending)
-        return fn(self, *args, **kwargs)
+        if not pending or _THREAD.inside:
+            return fn(self, *args, **kwargs)
+        _record(pending, self, path)
+        _check_args(args, kwargs, path, pending)
+        _THREAD.inside = True
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            _THREAD.inside = False
 
     return checked
 

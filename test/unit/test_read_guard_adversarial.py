@@ -96,6 +96,21 @@ def test_race_check_counts_operator_reads_of_a_held_parameter(checker, read):
     assert comm.take() == []  # counted, not waited: the reference is stale
 
 
+@pytest.mark.parametrize(
+    "read, path",
+    [
+        (np.asarray, "Tensor.__array__"),  # calls numpy(): still one read
+        (str, "Tensor.numpy"),
+        (lambda w: w.tolist(), "Tensor.tolist"),
+    ],
+    ids=["np.asarray", "str", "tolist"],
+)
+def test_race_check_counts_one_read_once(checker, read, path):
+    _, owner, comm, held = held_weight_after_launch()
+    read(held)
+    assert checker.races() == {(held.name, "<outside forward>", path): 1}
+
+
 def test_race_check_names_the_layer_of_an_operator_read_in_forward(checker):
     class HeldOperand(Net):
         def __init__(self):
