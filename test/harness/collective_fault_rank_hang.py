@@ -1,5 +1,5 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Per-rank fault script: rank 1 hangs mid-run while rank 0 waits in a blocking broadcast.
+"""Per-rank fault script: rank 1 hangs mid-run while rank 0 waits for it.
 
 Used by test_collective_launch_fault_injection.py; the launch must time out, and every
 process of the launch must be killed.
@@ -21,9 +21,11 @@ def main():
         print("FAULT-HANG rank 1 sleeping forever", flush=True)
         while True:
             time.sleep(3600)
-    print("FAULT-HANG rank 0 waiting in blocking broadcast from rank 1", flush=True)
-    dist.broadcast(x, src=1, sync_op=True)
-    print("FAULT-HANG rank 0 unexpectedly finished", flush=True)
+    # Rank 0 waits outside any collective: in a blocking broadcast gloo's own timeout (about
+    # 30 s) would end it first, and the launch's verdict would race that timeout.
+    print("FAULT-HANG rank 0 waiting for rank 1 forever", flush=True)
+    while True:
+        time.sleep(3600)
 
 
 if __name__ == "__main__":

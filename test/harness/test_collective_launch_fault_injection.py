@@ -14,7 +14,7 @@ from collective_launch import CollectiveLaunchError, launch_collective
 from parameterized import parameterized
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HANG_TIMEOUT = 60  # seconds of behaviour given to the hanging launch (its expected verdict)
+HANG_TIMEOUT = 30  # seconds of behaviour given to the hanging launch (its expected verdict)
 CRASH_TIMEOUT = 120  # seconds of behaviour for the crashing launch (an upper bound, not the verdict)
 
 
