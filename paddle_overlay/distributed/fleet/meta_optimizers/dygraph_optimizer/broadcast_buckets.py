@@ -79,6 +79,7 @@ fused buffers (``sharding_configs.comm_buffer_size_MB``).
 """
 
 import collections
+import math
 import warnings
 
 import paddle
@@ -163,7 +164,13 @@ def check_bucket_size_mb(bucket_size_mb):
             "bucket_size_mb must be finite and >= 0 (0: one broadcast per "
             f"parameter), got {bucket_size_mb}."
         )
-    return int(bucket_size_mb * (1 << 20))
+    cap = int(bucket_size_mb * (1 << 20))
+    if bucket_size_mb > 0 and cap == 0:
+        raise ValueError(
+            f"bucket_size_mb={bucket_size_mb} is below one byte; use 0 for "
+            "one broadcast per parameter, or a cap of at least 1e-6 MB."
+        )
+    return cap
 
 
 BucketSpec = collections.namedtuple(
@@ -405,6 +412,10 @@ class BucketStorage:
         # position -> data_ptr() of its slot, for every bucketed parameter
         self._slot_ptr = {}
         self._bucket_of = {i: b for b, s in enumerate(specs) for i in s.indices}
+        # position -> number of elements of its slot
+        self._slot_numel = {
+            i: n for s in specs for i, n in zip(s.indices, s.numels)
+        }
         # tied repeats: position -> position of the tensor's slot
         first_pos = {}
         self._alias_of = {}
@@ -508,6 +519,7 @@ class BucketStorage:
         by name) and broadcast on its own from its current memory.
         """
         assert self._buffers or not self._specs, "materialize() first"
+        self._check_slot_sizes()
         moved = [i for i, ptr in self._slot_ptr.items()
                  if i not in self._detached and self._params[i].data_ptr() != ptr]
         if moved:
@@ -518,6 +530,31 @@ class BucketStorage:
         self._units = self._build_units(loose)
         self._units_loose = loose
         return self._units
+
+    def _check_slot_sizes(self):
+        """Raise if a bucketed parameter changed its number of elements in
+        place (``paddle.assign(bigger, param)``, ``param.copy_(bigger)``):
+        its memory is still the slot, so the write ran past the slot into
+        the next parameter's; nothing may be broadcast from that bucket.
+
+        Raises:
+            RuntimeError: names the parameter, its slot size and its size.
+        """
+        params, numel_of = self._params, self._slot_numel
+        for i in self._slot_ptr:
+            if i in self._detached:
+                continue
+            numel = math.prod(params[i].shape)
+            if numel != numel_of[i]:
+                raise RuntimeError(
+                    f"broadcast buckets: parameter {params[i].name} now has "
+                    f"{numel} elements but its bucket slot holds "
+                    f"{numel_of[i]}: it was resized in place while bucketed, "
+                    "so the write overran the slot into its neighbours. "
+                    "Change a parameter's shape only with overlap off "
+                    "(_set_broadcast_overlap(False)), or use "
+                    "bucket_size_mb=0."
+                )
 
     def _detach(self, moved):
         names = [self._params[i].name for i in moved if i not in self._warned]

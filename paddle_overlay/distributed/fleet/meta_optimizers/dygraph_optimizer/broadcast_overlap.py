@@ -41,13 +41,15 @@ upstream in these ways:
   ``sub.forward(x)``, a pipeline ``SharedLayerDesc`` forward_func),
   ``parameters()``/``named_parameters()``, ``state_dict()``,
   ``set_state_dict()``, ``to()`` and ``copy.deepcopy`` of the model or any
-  sublayer, inside or outside ``model(...)``. A layer compiled with
-  ``paddle.jit.to_static`` reads parameters without Python, so its pre-hook
-  waits for everything. Parameters that no layer of ``layers`` owns are
+  sublayer, inside or outside ``model(...)``. A program compiled with
+  ``paddle.jit.to_static`` (a layer's forward in AST or SOT mode, or a
+  compiled method or function) reads parameters without Python, so it
+  waits for everything before it runs; SOT leaves this module untraced. Parameters that no layer of ``layers`` owns are
   waited right after launch (with one warning). The optimizer's
   ``state_dict()`` and the next ``step()``/``minimize()`` wait for whatever
   is still pending, so no manual synchronize is needed before
-  ``paddle.save`` or inference. Not intercepted: a tensor reference taken
+  ``paddle.save`` or inference. Not intercepted: a tensor reference (or a
+  view of one) taken
   before ``step()`` and read after it (re-read ``layer.weight`` instead).
 * Hooks. Registered once when overlap is enabled, kept in a dict keyed by
   layer, removed together when it is disabled; upstream registers them every
@@ -67,7 +69,10 @@ does not block the host.
 import collections
 import contextlib
 import enum
+import functools
 import inspect
+import os
+import re
 import warnings
 import weakref
 
@@ -80,6 +85,7 @@ from .broadcast_buckets import (
     plan_fused_slices,
 )
 from .parameter_read_guard import (
+    _PENDING,
     clear_pending,
     guard_layer,
     register_pending,
@@ -201,20 +207,83 @@ class _Hook:
     def __deepcopy__(self, memo):
         return _noop_hook
 
+    def __reduce__(self):
+        # a pickle of the model (pickle.dumps(model)) gets the no-op too
+        return (_make_noop_hook, ())
+
 
 def _noop_hook(*_args):
     return None
 
 
-def _is_compiled(layer):
-    """Whether ``layer``'s forward is a ``paddle.jit.to_static`` program,
-    set on the instance (``paddle.jit.to_static(layer)``) or the class
-    (``@paddle.jit.to_static`` on ``forward``)."""
-    static_function = paddle.jit.dy2static.program_translator.StaticFunction
-    forward = layer.__dict__.get("forward")
-    if forward is None:
-        forward = inspect.getattr_static(type(layer), "forward", None)
-    return isinstance(forward, static_function)
+def _make_noop_hook():
+    return _noop_hook
+
+
+# The original StaticFunction.__call__ while the wrapper below is in place.
+_STATIC_CALL = []
+
+
+def _wait_before_compiled_programs():
+    """Make every ``paddle.jit.to_static`` program wait for all pending
+    broadcasts before it runs (installed while an overlap is open).
+
+    A compiled program reads parameters without running Python, so neither
+    the forward pre-hooks of the layers inside it nor the read guard can
+    see those reads: a compiled ``Layer.forward`` (AST or SOT mode,
+    ``full_graph`` or not), a compiled method (``to_static(model.encode)``)
+    or function. Every one of them goes through ``StaticFunction.__call__``;
+    with nothing pending the wrapper costs one truth test.
+    """
+    if _STATIC_CALL:
+        return
+    cls = paddle.jit.dy2static.program_translator.StaticFunction
+    original = cls.__call__
+
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        if _PENDING:
+            for owner in list(_OPEN):
+                owner.wait_before_compiled_program()
+        return original(self, *args, **kwargs)
+
+    _STATIC_CALL.append(original)
+    cls.__call__ = __call__
+
+
+def _keep_out_of_sot():
+    """Put this module's directory on SOT's list of files it does not
+    trace, as Paddle's own directory is (a no-op when it already is, as in
+    a patched Paddle, or when the installed Paddle has no SOT).
+
+    SOT (the default mode of ``paddle.jit.to_static`` in Paddle 3.x)
+    simulates the bytecode of every function a compiled forward calls,
+    except files under ``skip_files.skip_file_names``. Simulated, the
+    forward pre-hooks and the read guard failed at the first forward on
+    Paddle 3.3.1 (``InnerError: ObjectVariable(_Hook) has no attribute
+    _state``) and recorded a wrong broadcast order on 2.6.2; skipped, they
+    run as plain Python, as Paddle's own hooks do.
+    """
+    try:
+        from paddle.jit.sot.opcode_translator import skip_files
+    except ImportError:
+        return
+    names = getattr(skip_files, "skip_file_names", None)
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    if not isinstance(names, set) or any(here.startswith(n) for n in names):
+        return
+    names.add(here)
+    skip_files.skip_file_name_re = re.compile(
+        f"^({'|'.join(map(re.escape, names))})"
+    )
+    skip_files.setup_skip_files()
+
+
+def _unwrap_compiled_programs():
+    """Restore ``StaticFunction.__call__`` once no overlap is open."""
+    if _STATIC_CALL and not _OPEN:
+        cls = paddle.jit.dy2static.program_translator.StaticFunction
+        cls.__call__ = _STATIC_CALL.pop()
 
 
 _HAS_PREPEND = (
@@ -248,6 +317,7 @@ def sweep_abandoned():
     """Remove the hooks of owners whose optimizer was garbage-collected."""
     while _ABANDONED:
         _ABANDONED.pop()._remove_hooks()
+    _unwrap_compiled_programs()
 
 
 def open_overlaps():
@@ -421,8 +491,6 @@ class StageOneBroadcastOverlap:
         # Hook handles, paired: removed together in close().
         self._pre_hook_handles = {}  # id(layer) -> handle
         self._finalizer = None  # see close_with
-        # Layers compiled with paddle.jit.to_static: wait for everything.
-        self._compiled = frozenset()
         # Launch deferred while the hybrid optimizer still syncs parameters
         # after the update (see deferred_launch).
         self._defer_depth = 0
@@ -495,6 +563,8 @@ class StageOneBroadcastOverlap:
                 stacklevel=3,
             )
         _OPEN.add(self)
+        _wait_before_compiled_programs()
+        _keep_out_of_sot()
         for layer in self._hooked_layers:
             self._add_pre_hook(layer)
         for layer in self._owning_layers:
@@ -532,6 +602,7 @@ class StageOneBroadcastOverlap:
             self.wait_all()
         finally:
             self._remove_hooks()
+            _unwrap_compiled_programs()
 
     def _remove_hooks(self):
         for handle in self._pre_hook_handles.values():
@@ -716,22 +787,9 @@ class StageOneBroadcastOverlap:
 
     def _refresh_read_paths(self):
         """Once per launch: re-guard a layer whose ``_parameters`` was
-        replaced, and find layers compiled with ``paddle.jit.to_static``
-        since the last launch (they get a pre-hook that waits for
-        everything)."""
+        replaced since the last launch."""
         for layer in self._owning_layers:
             guard_layer(layer, self)
-        compiled = frozenset(
-            id(layer) for layer in self._all_layers if _is_compiled(layer)
-        )
-        if compiled != self._compiled:
-            self._compiled = compiled
-            for layer in self._all_layers:
-                if (
-                    id(layer) in compiled
-                    and id(layer) not in self._pre_hook_handles
-                ):
-                    self._add_pre_hook(layer)
 
     # ------------------------------------------------------------------
     # waiting: every wait is safe to call again
@@ -751,6 +809,13 @@ class StageOneBroadcastOverlap:
         """Wait for everything before a read of the whole model's state
         (the optimizer's ``state_dict()``, say)."""
         self.stats["waited_on_demand"] += self.wait_all()
+
+    def wait_before_compiled_program(self):
+        """Wait for everything before a ``paddle.jit.to_static`` program
+        runs (it reads parameters without Python; see
+        :func:`_wait_before_compiled_programs`)."""
+        if self._state is BroadcastOverlapState.ORDERED:
+            self.stats["waited_in_forward"] += self.wait_all()
 
     def wait_for_read(self, param, path):
         """Wait for the task carrying ``param`` (a read is about to hand it
@@ -802,14 +867,14 @@ class StageOneBroadcastOverlap:
     def _on_forward_pre(self, layer, _inputs):
         """Forward pre-hook of every hooked layer: record the first-use
         order while RECORDING; afterwards wait for the layer's own tasks
-        (everything in strict mode or at a compiled layer)."""
+        (everything in strict mode)."""
         state = self._state
         if state is BroadcastOverlapState.RECORDING:
             self._record(self._indices_of_layer.get(id(layer), ()))
             return
         if not self._pending or state is not BroadcastOverlapState.ORDERED:
             return
-        if self._strict or id(layer) in self._compiled:
+        if self._strict:
             # The first hooked layer to run waits for everything, whether
             # or not the forward goes through the root.
             self.stats["waited_in_forward"] += self.wait_all()
