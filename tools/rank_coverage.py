@@ -81,8 +81,58 @@ def combine_and_report(rcfile, fail_under=None, python=sys.executable):
     return ok, "".join(out).strip()
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["install-pth"]:
+def merge(out_dir, data_dirs, fail_under=None, python=sys.executable):
+    """Combine the coverage data found in ``data_dirs`` (files ``.coverage`` and ``.coverage.*``,
+    e.g. the ranks of each Paddle release and the in-process unit tests) into ``out_dir``, then
+    report as :func:`combine_and_report` does; also writes ``out_dir/coverage-report.txt``.
+
+    Returns (ok, text). Raises FileNotFoundError when no data file is found.
+    """
+    import glob
+    import shutil
+
+    rc = write_rcfile(out_dir)
+    data_dir = os.path.join(os.path.abspath(out_dir), "coverage")
+    copied = 0
+    for i, folder in enumerate(data_dirs):
+        for path in glob.glob(os.path.join(folder, ".coverage")) + glob.glob(os.path.join(folder, ".coverage.*")):
+            shutil.copyfile(path, os.path.join(data_dir, f".coverage.merge{i}-{os.path.basename(path)}"))
+            copied += 1
+    if not copied:
+        raise FileNotFoundError(f"no coverage data in {', '.join(data_dirs)}")
+    ok, text = combine_and_report(rc, fail_under, python)
+    with open(os.path.join(out_dir, "coverage-report.txt"), "w") as f:
+        f.write(text + "\n")
+    return ok, text
+
+
+def _main(argv):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="rank_coverage.py")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("install-pth", help="install the coverage start-up hook into this interpreter's venv")
+    r = sub.add_parser("rcfile", help="write DIR/.coveragerc (data in DIR/coverage) and print its path")
+    r.add_argument("dir", metavar="DIR")
+    m = sub.add_parser("merge", help="combine coverage data folders into OUT and report")
+    m.add_argument("out", metavar="OUT")
+    m.add_argument("data_dirs", metavar="DATA_DIR", nargs="+")
+    m.add_argument("--fail-under", type=float, metavar="PCT")
+    args = p.parse_args(argv)
+    if args.command == "install-pth":
         print(install_pth())
-    else:
-        sys.exit("usage: python tools/rank_coverage.py install-pth")
+        return 0
+    if args.command == "rcfile":
+        print(write_rcfile(args.dir))
+        return 0
+    ok, text = merge(args.out, args.data_dirs, args.fail_under)
+    print(text)
+    print(f"coverage report: {os.path.join(args.out, 'coverage-report.txt')} "
+          f"(XML: {os.path.join(args.out, 'coverage.xml')})")
+    if not ok:
+        print(f"COVERAGE FAILED (threshold {args.fail_under}%)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
