@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+
 """Wait checker for the stage-1 broadcast overlap tests.
 
 On gloo an async broadcast has finished when it returns, so a missing
@@ -50,7 +51,9 @@ _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 def _memory_range(tensor):
     """[start, end) of ``tensor``'s elements in memory, in bytes."""
     name = str(tensor.dtype).rsplit(".", 1)[-1].lower()
-    name = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(name, name)
+    name = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(
+        name, name
+    )
     start = tensor.data_ptr()
     return start, start + int(tensor._numel()) * _ITEMSIZE.get(name, 1)
 
@@ -131,7 +134,9 @@ class BroadcastWaitChecker:
             setattr(module, name, self._checked_read(name, original_fn))
         # writes: set_state_dict loads through Tensor.set_value
         original_set_value = paddle.Tensor.set_value
-        self._wrapped_reads.append((paddle.Tensor, "set_value", original_set_value))
+        self._wrapped_reads.append(
+            (paddle.Tensor, "set_value", original_set_value)
+        )
 
         @functools.wraps(original_set_value)
         def checked_set_value(tensor, *args, **kwargs):
@@ -217,7 +222,11 @@ class BroadcastWaitChecker:
     def num_unwaited(self):
         """int: tasks launched and not waited yet."""
         return len(
-            {id(proxy) for _, proxy in self._latest.values() if not proxy.waited}
+            {
+                id(proxy)
+                for _, proxy in self._latest.values()
+                if not proxy.waited
+            }
         )
 
     def step_report(self):

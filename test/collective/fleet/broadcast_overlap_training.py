@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+
 """Shared training helpers for the broadcast-overlap per-rank scripts.
 
 Models, deterministic data, ``train`` (one configurable loop), bitwise
@@ -26,11 +27,10 @@ import traceback
 import warnings
 
 import numpy as np
+from broadcast_overlap_checker import BroadcastWaitChecker
 
 import paddle
 from paddle.distributed import fleet
-
-from broadcast_overlap_checker import BroadcastWaitChecker
 
 VOCAB, HIDDEN, SEQ, BATCH = 32, 16, 6, 4
 STEPS = int(os.environ.get("BROADCAST_OVERLAP_STEPS", "4"))
@@ -167,7 +167,9 @@ def train(
                 opt.step()
         opt.clear_grad()
         if checker is not None:
-            print(f"rank {rank()} step {step} wait check: {checker.step_report()}")
+            print(
+                f"rank {rank()} step {step} wait check: {checker.step_report()}"
+            )
         if on_step is not None:
             on_step(step, model, opt)
     params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
@@ -180,7 +182,9 @@ def assert_bitwise_equal(expected, actual, what):
     actual_losses, actual_params = actual
     assert len(expected_losses) == len(actual_losses), what
     for i, (a, b) in enumerate(zip(expected_losses, actual_losses)):
-        assert a.tobytes() == b.tobytes(), f"{what}: loss {i} differs: {a} vs {b}"
+        assert (
+            a.tobytes() == b.tobytes()
+        ), f"{what}: loss {i} differs: {a} vs {b}"
     assert expected_params.keys() == actual_params.keys(), what
     for k in expected_params:
         a, b = expected_params[k], actual_params[k]
@@ -217,7 +221,11 @@ def overlap_options():
     ``BROADCAST_OVERLAP_BUCKET_MB`` as ``bucket_size_mb`` (the driver reruns
     launches with buckets); unset: 0, one broadcast per parameter, the
     granularity the structural checks of the cases describe."""
-    return {"bucket_size_mb": float(os.environ.get("BROADCAST_OVERLAP_BUCKET_MB", "0"))}
+    return {
+        "bucket_size_mb": float(
+            os.environ.get("BROADCAST_OVERLAP_BUCKET_MB", "0")
+        )
+    }
 
 
 def per_parameter(opt):
@@ -232,7 +240,9 @@ def overlap_impl(opt):
 
 
 def total_forward_pre_hooks(model):
-    return sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True))
+    return sum(
+        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
+    )
 
 
 def compare_on_off(build=TinyLM, **kwargs):
@@ -301,7 +311,9 @@ def run_cases(cases):
             print(f"CASE {name} FAIL (rank {rank()})", flush=True)
             traceback.print_exc()
             sys.stdout.flush()
-    print(f"{len(names) - len(failed)} passed, {len(failed)} failed", flush=True)
+    print(
+        f"{len(names) - len(failed)} passed, {len(failed)} failed", flush=True
+    )
     return 1 if failed else 0
 
 

@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+
 """Per-rank script: sharding stage 1 with broadcast overlap on vs off.
 
 Run under ``python -m paddle.distributed.launch --nproc_per_node 2``. Cases
@@ -50,7 +51,9 @@ def case_equal_acc1():
     if not per_parameter(info["opt"]):
         n_trainable = len(overlap_impl(info["opt"])._units)
     assert checker.counts["launched"] == STEPS * n_trainable, checker.counts
-    assert checker.counts["waited"] == checker.counts["launched"], checker.counts
+    assert (
+        checker.counts["waited"] == checker.counts["launched"]
+    ), checker.counts
     # forward uses the parameters exactly in broadcast order
     stats = overlap_impl(info["opt"]).stats
     assert stats["waited_out_of_order"] == 0, stats
@@ -74,10 +77,13 @@ def case_forward_order_recorded():
     forward_names = []
 
     def record(layer, _inputs):
-        forward_names.extend(p.name for p in layer.parameters(include_sublayers=False))
+        forward_names.extend(
+            p.name for p in layer.parameters(include_sublayers=False)
+        )
 
     handles = [
-        l.register_forward_pre_hook(record) for l in model.sublayers(include_self=True)
+        l.register_forward_pre_hook(record)
+        for l in model.sublayers(include_self=True)
     ]
     model(batch(0)[0])
     for h in handles:
@@ -97,7 +103,9 @@ def case_hooks_constant_and_removed():
     counts = []
 
     def on_step(step, model, opt):
-        counts.append((total_forward_pre_hooks(model), overlap_impl(opt).num_hooks))
+        counts.append(
+            (total_forward_pre_hooks(model), overlap_impl(opt).num_hooks)
+        )
 
     _, _, info = train(TinyLM, overlap=True, steps=10, on_step=on_step)
     assert len(counts) == 10 and len(set(counts)) == 1, counts
@@ -129,7 +137,13 @@ def case_hybrid_step_launches_after_its_parameter_syncs():
 
                 inner.step = step_then_count
 
-        train(TinyLM, overlap=True, steps=3, checker=checker, on_step=watch_inner_step)
+        train(
+            TinyLM,
+            overlap=True,
+            steps=3,
+            checker=checker,
+            on_step=watch_inner_step,
+        )
     assert launched_inside == [0, 0], launched_inside
     assert checker.counts["launched"] > 0 and checker.violations == []
 
@@ -144,7 +158,9 @@ def case_checker_catches_missing_wait():
                 for handle in overlap_impl(opt)._pre_hook_handles.values():
                     handle.remove()
 
-        train(TinyLM, overlap=True, steps=2, checker=checker, on_step=drop_hooks)
+        train(
+            TinyLM, overlap=True, steps=2, checker=checker, on_step=drop_hooks
+        )
     assert checker.violations, "checker failed to see unwaited broadcasts"
     assert any(w.startswith("forward:") for w, _ in checker.violations)
 

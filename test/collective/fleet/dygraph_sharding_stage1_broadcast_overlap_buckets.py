@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+
 """Per-rank script: broadcast buckets (``bucket_size_mb``), the ways public
 reports show flat or bucketed parameter storage breaking.
 
@@ -29,12 +30,7 @@ import tempfile
 import warnings
 
 import numpy as np
-
-import paddle
-from paddle.distributed import fleet
 from broadcast_overlap_checker import BroadcastWaitChecker
-from hybrid_parallel_cpu_shim import cpu_tensor_fusion
-from dygraph_sharding_stage1_broadcast_overlap_models import TiedLM, rename_state_keys
 from broadcast_overlap_training import (
     HIDDEN,
     STEPS,
@@ -50,6 +46,14 @@ from broadcast_overlap_training import (
     run_cases,
     train,
 )
+from dygraph_sharding_stage1_broadcast_overlap_models import (
+    TiedLM,
+    rename_state_keys,
+)
+from hybrid_parallel_cpu_shim import cpu_tensor_fusion
+
+import paddle
+from paddle.distributed import fleet
 
 KB = 1.0 / 1024  # in MB
 
@@ -62,22 +66,40 @@ def bucketed(build, bucket_size_mb, *, make_optimizer=adamw, parameters=None):
     params = parameters(model) if parameters else model.parameters()
     opt = fleet.distributed_optimizer(make_optimizer(params))
     model = fleet.distributed_model(model)
-    opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=bucket_size_mb)
+    opt._set_broadcast_overlap(
+        True, layers=model, bucket_size_mb=bucket_size_mb
+    )
     return model, opt
 
 
-def compare_buckets(build=TinyLM, bucket_size_mb=2 * KB, *, steps=STEPS, **kwargs):
+def compare_buckets(
+    build=TinyLM, bucket_size_mb=2 * KB, *, steps=STEPS, **kwargs
+):
     """Off run, then a bucketed on run under the checker. Returns
     ``(checker, model, opt, off result)``."""
     make_optimizer = kwargs.pop("make_optimizer", adamw)
     parameters = kwargs.pop("parameters", None)
-    off = train(build, overlap=False, steps=steps, make_optimizer=make_optimizer,
-                parameters=parameters, **kwargs)
-    model, opt = bucketed(build, bucket_size_mb, make_optimizer=make_optimizer,
-                          parameters=parameters)
+    off = train(
+        build,
+        overlap=False,
+        steps=steps,
+        make_optimizer=make_optimizer,
+        parameters=parameters,
+        **kwargs,
+    )
+    model, opt = bucketed(
+        build,
+        bucket_size_mb,
+        make_optimizer=make_optimizer,
+        parameters=parameters,
+    )
     with BroadcastWaitChecker() as checker:
         on = train(model=model, opt=opt, steps=steps, checker=checker, **kwargs)
-    assert_bitwise_equal(off[:2], on[:2], f"{getattr(build, '__name__', build)} buckets {bucket_size_mb} MB")
+    assert_bitwise_equal(
+        off[:2],
+        on[:2],
+        f"{getattr(build, '__name__', build)} buckets {bucket_size_mb} MB",
+    )
     assert checker.violations == [], checker.violations[:10]
     assert checker.num_unwaited() == 0
     return checker, model, opt, off
@@ -99,12 +121,19 @@ def assert_views_of_buffers(opt):
     for spec, buf in zip(store.specs, store.buffers):
         assert str(buf.dtype) == str(params[spec.indices[0]].dtype)
         assert buf.shape == [spec.length]
-        size = buf.element_size() if hasattr(buf, "element_size") else {"float64": 8}.get(spec.dtype, 4)
+        size = (
+            buf.element_size()
+            if hasattr(buf, "element_size")
+            else {"float64": 8}.get(spec.dtype, 4)
+        )
         end = 0
         for i, off, n in zip(spec.indices, spec.offsets, spec.numels):
             assert off >= end, (spec, i)
             end = off + n
-            assert params[i].data_ptr() == buf.data_ptr() + off * size, (spec, i)
+            assert params[i].data_ptr() == buf.data_ptr() + off * size, (
+                spec,
+                i,
+            )
         assert end <= spec.length
 
 
@@ -140,7 +169,8 @@ class _Gate(paddle.nn.Layer):
     def __init__(self):
         super().__init__()
         self.scale = self.create_parameter(
-            [HIDDEN], dtype="float64",
+            [HIDDEN],
+            dtype="float64",
             default_initializer=paddle.nn.initializer.Constant(1.0),
         )
 
@@ -155,10 +185,18 @@ class OddSizesLM(TinyLM):
 
     def __init__(self):
         super().__init__()
-        self.one = self.create_parameter([1], default_initializer=paddle.nn.initializer.Constant(1.0))
-        self.scalar = self.create_parameter([1, 1], default_initializer=paddle.nn.initializer.Constant(0.5))
-        self.odd = self.create_parameter([7], default_initializer=paddle.nn.initializer.Constant(0.1))
-        self.col = self.create_parameter([HIDDEN, 1], default_initializer=paddle.nn.initializer.Constant(0.2))
+        self.one = self.create_parameter(
+            [1], default_initializer=paddle.nn.initializer.Constant(1.0)
+        )
+        self.scalar = self.create_parameter(
+            [1, 1], default_initializer=paddle.nn.initializer.Constant(0.5)
+        )
+        self.odd = self.create_parameter(
+            [7], default_initializer=paddle.nn.initializer.Constant(0.1)
+        )
+        self.col = self.create_parameter(
+            [HIDDEN, 1], default_initializer=paddle.nn.initializer.Constant(0.2)
+        )
 
     def forward(self, tokens):
         x = self.embed(tokens) * self.one * self.scalar
@@ -173,8 +211,12 @@ class OddSizesLM(TinyLM):
 def case_on_off_bitwise_with_buckets():
     """Several windows (2 KB), one window (default cap), acc 2, minimize:
     bitwise equal to off; one broadcast per bucket, each read waited."""
-    for cap, kwargs in ((2 * KB, {}), (2 * KB, {"acc_steps": 2}), (2 * KB, {"use_minimize": True}),
-                        (256, {})):
+    for cap, kwargs in (
+        (2 * KB, {}),
+        (2 * KB, {"acc_steps": 2}),
+        (2 * KB, {"use_minimize": True}),
+        (256, {}),
+    ):
         checker, model, opt, _ = compare_buckets(TinyLM, cap, **kwargs)
         store = storage(opt)
         specs = store.specs
@@ -184,7 +226,10 @@ def case_on_off_bitwise_with_buckets():
         keys = [(s.window, s.src, s.dtype) for s in specs]
         assert len(keys) == len(set(keys)), keys
         # the launches were the buckets, nothing per parameter
-        assert checker.counts["launched"] == STEPS * len(specs), (checker.counts, len(specs))
+        assert checker.counts["launched"] == STEPS * len(specs), (
+            checker.counts,
+            len(specs),
+        )
         assert_views_of_buffers(opt)
         assert all_ranks_equal([s.length for s in specs])
         if cap == 256:
@@ -203,9 +248,17 @@ def case_checker_catches_a_pending_bucket():
             impl._units_of_layer[id(head)] = ()
             impl._pre_hook_handles[id(head)].remove()
 
-        train(model=model, opt=opt, steps=3, checker=checker, on_step=drop_head_wait)
-    assert any(w == "forward:head" or w.startswith("forward:") and "head" in w
-               for w, _ in checker.violations), checker.violations[:5]
+        train(
+            model=model,
+            opt=opt,
+            steps=3,
+            checker=checker,
+            on_step=drop_head_wait,
+        )
+    assert any(
+        w == "forward:head" or w.startswith("forward:") and "head" in w
+        for w, _ in checker.violations
+    ), checker.violations[:5]
 
 
 def case_tied_parameter_one_slot():
@@ -223,7 +276,10 @@ def case_tied_parameter_one_slot():
     impl = overlap_impl(opt)
     units_a = impl._units_of_layer[id(inner.mix_a)]
     units_b = impl._units_of_layer[id(inner.mix_b)]
-    assert impl._unit_of[position[0]] in units_a and impl._unit_of[position[0]] in units_b
+    assert (
+        impl._unit_of[position[0]] in units_a
+        and impl._unit_of[position[0]] in units_b
+    )
 
 
 def case_frozen_and_trainable_share_windows_under_weight_decay():
@@ -232,29 +288,44 @@ def case_frozen_and_trainable_share_windows_under_weight_decay():
     its bucket and bit-identical too."""
 
     def decaying(params):
-        return paddle.optimizer.AdamW(learning_rate=0.05, parameters=params, weight_decay=0.5)
+        return paddle.optimizer.AdamW(
+            learning_rate=0.05, parameters=params, weight_decay=0.5
+        )
 
     def freeze_later(step, model, opt):
         if step == 1:
             model._layers.blocks[1].down.weight.stop_gradient = True
-            freeze_later.value = model._layers.blocks[1].down.weight.numpy().copy()
+            freeze_later.value = (
+                model._layers.blocks[1].down.weight.numpy().copy()
+            )
 
     initial = build_with_initial_state(FrozenInsideLM)
     frozen_init = {
         "up.w": initial.blocks[0].up.weight.numpy().copy(),
         "norm.w": initial.blocks[1].norm.weight.numpy().copy(),
     }
-    _, model, opt, _ = compare_buckets(FrozenInsideLM, 2 * KB, make_optimizer=decaying,
-                                      on_step=freeze_later, steps=4)
+    _, model, opt, _ = compare_buckets(
+        FrozenInsideLM,
+        2 * KB,
+        make_optimizer=decaying,
+        on_step=freeze_later,
+        steps=4,
+    )
     inner, store = model._layers, storage(opt)
     params = params_of(opt)
-    for name, p in (("up.w", inner.blocks[0].up.weight), ("norm.w", inner.blocks[1].norm.weight)):
+    for name, p in (
+        ("up.w", inner.blocks[0].up.weight),
+        ("norm.w", inner.blocks[1].norm.weight),
+    ):
         assert p.numpy().tobytes() == frozen_init[name].tobytes(), name
         i = [k for k, q in enumerate(params) if q is p][0]
         assert store.bucket_of(i) is None, name
     later = inner.blocks[1].down.weight
     assert later.numpy().tobytes() == freeze_later.value.tobytes()
-    assert store.bucket_of([k for k, q in enumerate(params) if q is later][0]) is not None
+    assert (
+        store.bucket_of([k for k, q in enumerate(params) if q is later][0])
+        is not None
+    )
 
 
 def case_mixed_dtypes_never_share_a_buffer():
@@ -270,10 +341,15 @@ def case_mixed_dtypes_never_share_a_buffer():
     dtypes = set()
     for spec, buf in zip(store.specs, store.buffers):
         for i in spec.indices:
-            assert str(params[i].dtype) == str(buf.dtype), (params[i].name, buf.dtype)
+            assert str(params[i].dtype) == str(buf.dtype), (
+                params[i].name,
+                buf.dtype,
+            )
         dtypes.add(spec.dtype)
     assert dtypes == {"float32", "float64"}, dtypes
-    assert all(str(g.scale.dtype).endswith("float64") for g in model._layers.gates)
+    assert all(
+        str(g.scale.dtype).endswith("float64") for g in model._layers.gates
+    )
     assert_views_of_buffers(opt)
 
 
@@ -282,23 +358,35 @@ def case_odd_sizes_ranks_agree_on_lengths():
         _, model, opt, _ = compare_buckets(OddSizesLM, cap)
         store = storage(opt)
         assert_views_of_buffers(opt)
-        layout = [v for s in store.specs for v in (s.src, s.length, *s.offsets, *s.numels)]
+        layout = [
+            v
+            for s in store.specs
+            for v in (s.src, s.length, *s.offsets, *s.numels)
+        ]
         assert all_ranks_equal(layout), layout
         inner = model._layers
-        assert inner.scalar.shape == [1, 1] and inner.one.shape == [1] and inner.col.shape == [HIDDEN, 1]
+        assert (
+            inner.scalar.shape == [1, 1]
+            and inner.one.shape == [1]
+            and inner.col.shape == [HIDDEN, 1]
+        )
 
 
 def case_layer_spanning_two_buckets_waits_for_both():
     """A cap of exactly the head's weight closes the window after it, so the
     head's bias lands in the next window's bucket: the head waits for both
     (and a sabotaged head that waits only for the first is caught)."""
-    head_weight_mb = HIDDEN * 32 * 4 / float(1 << 20)  # Linear(HIDDEN, VOCAB=32) float32
+    head_weight_mb = (
+        HIDDEN * 32 * 4 / float(1 << 20)
+    )  # Linear(HIDDEN, VOCAB=32) float32
     _, model, opt, _ = compare_buckets(TinyLM, head_weight_mb)
     impl, head = overlap_impl(opt), model._layers.head
     units = impl._units_of_layer[id(head)]
     assert len(units) == 2, units
     store = storage(opt)
-    buckets = {store.bucket_of(impl._index_of[id(p)]) for p in head.parameters()}
+    buckets = {
+        store.bucket_of(impl._index_of[id(p)]) for p in head.parameters()
+    }
     assert len(buckets) == 2, buckets
 
     model2, opt2 = bucketed(TinyLM, head_weight_mb)
@@ -306,10 +394,16 @@ def case_layer_spanning_two_buckets_waits_for_both():
 
         def first_only(step, model, opt):
             impl = overlap_impl(opt)
-            impl._units_of_layer[id(model._layers.head)] = impl._units_of_layer[id(model._layers.head)][:1]
+            impl._units_of_layer[id(model._layers.head)] = impl._units_of_layer[
+                id(model._layers.head)
+            ][:1]
 
-        train(model=model2, opt=opt2, steps=3, checker=checker, on_step=first_only)
-    assert any("head" in w for w, _ in checker.violations), checker.violations[:5]
+        train(
+            model=model2, opt=opt2, steps=3, checker=checker, on_step=first_only
+        )
+    assert any("head" in w for w, _ in checker.violations), checker.violations[
+        :5
+    ]
 
 
 def case_optimizer_state_and_decay_selection_on_views():
@@ -320,7 +414,9 @@ def case_optimizer_state_and_decay_selection_on_views():
 
     def make(params):
         return paddle.optimizer.AdamW(
-            learning_rate=0.02, parameters=params, weight_decay=0.1,
+            learning_rate=0.02,
+            parameters=params,
+            weight_decay=0.1,
             apply_decay_param_fun=lambda name: "w_0" in name,
         )
 
@@ -329,21 +425,30 @@ def case_optimizer_state_and_decay_selection_on_views():
         model.head.weight.optimize_attr["learning_rate"] = 3.0
         return model
 
-    off_losses, off_params, off_info = train(build, overlap=False, make_optimizer=make)
+    off_losses, off_params, off_info = train(
+        build, overlap=False, make_optimizer=make
+    )
     model, opt = bucketed(build, 2 * KB, make_optimizer=make)
     with BroadcastWaitChecker() as checker:
         on_losses, on_params, _ = train(model=model, opt=opt, checker=checker)
-    assert_bitwise_equal((off_losses, off_params), (on_losses, on_params), "optimizer state")
+    assert_bitwise_equal(
+        (off_losses, off_params), (on_losses, on_params), "optimizer state"
+    )
     assert checker.violations == []
-    rename = {p.name: q.name for p, q in zip(off_info["model"].parameters(), model.parameters())}
+    rename = {
+        p.name: q.name
+        for p, q in zip(off_info["model"].parameters(), model.parameters())
+    }
     off_state, on_state = off_info["opt"].state_dict(), opt.state_dict()
     for key, value in off_state.items():
         if not hasattr(value, "numpy"):
             continue
-        owner = max((n for n in rename if key.startswith(n)), key=len, default=None)
+        owner = max(
+            (n for n in rename if key.startswith(n)), key=len, default=None
+        )
         if owner is None:
             continue
-        other = rename[owner] + key[len(owner):]
+        other = rename[owner] + key[len(owner) :]
         assert other in on_state, other
         assert value.numpy().tobytes() == on_state[other].numpy().tobytes(), key
     assert_views_of_buffers(opt)
@@ -359,7 +464,11 @@ def case_checkpoint_across_bucket_modes():
     total, cut = STEPS + 2, 2
     base_losses, base_params, _ = train(TinyLM, overlap=False, steps=total)
     states = {}
-    for saved_with, loaded_with in ((2 * KB, None), (None, 2 * KB), (2 * KB, 2 * KB)):
+    for saved_with, loaded_with in (
+        (2 * KB, None),
+        (None, 2 * KB),
+        (2 * KB, 2 * KB),
+    ):
         if saved_with is None:
             first_losses, _, info = train(TinyLM, overlap=False, steps=cut)
             model, opt = info["model"], info["opt"]
@@ -386,7 +495,9 @@ def case_checkpoint_across_bucket_modes():
         def loads(step, model, opt):
             inner = model._layers
             if step == cut:  # by copy, right after a launch
-                inner.set_state_dict({k: v.clone() for k, v in inner.state_dict().items()})
+                inner.set_state_dict(
+                    {k: v.clone() for k, v in inner.state_dict().items()}
+                )
             if step == cut + 1:  # by handing a new tensor
                 p = inner.blocks[0].up.weight
                 new = paddle.to_tensor(p.numpy())
@@ -394,18 +505,34 @@ def case_checkpoint_across_bucket_modes():
                 handed.append(p)
 
         if loaded_with is not None:
-            fresh_opt._set_broadcast_overlap(True, layers=fresh, bucket_size_mb=loaded_with)
-        with warnings.catch_warnings(record=True) as caught, BroadcastWaitChecker() as checker:
+            fresh_opt._set_broadcast_overlap(
+                True, layers=fresh, bucket_size_mb=loaded_with
+            )
+        with warnings.catch_warnings(
+            record=True
+        ) as caught, BroadcastWaitChecker() as checker:
             warnings.simplefilter("always")
             rest_losses, rest_params, _ = train(
-                model=fresh, opt=fresh_opt, steps=total - cut, first_step=cut, checker=checker,
+                model=fresh,
+                opt=fresh_opt,
+                steps=total - cut,
+                first_step=cut,
+                checker=checker,
                 on_step=loads if loaded_with is not None else None,
             )
         what = f"saved with {saved_with} MB, loaded with {loaded_with} MB"
         assert checker.violations == [], checker.violations[:5]
-        assert_bitwise_equal((base_losses, base_params), (first_losses + rest_losses, rest_params), what)
+        assert_bitwise_equal(
+            (base_losses, base_params),
+            (first_losses + rest_losses, rest_params),
+            what,
+        )
         if loaded_with is not None:
-            named = [str(w.message) for w in caught if handed[0].name in str(w.message)]
+            named = [
+                str(w.message)
+                for w in caught
+                if handed[0].name in str(w.message)
+            ]
             assert len(named) == 1, [str(w.message) for w in caught]
             impl = overlap_impl(fresh_opt)
             assert storage(fresh_opt).stale == [impl._index_of[id(handed[0])]]
@@ -424,8 +551,15 @@ def case_bucket_size_zero_is_per_parameter():
 def case_bad_bucket_size_raises_before_any_change():
     model = fleet.distributed_model(TinyLM())
     opt = fleet.distributed_optimizer(adamw(model.parameters()))
-    hooks = sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True))
-    for bad, error in ((-1, ValueError), (float("nan"), ValueError), ("256", TypeError), (True, TypeError)):
+    hooks = sum(
+        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
+    )
+    for bad, error in (
+        (-1, ValueError),
+        (float("nan"), ValueError),
+        ("256", TypeError),
+        (True, TypeError),
+    ):
         try:
             opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=bad)
         except error as e:
@@ -433,7 +567,13 @@ def case_bad_bucket_size_raises_before_any_change():
         else:
             raise AssertionError(f"bucket_size_mb={bad!r} accepted")
     assert overlap_impl(opt) is None
-    assert sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)) == hooks
+    assert (
+        sum(
+            len(l._forward_pre_hooks)
+            for l in model.sublayers(include_self=True)
+        )
+        == hooks
+    )
 
 
 def case_pp_sharding_comm_overlap_refused():
@@ -453,14 +593,22 @@ def case_pp_sharding_comm_overlap_refused():
     finally:
         pp.sharding_comm_overlap = False
     assert overlap_impl(opt) is None
-    assert sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)) == 0
+    assert (
+        sum(
+            len(l._forward_pre_hooks)
+            for l in model.sublayers(include_self=True)
+        )
+        == 0
+    )
 
 
 @contextlib.contextmanager
 def tensor_fusion():
     """sharding_configs.tensor_fusion = True for the optimizers built inside,
     with the TEST-ONLY CPU shim that lets Paddle build fused buffers here."""
-    config = fleet.fleet._user_defined_strategy.hybrid_configs["sharding_configs"]
+    config = fleet.fleet._user_defined_strategy.hybrid_configs[
+        "sharding_configs"
+    ]
     config.tensor_fusion = True
     try:
         with cpu_tensor_fusion():
@@ -480,13 +628,24 @@ def case_tensor_fusion_slices_bitwise_equal():
             inner = opt._inner_opt
             assert inner.tensor_fusion and inner._rank2fused
             fused = [t for ts in inner._rank2fused.values() for t in ts]
-            spans = [(t.data_ptr(), t.data_ptr() + 4 * int(t._numel())) for t in fused]
+            spans = [
+                (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
+                for t in fused
+            ]
             store = storage(opt)
             assert store.specs and len(store.specs) < len(params_of(opt))
-            for buf in store.buffers:  # slices of the fused buffers, nothing new
-                assert any(lo <= buf.data_ptr() < hi for lo, hi in spans), buf.data_ptr()
-            assert checker.counts["launched"] == STEPS * len(store.specs), checker.counts
-            assert all_ranks_equal([v for s in store.specs for v in (s.length, *s.offsets)])
+            for (
+                buf
+            ) in store.buffers:  # slices of the fused buffers, nothing new
+                assert any(
+                    lo <= buf.data_ptr() < hi for lo, hi in spans
+                ), buf.data_ptr()
+            assert checker.counts["launched"] == STEPS * len(
+                store.specs
+            ), checker.counts
+            assert all_ranks_equal(
+                [v for s in store.specs for v in (s.length, *s.offsets)]
+            )
         checker, model, opt, _ = compare_buckets(TinyLM, 0)
         assert storage(opt) is None
         assert checker.counts["launched"] == STEPS * len(params_of(opt))

@@ -27,10 +27,8 @@ chosen with env ``BROADCAST_OVERLAP_CASES``.
 import os
 import sys
 
-import numpy as np
-
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
-import paddle
+import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     assert_bitwise_equal,
@@ -39,6 +37,8 @@ from broadcast_overlap_training import (
     rank,
     run_cases,
 )
+
+import paddle
 from paddle.distributed import fleet
 
 TOPOLOGY = os.environ.get("BROADCAST_OVERLAP_TOPOLOGY", "pp2_sharding2")

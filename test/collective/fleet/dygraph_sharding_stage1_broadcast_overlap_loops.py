@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+
 """Per-rank script: training loops that break naive broadcast overlap.
 
 Collectives must be issued in the same order on every rank; these loops make
@@ -25,29 +26,30 @@ import os
 import sys
 import warnings
 
-import paddle
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
     STEPS,
-    adamw,
-    assert_bitwise_equal,
-    build_with_initial_state,
     TinyLM,
+    adamw,
     all_ranks_equal,
+    assert_bitwise_equal,
     batch,
+    build_with_initial_state,
     cases_of,
     compare_on_off,
     default_micro_step,
     lm_loss,
     overlap_impl,
-    per_parameter,
     overlap_module,
+    per_parameter,
     rank,
     run_cases,
     total_forward_pre_hooks,
     train,
 )
+
+import paddle
 from paddle.distributed import fleet
 from paddle.distributed.fleet.utils import recompute
 
@@ -118,7 +120,10 @@ class RecomputeLM(TinyLM):
         for block in self.blocks:
             # no dropout here; Paddle 2.6 cannot preserve RNG state on the CPU
             x = recompute(
-                block, x, use_reentrant=self.use_reentrant, preserve_rng_state=False
+                block,
+                x,
+                use_reentrant=self.use_reentrant,
+                preserve_rng_state=False,
             )
         return self.head(x)
 
@@ -168,11 +173,15 @@ def case_forward_order_differs_between_ranks_and_steps():
 
 
 def case_expert_routing_leaves_experts_unused():
-    _, info = compare_on_off(ExpertLM, steps=6, micro_step=step_aware_micro_step)
+    _, info = compare_on_off(
+        ExpertLM, steps=6, micro_step=step_aware_micro_step
+    )
     assert_order_agreed(info)
     impl = overlap_impl(info["opt"])
     # (a bucket shared with a layer that ran is waited in forward)
-    assert impl.stats["waited_before_update"] > 0 or not per_parameter(info["opt"]), impl.stats
+    assert impl.stats["waited_before_update"] > 0 or not per_parameter(
+        info["opt"]
+    ), impl.stats
 
 
 def case_ranks_run_different_forward_counts():
@@ -272,7 +281,9 @@ def case_weights_replaced_between_steps():
     def on_step(step, model, opt):
         if step == 0:
             snapshot.clear()
-            snapshot.update({k: v.clone() for k, v in model.state_dict().items()})
+            snapshot.update(
+                {k: v.clone() for k, v in model.state_dict().items()}
+            )
         elif step % 3 == 1:
             # roll back to an earlier snapshot right after step(): the
             # broadcasts are still pending when set_state_dict is called
@@ -298,7 +309,11 @@ def case_weights_replaced_between_steps():
                 on_step(step, model, opt)
 
             on = train(
-                TinyLM, overlap=True, checker=checker, on_step=on_step_pending, steps=6
+                TinyLM,
+                overlap=True,
+                checker=checker,
+                on_step=on_step_pending,
+                steps=6,
             )
     finally:
         layer_cls.set_state_dict = original
@@ -349,9 +364,12 @@ def case_trainability_changed_mid_training():
 def case_two_optimizers_share_one_model():
     """Two sharding optimizers over disjoint parameters of one model (V1
     has no parameter groups), both overlapped; turned off in either order."""
+
     def run(overlap, off_order=None):
         model = build_with_initial_state(TinyLM)
-        body = [p for n, p in model.named_parameters() if not n.startswith("head")]
+        body = [
+            p for n, p in model.named_parameters() if not n.startswith("head")
+        ]
         opts = [
             fleet.distributed_optimizer(adamw(body)),
             fleet.distributed_optimizer(
@@ -377,7 +395,8 @@ def case_two_optimizers_share_one_model():
                 opts[i]._set_broadcast_overlap(False)
             assert total_forward_pre_hooks(model) == base
             assert not any(
-                "set_state_dict" in vars(l) for l in model.sublayers(include_self=True)
+                "set_state_dict" in vars(l)
+                for l in model.sublayers(include_self=True)
             )
         return losses, params
 
@@ -415,7 +434,8 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     twin_hooks = [
         h
         for l in twin.sublayers(include_self=True)
-        for h in list(l._forward_pre_hooks.values()) + list(l._state_dict_hooks.values())
+        for h in list(l._forward_pre_hooks.values())
+        + list(l._state_dict_hooks.values())
     ]
     assert twin_hooks and all(h.__name__ == "_noop_hook" for h in twin_hooks)
 
@@ -458,7 +478,9 @@ def case_error_after_update_then_training_continues():
 
     def run(overlap):
         on_step.calls = 0
-        losses, _, info = train(TinyLM, overlap=overlap, steps=1, on_step=on_step)
+        losses, _, info = train(
+            TinyLM, overlap=overlap, steps=1, on_step=on_step
+        )
         model, opt = info["model"], info["opt"]
         more = []
         for step in range(1, 4):

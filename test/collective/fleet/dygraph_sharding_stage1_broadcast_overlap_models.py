@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+
 """Per-rank script: the kinds of model and state handling users have.
 
 Each case: overlap on vs off bitwise equal (numpy copies), and the wait
@@ -27,9 +28,6 @@ import types
 import warnings
 
 import numpy as np
-
-import paddle
-from paddle.distributed import fleet
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
@@ -50,6 +48,9 @@ from broadcast_overlap_training import (
     run_cases,
     train,
 )
+
+import paddle
+from paddle.distributed import fleet
 
 
 # ----------------------------------------------------------------------
@@ -228,7 +229,9 @@ def case_unreachable_parameters_waited_and_named():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        checker, info = compare_on_off(parameters=parameters, micro_step=micro_step)
+        checker, info = compare_on_off(
+            parameters=parameters, micro_step=micro_step
+        )
     name = extra_holder["p"].name
     named = [str(w.message) for w in caught if name in str(w.message)]
     assert len(named) == 1, [str(w.message) for w in caught]
@@ -258,7 +261,9 @@ def case_layer_not_run_and_eval_between_steps():
     impl = overlap_impl(info["opt"])
     # block 1's tasks of the odd steps were waited before the next update
     # (a bucket shared with a layer that ran is waited in forward)
-    assert impl.stats["waited_before_update"] > 0 or not per_parameter(info["opt"]), impl.stats
+    assert impl.stats["waited_before_update"] > 0 or not per_parameter(
+        info["opt"]
+    ), impl.stats
 
 
 def case_state_dict_and_save_without_synchronize():
@@ -282,7 +287,9 @@ def case_state_dict_and_save_without_synchronize():
         assert len(opt_state) > 0
         # Paddle 3.x state_dict(keep_vars=False) returns detached copies:
         # it must wait all the same
-        impl_params = inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
+        impl_params = inspect.signature(
+            paddle.nn.Layer._state_dict_impl
+        ).parameters
         if "keep_vars" in impl_params:
             impl = overlap_impl(opt)
             impl.wait_before_update()
@@ -357,11 +364,17 @@ def case_checkpoint_resume():
     opt._set_broadcast_overlap(True, layers=fresh)
     with BroadcastWaitChecker() as checker:
         rest_losses, rest_params, _ = train(
-            model=fresh, opt=opt, steps=total - cut, first_step=cut, checker=checker
+            model=fresh,
+            opt=opt,
+            steps=total - cut,
+            first_step=cut,
+            checker=checker,
         )
     assert checker.violations == [] and checker.counts["launched"] > 0
     assert_bitwise_equal(
-        (off_losses, off_params), (first_losses + rest_losses, rest_params), "resume"
+        (off_losses, off_params),
+        (first_losses + rest_losses, rest_params),
+        "resume",
     )
 
 
@@ -414,22 +427,26 @@ def case_user_pre_hook_reads_waited_parameters():
 
         def wrap(model):
             def user_hook(layer, _inputs):
-                checker.check(layer.parameters(include_sublayers=False), "user hook")
+                checker.check(
+                    layer.parameters(include_sublayers=False), "user hook"
+                )
 
             for layer in model.sublayers(include_self=True):
                 layer.register_forward_pre_hook(user_hook)
             return model
 
         train(TinyLM, overlap=True, checker=checker, wrap_model=wrap)
-    assert checker.counts["launched"] > 0 and checker.violations == [], (
-        checker.violations[:5]
-    )
+    assert (
+        checker.counts["launched"] > 0 and checker.violations == []
+    ), checker.violations[:5]
 
 
 def case_parameter_list_waited_by_parent():
     compare_on_off(ParameterListLM)
     with BroadcastWaitChecker() as checker:
-        READ_CHECK[0] = lambda params: checker.check(params, "ParameterList read")
+        READ_CHECK[0] = lambda params: checker.check(
+            params, "ParameterList read"
+        )
         try:
             train(ParameterListLM, overlap=True, checker=checker)
         finally:
@@ -475,7 +492,9 @@ def case_load_into_inner_model_or_sublayer_waits():
             loads.append((name, checker.num_unwaited()))
 
     on_step.checker = None
-    off = train(TinyLM, overlap=False, on_step=on_step, wrap_model=with_custom_load)
+    off = train(
+        TinyLM, overlap=False, on_step=on_step, wrap_model=with_custom_load
+    )
     with BroadcastWaitChecker() as checker:
         on_step.checker = checker
         on = train(
@@ -512,10 +531,18 @@ def case_bad_input_raises_before_any_change():
     other = TinyLM()
     bad = [
         (dict(broadcast_overlap=True, layers=None), ValueError, "layers=model"),
-        (dict(broadcast_overlap=True, layers="model"), TypeError, "paddle.nn.Layer"),
+        (
+            dict(broadcast_overlap=True, layers="model"),
+            TypeError,
+            "paddle.nn.Layer",
+        ),
         (dict(broadcast_overlap=True, layers=other), ValueError, "owns none"),
         (dict(broadcast_overlap="yes", layers=model), TypeError, "bool"),
-        (dict(broadcast_overlap=True, layers=model, strict=1), TypeError, "strict"),
+        (
+            dict(broadcast_overlap=True, layers=model, strict=1),
+            TypeError,
+            "strict",
+        ),
     ]
     for target in (opt, inner):
         for kwargs, error, text in bad:
@@ -525,7 +552,9 @@ def case_bad_input_raises_before_any_change():
                 assert text in str(e), (kwargs, str(e))
             else:
                 raise AssertionError(f"no {error.__name__} for {kwargs}")
-    for option in ("comm_overlap",):  # tensor_fusion: supported (buckets script)
+    for option in (
+        "comm_overlap",
+    ):  # tensor_fusion: supported (buckets script)
         saved = getattr(inner, option)
         setattr(inner, option, True)
         try:
@@ -552,10 +581,15 @@ def case_without_sharding_refused():
     )
 
     hcg = fleet.get_hybrid_communicate_group()
-    assert hcg.get_sharding_parallel_world_size() == 1, "needs sharding degree 1"
+    assert (
+        hcg.get_sharding_parallel_world_size() == 1
+    ), "needs sharding degree 1"
     model = TinyLM()
     opt = fleet.distributed_optimizer(adamw(model.parameters()))
-    for target in (opt, DygraphShardingOptimizer(adamw(model.parameters()), hcg)):
+    for target in (
+        opt,
+        DygraphShardingOptimizer(adamw(model.parameters()), hcg),
+    ):
         try:
             target._set_broadcast_overlap(True, layers=model)
         except ValueError as e:

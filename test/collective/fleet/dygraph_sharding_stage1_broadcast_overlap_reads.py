@@ -25,7 +25,6 @@ the read guard and must show violations. Cases are chosen with env
 
 import sys
 
-import paddle
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
@@ -36,6 +35,8 @@ from broadcast_overlap_training import (
     run_cases,
     train,
 )
+
+import paddle
 
 
 class OneLinear(paddle.nn.Layer):

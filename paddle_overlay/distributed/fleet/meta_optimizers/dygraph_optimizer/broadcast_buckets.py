@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+
 """Broadcast buckets for sharding stage 1: planning and contiguous storage.
 
 NOTE [broadcast buckets]
@@ -120,10 +121,14 @@ def dtype_name(dtype):
     name = str(dtype)
     for prefix in ("paddle.", "VarType.", "DataType."):
         if name.startswith(prefix):
-            name = name[len(prefix):]
+            name = name[len(prefix) :]
     name = name.lower()
-    return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32",
-            "fp64": "float64"}.get(name, name)
+    return {
+        "fp16": "float16",
+        "bf16": "bfloat16",
+        "fp32": "float32",
+        "fp64": "float64",
+    }.get(name, name)
 
 
 def itemsize(dtype):
@@ -239,7 +244,9 @@ def plan_buckets(
     appears twice, which keeps its first position in ``order``.
     """
     specs = []
-    for window_no, window in enumerate(_windows(order, params, src_ranks, cap_bytes, alone)):
+    for window_no, window in enumerate(
+        _windows(order, params, src_ranks, cap_bytes, alone)
+    ):
         groups = {}  # (src, dtype) -> [indices], insertion = first use
         for i in window:
             key = (src_ranks[i], dtype_name(params[i].dtype))
@@ -253,8 +260,15 @@ def plan_buckets(
                 numels.append(numel)
                 fill += -(-numel // unit) * unit
             specs.append(
-                BucketSpec(window_no, src, dtype, tuple(indices),
-                           tuple(offsets), tuple(numels), fill)
+                BucketSpec(
+                    window_no,
+                    src,
+                    dtype,
+                    tuple(indices),
+                    tuple(offsets),
+                    tuple(numels),
+                    fill,
+                )
             )
     return specs
 
@@ -265,14 +279,18 @@ def _windows(order, params, src_ranks, cap_bytes, alone):
     errors raised."""
     n = len(params)
     if len(src_ranks) != n:
-        raise ValueError(f"got {n} parameters but {len(src_ranks)} source ranks.")
+        raise ValueError(
+            f"got {n} parameters but {len(src_ranks)} source ranks."
+        )
     if sorted(order) != list(range(n)):
         raise ValueError(
             f"order must be a permutation of range({n}) (positions in the "
             "optimizer's parameter list)."
         )
     if not isinstance(cap_bytes, int) or cap_bytes <= 0:
-        raise ValueError(f"cap_bytes must be a positive int, got {cap_bytes!r}.")
+        raise ValueError(
+            f"cap_bytes must be a positive int, got {cap_bytes!r}."
+        )
     placed = set()  # id() of tensors already given a slot (tied repeats)
     alone = frozenset(alone)
     window, window_bytes = [], 0
@@ -332,8 +350,13 @@ def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
     for window in _windows(order, params, src_ranks, cap_bytes, alone):
         for i in window:
             ptr = params[i].data_ptr()
-            k = next((k for k in range(len(storages)) if starts[k] <= ptr < ends[k]), None)
-            if k is None or dtype_name(storages[k].dtype) != dtype_name(params[i].dtype):
+            k = next(
+                (k for k in range(len(storages)) if starts[k] <= ptr < ends[k]),
+                None,
+            )
+            if k is None or dtype_name(storages[k].dtype) != dtype_name(
+                params[i].dtype
+            ):
                 raise ValueError(
                     f"parameter {params[i].name} does not live in a fused "
                     "buffer of its dtype; tensor fusion did not place it."
@@ -345,7 +368,9 @@ def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
         slots = sorted((off, i) for i, (kk, off) in where.items() if kk == k)
         rank_in_buffer.update({i: r for r, (_, i) in enumerate(slots)})
     plan = []
-    for window_no, window in enumerate(_windows(order, params, src_ranks, cap_bytes, alone)):
+    for window_no, window in enumerate(
+        _windows(order, params, src_ranks, cap_bytes, alone)
+    ):
         runs = []  # [(k, [positions by offset])], first use order
         by_buffer = {}
         for i in window:
@@ -366,11 +391,21 @@ def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
             begin = where[run[0]][1]
             numels = tuple(_numel(params[i]) for i in run)
             offsets = tuple(where[i][1] - begin for i in run)
-            plan.append((
-                BucketSpec(window_no, src_ranks[run[0]], dtype_name(storages[k].dtype),
-                           tuple(run), offsets, numels, offsets[-1] + numels[-1]),
-                k, begin,
-            ))
+            plan.append(
+                (
+                    BucketSpec(
+                        window_no,
+                        src_ranks[run[0]],
+                        dtype_name(storages[k].dtype),
+                        tuple(run),
+                        offsets,
+                        numels,
+                        offsets[-1] + numels[-1],
+                    ),
+                    k,
+                    begin,
+                )
+            )
     return plan
 
 
@@ -397,7 +432,11 @@ class BucketStorage:
         for spec in specs:
             for i, numel in zip(spec.indices, spec.numels):
                 p = params[i]
-                if i in seen or dtype_name(p.dtype) != spec.dtype or _numel(p) != numel:
+                if (
+                    i in seen
+                    or dtype_name(p.dtype) != spec.dtype
+                    or _numel(p) != numel
+                ):
                     raise ValueError(
                         f"bucket plan does not match parameter {i} "
                         f"({getattr(p, 'name', '?')}): plan it from this list."
@@ -425,7 +464,8 @@ class BucketStorage:
                 self._alias_of[i] = j
         # positions with no slot of their own: sent alone while trainable
         self._unslotted = [
-            i for i in self._order
+            i
+            for i in self._order
             if i not in self._alias_of and i not in self._bucket_of
         ]
         self._detached = set()  # positions given their own unit for good
@@ -470,7 +510,9 @@ class BucketStorage:
                 buffer = paddle.zeros([spec.length], dtype=first.dtype)
                 if str(buffer.place) != str(first.place):
                     buffer = buffer._copy_to(first.place, True)
-                for i, offset, numel in zip(spec.indices, spec.offsets, spec.numels):
+                for i, offset, numel in zip(
+                    spec.indices, spec.offsets, spec.numels
+                ):
                     param = self._params[i]
                     shape = list(param.shape)
                     view = buffer._slice(offset, offset + numel)
@@ -493,7 +535,10 @@ class BucketStorage:
         for spec, buffer in zip(self._specs, buffers):
             size = itemsize(spec.dtype)
             for i, offset in zip(spec.indices, spec.offsets):
-                if self._params[i].data_ptr() != buffer.data_ptr() + offset * size:
+                if (
+                    self._params[i].data_ptr()
+                    != buffer.data_ptr() + offset * size
+                ):
                     raise ValueError(
                         f"parameter {self._params[i].name} is not at element "
                         f"{offset} of its planned buffer."
@@ -520,8 +565,11 @@ class BucketStorage:
         """
         assert self._buffers or not self._specs, "materialize() first"
         self._check_slot_sizes()
-        moved = [i for i, ptr in self._slot_ptr.items()
-                 if i not in self._detached and self._params[i].data_ptr() != ptr]
+        moved = [
+            i
+            for i, ptr in self._slot_ptr.items()
+            if i not in self._detached and self._params[i].data_ptr() != ptr
+        ]
         if moved:
             self._detach(moved)
         loose = self._loose_trainable()
@@ -590,13 +638,25 @@ class BucketStorage:
         for b, spec in enumerate(self._specs):
             live = [i for i in spec.indices if i not in self._detached]
             covered = tuple(
-                k for i in live for k in [i] + sorted(aliases[i], key=self._rank_in_order.get)
+                k
+                for i in live
+                for k in [i] + sorted(aliases[i], key=self._rank_in_order.get)
             )
-            units.append((self._rank_in_order[spec.indices[0]],
-                          BroadcastUnit(covered, spec.src, self._buffers[b], True)))
+            units.append(
+                (
+                    self._rank_in_order[spec.indices[0]],
+                    BroadcastUnit(covered, spec.src, self._buffers[b], True),
+                )
+            )
         for i in loose:
             covered = (i, *sorted(aliases[i], key=self._rank_in_order.get))
-            units.append((self._rank_in_order[i],
-                          BroadcastUnit(covered, self._src_ranks[i], self._params[i], False)))
+            units.append(
+                (
+                    self._rank_in_order[i],
+                    BroadcastUnit(
+                        covered, self._src_ranks[i], self._params[i], False
+                    ),
+                )
+            )
         units.sort(key=lambda item: item[0])
         return [unit for _, unit in units]

@@ -1,4 +1,4 @@
-# Copyright (c) 2026 paddle_overlay authors. All Rights Reserved.
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
 #
 # Licensed under the Apache License, Version 2.0 (the "License");
 # you may not use this file except in compliance with the License.
@@ -11,6 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+
 """Sharding stage 1: parameter broadcast overlapped with the next forward.
 
 NOTE [broadcast overlap]
@@ -733,7 +734,10 @@ class StageOneBroadcastOverlap:
                 *args, self._fused_storages, alone=self._unreachable
             )
             self._buckets = BucketStorage(
-                [spec for spec, _, _ in plan], self._params, self._src_ranks, order
+                [spec for spec, _, _ in plan],
+                self._params,
+                self._src_ranks,
+                order,
             )
             self._buckets.use_views(
                 [
@@ -751,7 +755,10 @@ class StageOneBroadcastOverlap:
             self._refresh_bucket_units()
         else:
             self._use_units(
-                [_Unit(self._params[i], self._src_ranks[i], (i,)) for i in order]
+                [
+                    _Unit(self._params[i], self._src_ranks[i], (i,))
+                    for i in order
+                ]
             )
         self._state = BroadcastOverlapState.ORDERED
 
@@ -834,9 +841,7 @@ class StageOneBroadcastOverlap:
 
     def _wait_indices(self, indices):
         unit_of = self._unit_of
-        return self._wait_units(
-            [unit_of[i] for i in indices if i in unit_of]
-        )
+        return self._wait_units([unit_of[i] for i in indices if i in unit_of])
 
     def _wait_units(self, positions):
         count = 0

@@ -116,7 +116,9 @@ class DygraphShardingOptimizer:
             )
         strategy = fleet.fleet._user_defined_strategy
         if strategy is not None and getattr(
-            strategy.hybrid_configs["pp_configs"], "sharding_comm_overlap", False
+            strategy.hybrid_configs["pp_configs"],
+            "sharding_comm_overlap",
+            False,
         ):
             raise ValueError(
                 "broadcast overlap does not support pp_configs."
@@ -134,7 +136,9 @@ class DygraphShardingOptimizer:
         fused = None
         if getattr(self, "tensor_fusion", False):
             # the parameters live in per-rank fused buffers: send slices
-            fused = [t for r in sorted(self._rank2fused) for t in self._rank2fused[r]]
+            fused = [
+                t for r in sorted(self._rank2fused) for t in self._rank2fused[r]
+            ]
         new = StageOneBroadcastOverlap(
             params,
             [src_of[id(p)] for p in params],

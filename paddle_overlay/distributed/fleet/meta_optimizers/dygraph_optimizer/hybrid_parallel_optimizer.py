@@ -67,7 +67,10 @@ class HybridParallelOptimizer:
             self._broadcast_overlap = False
             return
         inner._set_broadcast_overlap(
-            broadcast_overlap, layers, strict=strict, bucket_size_mb=bucket_size_mb
+            broadcast_overlap,
+            layers,
+            strict=strict,
+            bucket_size_mb=bucket_size_mb,
         )
         self._broadcast_overlap = broadcast_overlap
         self._layers = layers if broadcast_overlap else None
