@@ -71,6 +71,8 @@ finish_all
 if ((status != 0)); then
   echo "::: a venv could not be made; see its log above"
 else
+  # The two suites run side by side; their launches take turns (collective_launch._launch_lock).
+  export PADDLE_OVERLAY_LAUNCH_LOCK="$PWD/$REPORTS/launch.lock"
   collective=(--nproc 4 --coverage --run-dir "$REPORTS/runs")
   start "collective $NEWEST" "$REPORTS/collective-$NEWEST.log" \
     bash tools/run_collective_tests.sh --paddle "$NEWEST" "${collective[@]}" \

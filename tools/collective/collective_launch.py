@@ -20,6 +20,7 @@ Environment read here (set by ``tools/collective_runner.py``, or by hand):
 * ``PADDLE_OVERLAY_TEST_NPROC``   ranks the machine may use; a launch needing more is skipped.
 * ``PADDLE_OVERLAY_LAUNCH_ARGS``  extra launcher arguments, e.g. ``--master 10.0.0.1:8090 --nnodes 2 --rank 0``.
 * ``PADDLE_OVERLAY_RUN_DIR``      keep each launch's logs under this folder.
+* ``PADDLE_OVERLAY_LAUNCH_LOCK``  a file path: launches holding it take turns (see :func:`_launch_lock`).
 * ``PADDLE_OVERLAY_STARTUP_TIMEOUT`` seconds every rank may take to start and import Paddle
   (default 300).
 * ``TEST_TIMEOUT``                (set by upstream ``bash_test_modules``, seconds) the behaviour
@@ -29,6 +30,8 @@ Everything else in the environment, including ``PADDLE_OVERLAY_*`` and ``COVERAG
 reaches the ranks unchanged.
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -259,9 +262,34 @@ def _failed_rank(launcher_text):
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+@contextlib.contextmanager
+def _launch_lock():
+    """Hold ``$PADDLE_OVERLAY_LAUNCH_LOCK`` (a file path; unset: no lock) for one launch.
+
+    ``tools/run_tests.sh`` runs the two releases' suites side by side; their launches take
+    turns through this lock (the unit tests still overlap them). Two Paddle launchers starting
+    at once on one machine can pick the same ports for their ranks (gloo
+    ``connect ...: Connection refused`` seen under concurrent launches); one launch at a time
+    never does. Waiting here is before any rank starts, so neither clock counts it.
+    """
+    path = os.environ.get("PADDLE_OVERLAY_LAUNCH_LOCK")
+    if not path:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def launch_collective(script, *, nproc=2, timeout=300, env=None, args=(), log_dir=None, device=None,
                       startup_timeout=None):
     """Run ``script`` on ``nproc`` ranks with ``python -m paddle.distributed.launch``.
+
+    With ``$PADDLE_OVERLAY_LAUNCH_LOCK`` set, one launch at a time on the machine
+    (:func:`_launch_lock`).
 
     ``script``: path of the per-rank script (run from its own folder). ``timeout``: seconds of
     behaviour, counted from the moment every local rank has imported Paddle (capped by the
@@ -278,6 +306,12 @@ def launch_collective(script, *, nproc=2, timeout=300, env=None, args=(), log_di
     exist, ``ValueError`` for a timeout that is not a positive number, ``RuntimeError`` when the
     readiness hook cannot be installed.
     """
+    with _launch_lock():
+        return _launch_collective(script, nproc=nproc, timeout=timeout, env=env, args=args,
+                                  log_dir=log_dir, device=device, startup_timeout=startup_timeout)
+
+
+def _launch_collective(script, *, nproc, timeout, env, args, log_dir, device, startup_timeout):
     global _startup_seconds_total
     script = os.path.abspath(script)
     if not os.path.isfile(script):
