@@ -6,6 +6,12 @@
 # (.venv-test/paddle-VERSION, built in a temporary folder and moved into place, reused when its
 # stamp matches) and hands every other argument to tools/collective_runner.py.
 set -euo pipefail
+# The test tooling decides where the overlay is applied (the ranks get PADDLE_OVERLAY=1 from the
+# harness); a value left in the user's shell would apply it in every tool and test process.
+for var in PADDLE_OVERLAY PADDLE_OVERLAY_CHECK; do
+  if [[ -n "${!var:-}" ]]; then echo "note: ignoring $var=${!var} from the environment (the tests set it where needed)" >&2; fi
+  unset "$var"
+done
 shopt -s inherit_errexit  # failures inside $(ensure_venv) stop the script too
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

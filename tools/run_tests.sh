@@ -13,6 +13,12 @@
 # gloo, the launcher's polling), so on 2 cores running them side by side is what keeps the
 # suite inside its budget (docs/harness.md, "Suite time").
 set -euo pipefail
+# The test tooling decides where the overlay is applied (the ranks get PADDLE_OVERLAY=1 from the
+# harness); a value left in the user's shell would apply it in every tool and test process.
+for var in PADDLE_OVERLAY PADDLE_OVERLAY_CHECK; do
+  if [[ -n "${!var:-}" ]]; then echo "note: ignoring $var=${!var} from the environment (the tests set it where needed)" >&2; fi
+  unset "$var"
+done
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Threshold on the merged figure (ranks of 3.3.1 and 2.6.2 plus the in-process unit tests):

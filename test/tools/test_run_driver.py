@@ -54,18 +54,19 @@ def test_timeout_kills_process_tree(tmp_path):
 
 
 def test_rank_startup_extends_the_deadline(tmp_path):
-    # The driver's "launch" reports 30 s of rank start-up at once, then runs 4 s: with a 2 s
-    # timeout it passes only because start-up is not charged to the driver.
+    # The driver's "launch" reports 60 s of rank start-up at once, then runs 20 s: with a 10 s
+    # timeout (room for Python and pytest to start on a loaded machine before the record is
+    # written) it passes only because start-up is not charged to the driver.
     out = tmp_path / "out"
     body = f"""
         import json, os, time
         def test_launch():
             os.makedirs({str(out / "launch")!r}, exist_ok=True)
             with open({str(out / "launch" / "rank-startup.json")!r}, "w") as f:
-                json.dump({{"startup_seconds": 30.0}}, f)
-            time.sleep(4)
+                json.dump({{"startup_seconds": 60.0}}, f)
+            time.sleep(20)
     """
-    res = run_driver(_driver(tmp_path, body), timeout=2, env=dict(os.environ), out_dir=str(out))
+    res = run_driver(_driver(tmp_path, body), timeout=10, env=dict(os.environ), out_dir=str(out))
     assert (res.outcome, res.timed_out) == ("PASS", False), res.problems
 
 

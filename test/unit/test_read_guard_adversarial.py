@@ -120,8 +120,8 @@ def test_race_check_counts_one_read_once(checker, read, path):
         "and 3.3.1) and read after it is a different tensor "
         "object, so neither the guard nor the checker (which matches "
         "id(parameter)) sees it. A checker fix would match data_ptr ranges "
-        "of pending parameters; at least the README should say that views "
-        "kept across step() are references too."
+        "of pending parameters. Documented in the README ('How reads are "
+        "caught') as a reference kept across step()."
     ),
 )
 @pytest.mark.parametrize(
@@ -261,7 +261,7 @@ def test_dict_copies_wait_through_getitem(read):
         "unwaited: Paddle calls _parameters.items() once per layer, and "
         "items() waited when nothing was pending. Like a reference kept "
         "across step(); catching it would cost every iteration a Python "
-        "frame. Recommend: README lists it with the documented limits."
+        "frame. Documented in the README ('How reads are caught')."
     ),
 )
 def test_named_parameters_generator_resumed_after_step_waits():
