@@ -266,11 +266,11 @@ def _failed_rank(launcher_text):
 def _launch_lock():
     """Hold ``$PADDLE_OVERLAY_LAUNCH_LOCK`` (a file path; unset: no lock) for one launch.
 
-    ``tools/run_tests.sh`` runs the two releases' suites side by side; their launches take
-    turns through this lock (the unit tests still overlap them). Two Paddle launchers starting
-    at once on one machine can pick the same ports for their ranks (gloo
-    ``connect ...: Connection refused`` seen under concurrent launches); one launch at a time
-    never does. Waiting here is before any rank starts, so neither clock counts it.
+    For runs that share a machine with other launches and want them to take turns (one
+    launch at a time never competes for ports or cores). ``tools/run_tests.sh`` does not set
+    it: its two suites use disjoint ``PORT_RANGE``s instead (the lock made ``.ci/run`` take
+    484 s instead of 326-341 s). Waiting here is before any rank starts, so neither clock
+    counts it.
     """
     path = os.environ.get("PADDLE_OVERLAY_LAUNCH_LOCK")
     if not path:

@@ -26,6 +26,7 @@ import sys
 import traceback
 import warnings
 
+import hybrid_parallel_cpu_shim
 import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 
@@ -274,6 +275,7 @@ def all_ranks_equal(values):
 def init_fleet():
     """fleet.init with sharding degree = env BROADCAST_OVERLAP_SHARDING_DEGREE
     (default: every rank), the rest data parallel."""
+    hybrid_parallel_cpu_shim.install()  # gloo group creation (no-op on GPUs)
     if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
         # set by the CPU test harness; Paddle's CI keeps its default device
         paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])

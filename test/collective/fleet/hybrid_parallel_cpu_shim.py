@@ -24,8 +24,10 @@ and the ranks use GPUs; on CPU it replaces, for the test process only:
    sharding, check) back to back; on gloo, concurrent full-mesh
    connections of different groups on 4 ranks fail at random
    (``pair.cc TIMEOUT``, ``Connection refused``), and a second gloo
-   context over all ranks (the "check" group) fails in
-   ``address.cc`` (``sizeof(impl_) == bytes.size()``).
+   context over all ranks (the "check" group; on 2 ranks also the
+   sharding group) reads the first one's rendezvous keys and fails at
+   random (``address.cc ... sizeof(impl_) == bytes.size()``,
+   ``Connection refused`` under load).
 2. ``ParallelEnv._device_id`` -> a class default of 0. Why:
    ``PipelineLayer.__init__`` reads ``ParallelEnv().device_id``, which is
    only set when a GPU/XPU device is selected; on CPU the attribute is
