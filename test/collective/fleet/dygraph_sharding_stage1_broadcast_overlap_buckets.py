@@ -29,7 +29,6 @@ import sys
 import tempfile
 import warnings
 
-import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
@@ -38,7 +37,6 @@ from broadcast_overlap_training import (
     adamw,
     all_ranks_equal,
     assert_bitwise_equal,
-    batch,
     build_with_initial_state,
     cases_of,
     overlap_impl,

@@ -22,7 +22,6 @@ order is identical on every rank, overlap on vs off bitwise equal, and the
 wait checker sees no parameter used while its broadcast is pending.
 """
 
-import os
 import sys
 import warnings
 
