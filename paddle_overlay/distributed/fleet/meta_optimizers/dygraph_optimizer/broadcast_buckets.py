@@ -612,8 +612,9 @@ class BucketStorage:
         if names:
             warnings.warn(
                 "broadcast buckets: the memory of parameter(s) "
-                f"{names} was replaced after bucketing (e.g. model.to(dtype=...) "
-                "or a new tensor shared into it); each is now broadcast on its "
+                f"{names} was replaced after bucketing (e.g. "
+                "model.to(dtype=...) or a new tensor shared into it); each "
+                "is now broadcast on its "
                 "own from its current memory, never from its old bucket slot. "
                 "Re-enable broadcast overlap to bucket them again. Shown once "
                 "per parameter.",

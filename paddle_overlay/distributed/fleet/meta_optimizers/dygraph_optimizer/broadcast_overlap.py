@@ -45,8 +45,9 @@ upstream in these ways:
   sublayer, inside or outside ``model(...)``. A program compiled with
   ``paddle.jit.to_static`` (a layer's forward in AST or SOT mode, or a
   compiled method or function) reads parameters without Python, so it
-  waits for everything before it runs; SOT leaves this module untraced. Parameters that no layer of ``layers`` owns are
-  waited right after launch (with one warning). The optimizer's
+  waits for everything before it runs; SOT leaves this module untraced.
+  Parameters that no layer of ``layers`` owns are waited right after
+  launch (with one warning). The optimizer's
   ``state_dict()`` and the next ``step()``/``minimize()`` wait for whatever
   is still pending, so no manual synchronize is needed before
   ``paddle.save`` or inference. Not intercepted: a tensor reference (or a
@@ -87,6 +88,7 @@ from .broadcast_buckets import (
 )
 from .parameter_read_guard import (
     _PENDING,
+    GuardedParameters,
     clear_pending,
     guard_layer,
     register_pending,
@@ -639,7 +641,7 @@ class StageOneBroadcastOverlap:
                 self.launch()
 
     def launch(self):
-        """Broadcast every trainable parameter from its owner, ``sync_op=False``.
+        """Broadcast every trainable parameter from its owner (async).
 
         Called after each update, in place of the blocking broadcast (inside
         :meth:`deferred_launch`, when that block ends). The first call
@@ -794,9 +796,11 @@ class StageOneBroadcastOverlap:
 
     def _refresh_read_paths(self):
         """Once per launch: re-guard a layer whose ``_parameters`` was
-        replaced since the last launch."""
+        replaced since the last launch (the others are left alone: their
+        users were registered at :meth:`open`)."""
         for layer in self._owning_layers:
-            guard_layer(layer, self)
+            if type(layer.__dict__.get("_parameters")) is not GuardedParameters:
+                guard_layer(layer, self)
 
     # ------------------------------------------------------------------
     # waiting: every wait is safe to call again

@@ -36,7 +36,8 @@ test of an empty dict.
 What cannot be seen here: a tensor reference taken before ``step()`` and
 read after it (``w = layer.weight`` kept across steps), and a compiled
 program (``paddle.jit.to_static``) that reads parameters without running
-Python; the owner waits for everything at the entry of a compiled layer.
+Python; the owner makes every compiled program wait for everything before
+it runs (``broadcast_overlap._wait_before_compiled_programs``).
 """
 
 import weakref
@@ -71,9 +72,7 @@ def _wait_for(param, path):
 
 def _wait_for_all(params, path):
     for param in params:
-        owner = _PENDING.get(id(param))
-        if owner is not None:
-            owner.wait_for_read(param, path)
+        _wait_for(param, path)
 
 
 class GuardedParameters(OrderedDict):
@@ -84,9 +83,9 @@ class GuardedParameters(OrderedDict):
     ``d.popitem()`` (path ``"attribute"``; ``copy()``, ``setdefault()`` and
     ``dict(d)`` go through ``d[name]``), ``d.items()`` and ``d.values()``
     (path ``"iteration"``, all of this layer's own parameters). Membership,
-    ``keys()`` and writes are plain ``OrderedDict`` operations. A copy or pickle is a plain ``OrderedDict``
-    (made after the waits), so a ``copy.deepcopy`` of the model carries no
-    guard.
+    ``keys()`` and writes are plain ``OrderedDict`` operations. A copy or
+    pickle is a plain ``OrderedDict`` (made after the waits), so a
+    ``copy.deepcopy`` of the model carries no guard.
     """
 
     __slots__ = ()
