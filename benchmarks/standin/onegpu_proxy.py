@@ -128,7 +128,7 @@ def anchor_for(engine, dev, side, scratch, reps, tokens_list):
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for d in dsts:
-                    s = scratch[: d.numel() * d.element_size()].view(d.dtype)
+                    s = scratch[: d.numel() * d.element_size()].view(d.dtype).view_as(d)
                     d.copy_(s) if engine == "ce" else sm_copy(d, s, int(engine[2:]))
         return work
 
