@@ -52,6 +52,38 @@ and the ranks use GPUs; on CPU it replaces, for the test process only:
 and :func:`cpu_tensor_fusion` (item 6, a context manager around building
 the optimizer) lets ``sharding_configs.tensor_fusion`` build its fused
 buffers on the CPU.
+
+Sharding stage 1 V2 (``sharding_configs.split_param = True``,
+``DygraphShardingOptimizerV2``), items 7 to 9 (7 by :func:`install`, 8 and 9
+by :func:`cpu_sharding_v2`, a context manager around
+``fleet.distributed_model`` and ``fleet.distributed_optimizer``):
+
+7. ``paddle.distributed.reduce_scatter`` -> an all-reduce (sum) of a copy of
+   the input over the group, then this rank's slice copied into the output
+   in place. Why: V2 reduces each comm buffer's gradients with
+   ``reduce_scatter`` and gloo has none (``ProcessGroupGLOO does not support
+   reduce_scatter with sync_op flag``). Same bits: on 2 ranks every element
+   is one addition ``a + b`` whichever collective computes it, and IEEE
+   addition is commutative. On 4 ranks the order of the three additions is
+   the algorithm's, so the bits may differ from a GPU reduce-scatter; the
+   on-vs-off comparisons run this same emulation on both sides (gloo's
+   all-reduce gives every rank the same values), so they stay exact. The
+   input is left as it was (reduce-scatter does not change it); the
+   returned task has already finished.
+8. ``tensor_fusion_helper.get_current_device_type`` (Paddle 3.x) -> "cpu",
+   with the GPU's 256-byte alignment. Why: building V2's comm buffers pads
+   each parameter by the device's alignment and Paddle 3.x asserts a
+   GPU/NPU/XPU (``tensor fusion helper now only support dict_keys(['gpu',
+   'npu', 'xpu']), but got device unknown instead``). Paddle 2.6 pads with
+   ``alignment["gpu"]`` whatever the device and needs nothing here (its
+   hard-coded ``device="gpu"`` is only on the non-reduce-scatter path,
+   item 6). Restored on exit.
+9. ``DygraphShardingOptimizerV2._build_comm_buffers`` (Paddle 2.6 only) ->
+   the same call with ``group_size`` = ``comm_buffer_size_MB`` MiB. Why:
+   Paddle 2.6 has no ``sharding_configs.comm_buffer_size_MB`` and always
+   groups parameters into 256 MB buffers, so a small test model gets one
+   buffer; on 3.x the tests set ``comm_buffer_size_MB`` and this item does
+   nothing. Restored on exit.
 """
 
 import contextlib
@@ -190,6 +222,48 @@ def _pipeline_p2p_with_isend_irecv():
     p2p.batch_send_recv_on_calc_stream = batch_send_recv
 
 
+class _FinishedTask:
+    """A task whose collective already ran (gloo runs it in the call)."""
+
+    def wait(self, *args, **kwargs):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def synchronize(self):
+        return None
+
+
+def _reduce_scatter_by_all_reduce():
+    """7. (see the module docstring)"""
+    original = paddle.distributed.reduce_scatter
+
+    @functools.wraps(original)
+    def reduce_scatter(
+        tensor, tensor_or_tensor_list, op=None, group=None, sync_op=True
+    ):
+        from paddle.distributed import collective
+
+        if op is None:
+            op = paddle.distributed.ReduceOp.SUM
+        group = group or collective._get_default_group()
+        if group.rank < 0:  # not in this group
+            return _FinishedTask()
+        if isinstance(tensor_or_tensor_list, (list, tuple)):
+            full = paddle.concat([t.flatten() for t in tensor_or_tensor_list])
+        else:
+            full = tensor_or_tensor_list.flatten().clone()
+        paddle.distributed.all_reduce(full, op=op, group=group, sync_op=True)
+        size = int(tensor._numel())
+        mine = full._slice(group.rank * size, (group.rank + 1) * size)
+        with paddle.no_grad():
+            tensor.copy_(mine.reshape(tensor.shape), True)
+        return _FinishedTask()
+
+    paddle.distributed.reduce_scatter = reduce_scatter
+
+
 def install():
     """Apply the shims above once per process; a no-op on GPU ranks.
     Call before ``fleet.init``."""
@@ -201,6 +275,7 @@ def install():
     _identity_for_c_identity()
     _broadcast_input_data_on_cpu()
     _pipeline_p2p_with_isend_irecv()
+    _reduce_scatter_by_all_reduce()
 
 
 @contextlib.contextmanager
@@ -245,3 +320,45 @@ def cpu_tensor_fusion():
         gss.cvt_to_device = saved_cvt
         gss.device_guard = saved_guard
         gss.ParamStorage.add_rank_params = saved_add
+
+
+@contextlib.contextmanager
+def cpu_sharding_v2(comm_buffer_size_MB=None):
+    """8 and 9. Inside this block, sharding stage 1 V2 builds its comm
+    buffers on the CPU (Paddle 3.x: item 8) and, on Paddle 2.6, in buffers
+    of ``comm_buffer_size_MB`` MiB (item 9; ``None`` keeps Paddle's 256 MB).
+    Wrap ``fleet.distributed_model`` (a pipeline builds V2's buffers there)
+    and ``fleet.distributed_optimizer``. A no-op on GPU ranks. Restored on
+    exit."""
+    if not _on_cpu():
+        yield
+        return
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+        dygraph_sharding_optimizer as dso,
+    )
+    from paddle.distributed.fleet.utils import tensor_fusion_helper as tfh
+
+    saved_alignment = dict(tfh.alignment)
+    has_type = hasattr(tfh, "__current_device_type__")
+    saved_type = getattr(tfh, "__current_device_type__", None)
+    v2 = dso.DygraphShardingOptimizerV2
+    saved_build = v2.__dict__["_build_comm_buffers"]
+    if has_type:  # 8: Paddle 3.x asks the device type
+        tfh.alignment["cpu"] = tfh.alignment["gpu"]
+        tfh.__current_device_type__ = "cpu"
+    elif comm_buffer_size_MB is not None:  # 9: Paddle 2.6, fixed 256 MB
+
+        @functools.wraps(saved_build)
+        def build_comm_buffers(self, acc_steps, group_size=None, *args):
+            size = int(comm_buffer_size_MB * 1024 * 1024)
+            return saved_build(self, acc_steps, size, *args)
+
+        v2._build_comm_buffers = build_comm_buffers
+    try:
+        yield
+    finally:
+        tfh.alignment.clear()
+        tfh.alignment.update(saved_alignment)
+        if has_type:
+            tfh.__current_device_type__ = saved_type
+        v2._build_comm_buffers = saved_build
