@@ -104,7 +104,7 @@ def measure(warmup, rounds):
     rows = []
     for mode, cap in MODES.items():
         owner = owners[mode]
-        windows = len({s.window for s in owner._buckets.specs}) if owner._buckets else n_params
+        windows = len({s.window for s in owner.bucket_storage.specs}) if owner.bucket_storage else n_params
         wall = statistics.median(w for w, _ in times[mode]) * 1e3
         cpu = statistics.median(c for _, c in times[mode]) * 1e3
         rows.append([mode, cap, n_params, windows, f"{counts[mode] / rounds:.0f}", f"{wall:.3f}", f"{cpu:.3f}"])

@@ -13,7 +13,11 @@ Before anything is patched, :func:`apply` checks the installed Paddle:
   older or unreadable version is refused (:class:`UnsupportedPaddleVersion`).
 * its structure (:class:`PaddleInternalsChanged` names what moved): every
   wrapped method exists on the class itself; the call paths the overlay
-  relies on are still in the source (:data:`CALL_PATHS`); and no method the
+  relies on are still in the source (:data:`CALL_PATHS`); the Paddle internals
+  the read interception relies on are in place
+  (``read_interception.REQUIRED_INTERNALS``: ``Layer.__getattr__`` reading
+  ``_parameters``, ``named_parameters``/``state_dict`` iterating it,
+  ``StaticFunction.__call__``, SOT's skip files); and no method the
   overlay *adds* (anything not wrapped and not in
   :data:`REPLACES_UPSTREAM`) exists on the installed class, so an added
   method never shadows one a later Paddle defines. Such a clash is refused,
@@ -224,7 +228,11 @@ def _targets():
 
 def _check_structure(version, targets):
     """Raise :class:`PaddleInternalsChanged` listing every problem found, if any."""
+    from .distributed.fleet.meta_optimizers.dygraph_optimizer import read_interception
+
     problems = _check_call_paths({t.__name__: t for t, _, _ in targets})
+    # the Paddle internals every read wait relies on (read_interception.py)
+    problems += read_interception.check_internals()
     for target, overlay_module, overlay_cls in targets:
         problems += _check_methods(target, overlay_module, overlay_cls)
     if problems:

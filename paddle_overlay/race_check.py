@@ -2,7 +2,7 @@
 
 A debugging mode for your own model. While broadcast overlap is on, every
 Python path through a layer waits for a parameter's broadcast before handing
-it out (``parameter_read_guard.py``); what no hook can see is a tensor
+it out (``read_interception.py``); what no hook can see is a tensor
 reference kept across ``step()`` and read later. On gloo such a read still
 gives the right numbers (an async broadcast has finished when it returns); on
 NCCL it reads memory the comm stream may still be writing. The checker makes
@@ -120,16 +120,14 @@ def is_enabled():
 
 
 def _pending():
-    from .distributed.fleet.meta_optimizers.dygraph_optimizer import (
-        parameter_read_guard,
-    )
+    from .distributed.fleet.meta_optimizers.dygraph_optimizer import comm_unit
 
-    return parameter_read_guard._PENDING
+    return comm_unit.PENDING
 
 
 def _record(pending, value, path):
-    owner = pending.get(id(value))
-    if owner is None:
+    unit = pending.get(id(value))
+    if unit is None:
         return
     layer = _State.layers[-1] if _State.layers else "<outside forward>"
     name = getattr(value, "name", "?")

@@ -11,6 +11,15 @@ import warnings
 import numpy as np
 import paddle
 
+
+class _Group:
+    ranks = [0, 1]
+    nranks = 2
+    rank = 0
+
+
+GROUP = _Group()
+
 from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.broadcast_buckets import (
     ALIGN_BYTES,
     DEFAULT_BUCKET_SIZE_MB,
@@ -188,10 +197,10 @@ class TestStorage(unittest.TestCase):
         params = build(self.SHAPES)
         order = [6, 5, 4, 3, 2, 1, 0]
         storage = materialized(params, [0, 1, 0, 1, 0, 1, 0], 64, order)
-        units = storage.units()
+        units = storage.units(GROUP)
         covered = [i for u in units for i in u.indices]
         self.assertEqual(sorted(covered), [0, 1, 2, 3, 5, 6])
-        self.assertIs(storage.units(), units)  # cached while nothing changed
+        self.assertIs(storage.units(GROUP), units)  # cached while nothing changed
         firsts = [order.index(u.indices[0]) for u in units]
         self.assertEqual(firsts, sorted(firsts))
 
@@ -199,7 +208,7 @@ class TestStorage(unittest.TestCase):
         params = build(self.SHAPES)
         storage = materialized(params, [0] * 7, MB)
         params[4].stop_gradient = False
-        units = storage.units()
+        units = storage.units(GROUP)
         self.assertIn(((4,), 0), [(u.indices, u.src) for u in units])
         self.assertIs([u for u in units if u.indices == (4,)][0].tensor, params[4])
 
@@ -210,7 +219,7 @@ class TestStorage(unittest.TestCase):
         slots = [i for s in storage.specs for i in s.indices]
         self.assertEqual(slots, [2, 1])
         self.assertEqual(storage.bucket_of(0), storage.bucket_of(2))
-        unit = [u for u in storage.units() if 2 in u.indices][0]
+        unit = [u for u in storage.units(GROUP) if 2 in u.indices][0]
         self.assertEqual((unit.indices, unit.src), ((2, 0), 0))  # owner of its first position
 
     def test_optimizer_bitwise_equal_and_state_keys_unchanged(self):
@@ -246,41 +255,21 @@ class TestStorage(unittest.TestCase):
         self.assertEqual([p.data_ptr() for p in params], ptrs)
         self.assertTrue((storage.buffers[0].numpy()[: 12] == 3.0).all())
 
-    def test_load_handing_new_tensors_is_detected_and_sent_alone(self):
+    def test_load_handing_new_tensors_is_detected(self):
         model = paddle.nn.Linear(4, 3)
         params = list(model.parameters())
         storage = materialized(params, [0, 0], MB)
+        self.assertEqual(storage.replaced(), [])
         fresh = paddle.full([4, 3], 5.0, "float32")
         params[0].get_tensor()._share_data_with(fresh.get_tensor())  # a loader that hands tensors
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            units = storage.units()
-        self.assertEqual([params[0].name in str(w.message) for w in caught], [True])
-        alone = [u for u in units if not u.bucket]
-        self.assertEqual([(u.indices, u.tensor is params[0]) for u in alone], [((0,), True)])
-        np.testing.assert_array_equal(alone[0].tensor.numpy(), np.full([4, 3], 5.0, "float32"))
-        self.assertEqual([u.indices for u in units if u.bucket], [(1,)])
+        self.assertEqual(storage.replaced(), [0])
 
-    def test_replaced_storage_is_sent_alone_with_one_warning(self):
+    def test_replaced_storage_is_reported_in_order(self):
         model = paddle.nn.Sequential(paddle.nn.Linear(4, 3), paddle.nn.Linear(3, 2))
         params = list(model.parameters())
-        storage = materialized(params, [0, 1, 0, 1], MB)
-        self.assertEqual(len(storage.units()), 2)
+        storage = materialized(params, [0, 1, 0, 1], MB, order=[3, 2, 1, 0])
         model[1].to(dtype="float16")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            units = storage.units()
-            storage.units()
-        self.assertEqual(len(caught), 1)
-        for p in params[2:]:
-            self.assertIn(p.name, str(caught[0].message))
-        alone = {u.indices: u for u in units if len(u.indices) == 1}
-        self.assertIs(alone[(2,)].tensor, params[2])
-        self.assertIs(alone[(3,)].tensor, params[3])
-        self.assertEqual(storage.stale, [2, 3])
-        in_buckets = [i for u in units if u.bucket for i in u.indices]
-        self.assertNotIn(2, in_buckets)  # nothing read from a dead slot
-        self.assertNotIn(3, in_buckets)
+        self.assertEqual(storage.replaced(), [3, 2])  # agreed order, not list order
 
     def test_spec_from_another_list_is_refused(self):
         params = build([((3,), "float32", False)])
@@ -317,7 +306,7 @@ class TestFusedSlices(unittest.TestCase):
             self.assertLessEqual(end, start)
         storage = BucketStorage([s for s, _, _ in plan], params, [0] * 6, list(range(6)))
         storage.use_views([buf._slice(b, b + s.length) for s, _, b in plan])
-        self.assertEqual(len(storage.units()), 6)
+        self.assertEqual(len(storage.units(GROUP)), 6)
 
     def test_parameter_outside_the_buffers_is_refused(self):
         params, buf = self.fused([0, 1, 2, 3, 4, 5])

@@ -65,7 +65,7 @@ def test_one_broadcast_per_bucket_in_forward_order():
         ("broadcast", "bucket1", 1),  # second.weight
         ("broadcast", "bucket2", 1),  # second.bias
     ]
-    specs = owner._buckets.specs
+    specs = owner.bucket_storage.specs
     assert [(s.window, s.src, s.indices) for s in specs] == [(0, 0, (2, 3)), (0, 1, (0,)), (1, 1, (1,))]
 
 
@@ -100,7 +100,7 @@ def test_parameters_become_views_and_values_survive():
     owner, comm = make_owner(model, 1)
     launch_after_forward(model, owner, comm)
     owner.wait_all()
-    (buf,) = owner._buckets.buffers
+    (buf,) = owner.bucket_storage.buffers
     for p in model.parameters():
         assert buf.data_ptr() <= p.data_ptr() < buf.data_ptr() + 4 * buf.shape[0]
     for k, v in model.state_dict().items():
@@ -121,12 +121,13 @@ def test_unfrozen_after_planning_is_sent_alone():
     assert comm.take() == [("broadcast", "bucket0", 0), ("broadcast", "first.bias", 0)]
 
 
-def test_replaced_storage_is_sent_alone_with_one_warning():
+def test_replaced_storage_is_replanned_on_every_rank_with_one_warning():
     model = Net()
     owner, comm = make_owner(model, 1)
     launch_after_forward(model, owner, comm)
     owner.wait_before_update()
     comm.take()
+    (old,) = owner.bucket_storage.buffers
     w = model.first.weight
     fresh = paddle.ones([4, 3])  # kept alive while its memory is shared
     w.get_tensor()._share_data_with(fresh.get_tensor())
@@ -136,12 +137,33 @@ def test_replaced_storage_is_sent_alone_with_one_warning():
         owner.wait_before_update()
         owner.launch()
     assert [w.name in str(c.message) for c in caught] == [True]
-    events = [e for e in comm.take() if e[0] == "broadcast"]
-    assert events == [("broadcast", "bucket0", 0), ("broadcast", "first.weight", 0)] * 2
-    record_forwards(model, comm)
-    model(X)
-    waits = [e for e in comm.take() if e[0] == "wait"]
-    assert sorted(waits) == [("wait", "bucket0"), ("wait", "first.weight")]
+    # one max-reduce per launch says whether any rank saw a replacement
+    assert comm.reductions == [[1], [0]]
+    assert owner.stats["replanned"] == 1
+    # a new plan: one bucket again, holding the replaced parameter's value
+    (new,) = owner.bucket_storage.buffers
+    assert new is not old
+    assert [e for e in comm.take() if e[0] == "broadcast"] == [("broadcast", "bucket1", 0)] * 2
+    assert buf_holds(new, w) and (w.numpy() == 1).all()
+
+
+def test_replacement_on_another_rank_only_replans_here_too():
+    model = Net()
+    owner, comm = make_owner(model, 1)
+    launch_after_forward(model, owner, comm)
+    owner.wait_before_update()
+    comm.take()
+    comm.others_max = [1]  # another rank of the group saw a replacement
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        owner.launch()
+    assert ["another rank" in str(c.message) for c in caught] == [True]
+    assert owner.stats["replanned"] == 1
+    assert [e[1] for e in comm.take() if e[0] == "broadcast"] == ["bucket1"]
+
+
+def buf_holds(buf, param):
+    return buf.data_ptr() <= param.data_ptr() < buf.data_ptr() + 4 * buf.shape[0]
 
 
 def test_zero_keeps_one_broadcast_per_parameter():
@@ -151,7 +173,7 @@ def test_zero_keeps_one_broadcast_per_parameter():
     assert [e[1] for e in events if e[0] == "broadcast"] == [
         "first.weight", "first.bias", "second.weight", "second.bias"
     ]
-    assert owner._buckets is None
+    assert owner.bucket_storage is None
 
 
 @pytest.mark.parametrize("bad, error", [(-1, ValueError), (float("nan"), ValueError), ("1", TypeError)])

@@ -20,7 +20,7 @@ from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     broadcast_overlap as bo,
 )
 from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    parameter_read_guard as guard,
+    read_interception as guard,
 )
 
 State = bo.BroadcastOverlapState
@@ -49,6 +49,8 @@ class RecordingComm:
 
     def __init__(self, names, first_rank_messages=None):
         self.events = []
+        self.reductions = []
+        self.others_max = [0]
         self._names = names
         self._first_rank_messages = list(first_rank_messages or [])
 
@@ -64,6 +66,12 @@ class RecordingComm:
             return None
         self.events.append(("broadcast", self._names[id(tensor)], src))
         return FakeTask(self.events, self._names[id(tensor)])
+
+    def all_reduce_max(self, values, group):
+        """The per-launch agreement of bucket mode: recorded apart from
+        ``events``; ``others_max`` is what the other ranks contribute."""
+        self.reductions.append(list(values))
+        return [max(v, o) for v, o in zip(values, self.others_max)]
 
     def rank(self):
         return 1
@@ -154,7 +162,7 @@ def no_leftovers():
     gc.collect()
     for owner in bo.open_overlaps():
         owner.close()
-    assert guard._PENDING == {}
+    assert bo.PENDING == {}
 
 
 def test_order_is_forward_order_and_agreed_once():
@@ -342,7 +350,7 @@ def test_pending_task_at_launch_is_a_runtime_error_naming_the_rank():
     owner, _ = make_owner(model)
     model(X)
     owner.launch()
-    with pytest.raises(RuntimeError, match="rank 1: .* 4 broadcast task"):
+    with pytest.raises(RuntimeError, match="rank 1: .* 4 unit"):
         owner.launch()
 
 
@@ -397,15 +405,21 @@ def test_garbage_collected_optimizer_marks_closed_hooks_removed_later():
     opt = Optimizer()
     owner.close_with(opt)
     first_step(model, owner, comm, X)
+    comm.take()
     del opt
     gc.collect()
-    # closed and waited inside gc; hooks still there (no mutation in gc)
-    assert owner.state is State.CLOSED and owner.num_pending == 0
+    # closed inside gc, but nothing waited there (a finalizer never waits
+    # on a collective) and no hook touched (no mutation in gc)
+    assert comm.take() == []
+    assert owner.state is State.CLOSED and owner.num_pending == 4
     assert owner.num_hooks == 3  # root, first, second
-    model(X)  # hooks are no-ops
-    assert [e for e in comm.take() if e[0] == "broadcast"] == []
-    bo.open_overlaps()  # the next explicit call sweeps
-    assert owner.num_hooks == 0
+    model.first.weight  # a read still waits for its own unit
+    assert comm.take() == [("wait", "first.weight")]
+    bo.open_overlaps()  # the next explicit call waits and sweeps
+    assert sorted(comm.take()) == [("wait", n) for n in ("first.bias", "second.bias", "second.weight")]
+    assert owner.num_pending == 0 and owner.num_hooks == 0
+    model(X)
+    assert comm.take() == []
     assert type(model.first._parameters) is OrderedDict
 
 

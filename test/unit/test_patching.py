@@ -1,6 +1,7 @@
 """paddle_overlay.apply()/remove() on the installed Paddle (one process, no launch):
 exact restore, the version gate, the structure checks, the log line."""
 
+import collections
 import contextlib
 import io
 import unittest
@@ -190,6 +191,92 @@ class TestStructureChecks(unittest.TestCase):
                 mock.patch.object(DygraphShardingOptimizer, name, lambda self: None, create=True):
             self.assert_refused("DygraphShardingOptimizer.step no longer mentions",
                                 f"DygraphShardingOptimizer.{name} is defined")
+
+
+class TestReadInterceptionInternals(unittest.TestCase):
+    """A Paddle that moved an internal the read waits rely on is refused by
+    name (read_interception.REQUIRED_INTERNALS), before anything changes."""
+
+    tearDown = TestStructureChecks.tearDown
+    assert_refused = TestStructureChecks.assert_refused
+
+    def test_getattr_no_longer_reads_parameters(self):
+        def __getattr__(self, name):  # a Paddle keeping parameters elsewhere
+            return object.__getattribute__(self, "_params_store")[name]
+
+        with mock.patch.object(paddle.nn.Layer, "__getattr__", __getattr__):
+            self.assert_refused("paddle.nn.Layer.__getattr__: it no longer mentions _parameters[")
+
+    def test_named_parameters_no_longer_iterates_the_dict(self):
+        def named_parameters(self, prefix="", include_sublayers=True):
+            yield from ()
+
+        with mock.patch.object(paddle.nn.Layer, "named_parameters", named_parameters):
+            self.assert_refused("paddle.nn.Layer.named_parameters: it no longer mentions _parameters.items()")
+
+    def test_state_dict_no_longer_iterates_the_dict(self):
+        def _state_dict_impl(self, *args, **kwargs):
+            return {}
+
+        with mock.patch.object(paddle.nn.Layer, "_state_dict_impl", _state_dict_impl):
+            self.assert_refused("paddle.nn.Layer._state_dict_impl: it no longer mentions _parameters.items()")
+
+    def test_parameters_no_longer_goes_through_named_parameters(self):
+        def parameters(self, include_sublayers=True):
+            return []
+
+        with mock.patch.object(paddle.nn.Layer, "parameters", parameters):
+            self.assert_refused("paddle.nn.Layer.parameters: it no longer mentions named_parameters")
+
+    def test_static_function_call_moved(self):
+        from paddle.jit.dy2static.program_translator import StaticFunction
+
+        original = vars(StaticFunction)["__call__"]
+        del StaticFunction.__call__
+        try:
+            self.assert_refused("paddle.jit StaticFunction.__call__: StaticFunction defines no __call__")
+        finally:
+            StaticFunction.__call__ = original
+
+    def test_sot_skip_list_moved(self):
+        from paddle.jit.sot.opcode_translator import skip_files
+
+        with mock.patch.object(skip_files, "skip_file_names", ["a list now"]):
+            self.assert_refused("paddle.jit.sot skip_files: skip_files lacks")
+
+
+class TestReadInterceptionRestores(unittest.TestCase):
+    """The last release() restores StaticFunction.__call__ and SOT's skip
+    list exactly."""
+
+    def test_acquire_release_restores_everything(self):
+        from paddle.jit.dy2static.program_translator import StaticFunction
+        from paddle.jit.sot.opcode_translator import skip_files
+
+        from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+            read_interception as ri,
+        )
+
+        call, names, regex = StaticFunction.__call__, set(skip_files.skip_file_names), skip_files.skip_file_name_re
+
+        class Owner:
+            pass
+
+        a, b = Owner(), Owner()
+        layer = paddle.nn.Linear(2, 2)
+        ri.acquire(a, [layer])
+        ri.acquire(b, [layer])
+        self.assertIsNot(StaticFunction.__call__, call)
+        self.assertGreater(len(skip_files.skip_file_names), len(names))
+        self.assertIs(type(layer._parameters), ri.GuardedParameters)
+        ri.release(a, [layer])  # b still holds everything
+        self.assertIsNot(StaticFunction.__call__, call)
+        self.assertIs(type(layer._parameters), ri.GuardedParameters)
+        ri.release(b, [layer])
+        self.assertIs(StaticFunction.__call__, call)
+        self.assertEqual(skip_files.skip_file_names, names)
+        self.assertIs(skip_files.skip_file_name_re, regex)
+        self.assertIs(type(layer._parameters), collections.OrderedDict)
 
 
 if __name__ == "__main__":

@@ -59,13 +59,13 @@ the same ones.
 Staleness: a parameter whose memory was replaced after bucketing
 (``model.to(dtype=...)``, ``param.get_tensor()._share_data_with(...)`` or
 any other path that gives it a new allocation) no longer points into its
-slot. :meth:`BucketStorage.units` notices that (one ``data_ptr()`` compare
-per parameter, cheap) and gives the parameter a unit of its own, with one
-warning naming it; its old slot is still sent with the bucket but nobody
-reads it (and its memory stays until overlap is enabled again, which plans
-and moves everything afresh). ``set_value``/``set_state_dict`` copy in
-place and keep the views (checked on Paddle 2.6.2 and 3.3.1); a loader that
-hands new tensors (``_share_data_with``) is such a replacement.
+slot. :meth:`BucketStorage.replaced` notices that (one ``data_ptr()``
+compare per parameter, cheap); the owner then agrees across the sharding
+group that some rank saw a replacement and every rank plans and moves its
+buckets afresh from the parameters' current memory, so no rank ever sends
+a bucket another rank no longer has. ``set_value``/``set_state_dict`` copy
+in place and keep the views (checked on Paddle 2.6.2 and 3.3.1); a loader
+that hands new tensors (``_share_data_with``) is such a replacement.
 
 Default cap, ``DEFAULT_BUCKET_SIZE_MB = 256``, from the stand-in sweep
 (``h200_bucket_sweep.json``, 2x H200, two runs): exposed broadcast per
@@ -81,9 +81,10 @@ fused buffers (``sharding_configs.comm_buffer_size_MB``).
 
 import collections
 import math
-import warnings
 
 import paddle
+
+from .comm_unit import CommUnit
 
 __all__ = [
     "ALIGN_BYTES",
@@ -91,7 +92,6 @@ __all__ = [
     "DEFAULT_BUCKET_SIZE_MB",
     "BucketSpec",
     "BucketStorage",
-    "BroadcastUnit",
     "check_bucket_size_mb",
     "plan_buckets",
 ]
@@ -194,22 +194,6 @@ BucketSpec.__doc__ = """One bucket of the plan.
     numels (tuple[int]): elements of each parameter.
     length (int): elements of the buffer, padding included.
 """
-
-BroadcastUnit = collections.namedtuple(
-    "BroadcastUnit", ["indices", "src", "tensor", "bucket"]
-)
-BroadcastUnit.__doc__ = """One broadcast of a launch.
-
-    indices (tuple[int]): positions in the optimizer's parameter list whose
-        values this broadcast delivers (tied repeats included), so a layer
-        waits for every unit that holds one of its positions.
-    src (int): global source rank.
-    tensor (paddle.Tensor): what is broadcast: a bucket's 1-D buffer, or a
-        parameter on its own.
-    bucket (bool): True for a bucket's buffer (always sent; ``indices`` may
-        be empty when every slot was detached).
-"""
-
 
 def plan_buckets(
     order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES, alone=()
@@ -468,8 +452,6 @@ class BucketStorage:
             for i in self._order
             if i not in self._alias_of and i not in self._bucket_of
         ]
-        self._detached = set()  # positions given their own unit for good
-        self._warned = set()
         self._units = None
 
     # ------------------------------------------------------------------
@@ -487,11 +469,6 @@ class BucketStorage:
         """int | None: the bucket holding position ``index`` (a tied repeat
         answers for its slot), None if it has no slot."""
         return self._bucket_of.get(self._alias_of.get(index, index))
-
-    @property
-    def stale(self):
-        """list[int]: positions detached from their bucket, sorted."""
-        return sorted(self._detached)
 
     # ------------------------------------------------------------------
     def materialize(self):
@@ -548,34 +525,40 @@ class BucketStorage:
         self._units = None
 
     # ------------------------------------------------------------------
-    def units(self):
-        """The broadcasts of one launch, in the agreed order.
+    def replaced(self):
+        """list[int]: positions of bucketed parameters whose memory is no
+        longer their slot (replaced since planning), in order position.
+
+        Raises:
+            RuntimeError: a bucketed parameter was resized in place (see
+                :meth:`_check_slot_sizes`).
+        """
+        self._check_slot_sizes()
+        params = self._params
+        return sorted(
+            (i for i, ptr in self._slot_ptr.items() if params[i].data_ptr() != ptr),
+            key=self._rank_in_order.get,
+        )
+
+    def units(self, group):
+        """The collectives of one launch, in the agreed order.
+
+        Args:
+            group: the sharding process group the units broadcast over.
 
         Returns:
-            list[BroadcastUnit]: one per bucket (the whole buffer), then, in
-            order position, one per parameter outside any bucket that is
-            trainable now (frozen at planning and unfrozen since, or detached
-            because its memory was replaced). Units are sorted by the order
-            position of their first index. The same list object is returned
-            while nothing changed, so a caller may cache per-list tables.
-
-        Checks every bucketed parameter's ``data_ptr()`` against its slot; a
-        parameter whose memory was replaced is detached for good (warned once,
-        by name) and broadcast on its own from its current memory.
+            list[CommUnit]: one broadcast per bucket (the whole buffer,
+            always sent), then, in order position, one per parameter outside
+            any bucket that is trainable now (frozen at planning and
+            unfrozen since). Sorted by the order position of each unit's
+            first index; the same list is returned while nothing changed, so
+            a caller may cache per-list tables.
         """
         assert self._buffers or not self._specs, "materialize() first"
-        self._check_slot_sizes()
-        moved = [
-            i
-            for i, ptr in self._slot_ptr.items()
-            if i not in self._detached and self._params[i].data_ptr() != ptr
-        ]
-        if moved:
-            self._detach(moved)
         loose = self._loose_trainable()
         if self._units is not None and loose == self._units_loose:
             return self._units
-        self._units = self._build_units(loose)
+        self._units = self._build_units(loose, group)
         self._units_loose = loose
         return self._units
 
@@ -590,8 +573,6 @@ class BucketStorage:
         """
         params, numel_of = self._params, self._slot_numel
         for i in self._slot_ptr:
-            if i in self._detached:
-                continue
             numel = math.prod(params[i].shape)
             if numel != numel_of[i]:
                 raise RuntimeError(
@@ -604,60 +585,43 @@ class BucketStorage:
                     "bucket_size_mb=0."
                 )
 
-    def _detach(self, moved):
-        names = [self._params[i].name for i in moved if i not in self._warned]
-        self._detached.update(moved)
-        self._warned.update(moved)
-        self._units = None
-        if names:
-            warnings.warn(
-                "broadcast buckets: the memory of parameter(s) "
-                f"{names} was replaced after bucketing (e.g. "
-                "model.to(dtype=...) or a new tensor shared into it); each "
-                "is now broadcast on its "
-                "own from its current memory, never from its old bucket slot. "
-                "Re-enable broadcast overlap to bucket them again. Shown once "
-                "per parameter.",
-                stacklevel=3,
-            )
-
     def _loose_trainable(self):
-        """tuple[int]: positions without a live slot that must be sent now."""
+        """tuple[int]: positions without a slot that must be sent now."""
         params = self._params
-        candidates = self._unslotted
-        if self._detached:
-            candidates = sorted(
-                [*candidates, *self._detached], key=self._rank_in_order.get
-            )
-        return tuple(i for i in candidates if not params[i].stop_gradient)
+        return tuple(i for i in self._unslotted if not params[i].stop_gradient)
 
-    def _build_units(self, loose):
+    def _build_units(self, loose, group):
         aliases = collections.defaultdict(list)  # slot position -> repeats
         for i, j in self._alias_of.items():
             aliases[j].append(i)
+        rank_of = self._rank_in_order.get
         units = []
         for b, spec in enumerate(self._specs):
-            live = [i for i in spec.indices if i not in self._detached]
             covered = tuple(
-                k
-                for i in live
-                for k in [i] + sorted(aliases[i], key=self._rank_in_order.get)
+                k for i in spec.indices for k in [i] + sorted(aliases[i], key=rank_of)
             )
-            units.append(
-                (
-                    self._rank_in_order[spec.indices[0]],
-                    BroadcastUnit(covered, spec.src, self._buffers[b], True),
-                )
+            unit = CommUnit(
+                "broadcast",
+                self._buffers[b],
+                covered,
+                [self._params[i] for i in spec.indices],
+                group,
+                src=spec.src,
+                always=True,
+                label=f"bucket{b}",
             )
+            units.append((rank_of(spec.indices[0]), unit))
         for i in loose:
-            covered = (i, *sorted(aliases[i], key=self._rank_in_order.get))
-            units.append(
-                (
-                    self._rank_in_order[i],
-                    BroadcastUnit(
-                        covered, self._src_ranks[i], self._params[i], False
-                    ),
-                )
+            covered = (i, *sorted(aliases[i], key=rank_of))
+            unit = CommUnit(
+                "broadcast",
+                self._params[i],
+                covered,
+                [self._params[i]],
+                group,
+                src=self._src_ranks[i],
+                label=self._params[i].name,
             )
+            units.append((rank_of(i), unit))
         units.sort(key=lambda item: item[0])
         return [unit for _, unit in units]

@@ -71,37 +71,31 @@ does not block the host.
 import collections
 import contextlib
 import enum
-import functools
 import inspect
 import os
-import re
 import warnings
 import weakref
 
 import paddle
 
-from .broadcast_buckets import (
-    BucketStorage,
-    check_bucket_size_mb,
-    plan_buckets,
-    plan_fused_slices,
-)
-from .parameter_read_guard import (
-    _PENDING,
-    GuardedParameters,
-    clear_pending,
-    guard_layer,
-    register_pending,
-    unguard_layer,
-)
+from . import read_interception
+from .broadcast_buckets import check_bucket_size_mb
+from .comm_unit import PENDING, PaddleComm, UnitState
+from .unit_plan import plan_units
 
 __all__ = [
     "BroadcastOverlapState",
+    "MAX_IN_FLIGHT_ENV",
     "StageOneBroadcastOverlap",
     "check_broadcast_overlap_flag",
+    "check_max_in_flight",
     "get_broadcast_overlap",
     "open_overlaps",
 ]
+
+# Environment variable read when max_in_flight is not passed (PaddleFormers
+# calls _set_all_gather_overlap_forward(True, model) with two arguments).
+MAX_IN_FLIGHT_ENV = "PADDLE_OVERLAY_MAX_IN_FLIGHT"
 
 
 def check_broadcast_overlap_flag(broadcast_overlap):
@@ -115,7 +109,45 @@ def check_broadcast_overlap_flag(broadcast_overlap):
         )
 
 
-# The attribute of DygraphShardingOptimizer that holds its owner; read and
+def check_max_in_flight(max_in_flight, default):
+    """The launch depth: ``max_in_flight`` if given, else the environment
+    variable :data:`MAX_IN_FLIGHT_ENV`, else ``default``.
+
+    Args:
+        max_in_flight (int | str | None): collectives in flight at once
+            (>= 1), ``"all"`` (every unit at the step), or None.
+        default (int | None): None means all.
+
+    Returns:
+        int | None: the depth, None for all.
+
+    Raises:
+        TypeError / ValueError: not an int >= 1 or ``"all"`` (names where
+            the value came from).
+    """
+    where = "max_in_flight"
+    if max_in_flight is None:
+        env = os.environ.get(MAX_IN_FLIGHT_ENV, "").strip()
+        if not env:
+            return default
+        max_in_flight, where = env, MAX_IN_FLIGHT_ENV
+        if max_in_flight.isdigit():
+            max_in_flight = int(max_in_flight)
+    if max_in_flight == "all":
+        return None
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
+        raise TypeError(
+            f"{where} must be an int >= 1 or 'all', got {max_in_flight!r}."
+        )
+    if max_in_flight < 1:
+        raise ValueError(
+            f"{where} must be >= 1 (collectives in flight at once) or "
+            f"'all', got {max_in_flight}."
+        )
+    return max_in_flight
+
+
+# The attribute of a sharding optimizer that holds its owner; read and
 # written only through get_broadcast_overlap / set_broadcast_overlap_owner.
 _OWNER_ATTR = "_broadcast_overlap_impl"
 
@@ -124,9 +156,9 @@ def get_broadcast_overlap(optimizer):
     """The :class:`StageOneBroadcastOverlap` of ``optimizer``, or None.
 
     Args:
-        optimizer: a ``DygraphShardingOptimizer``, or a
-            ``HybridParallelOptimizer`` (or any wrapper with ``_inner_opt``)
-            around one.
+        optimizer: a ``DygraphShardingOptimizer`` (V1) or
+            ``DygraphShardingOptimizerV2``, or a ``HybridParallelOptimizer``
+            (or any wrapper with ``_inner_opt``) around one.
 
     Returns:
         StageOneBroadcastOverlap | None: None when overlap is off.
@@ -142,7 +174,7 @@ def get_broadcast_overlap(optimizer):
 
 
 def set_broadcast_overlap_owner(optimizer, owner):
-    """Store ``owner`` (or None) on a ``DygraphShardingOptimizer``."""
+    """Store ``owner`` (or None) on a sharding optimizer."""
     vars(optimizer)[_OWNER_ATTR] = owner
 
 
@@ -150,56 +182,18 @@ class BroadcastOverlapState(enum.Enum):
     """Life cycle of :class:`StageOneBroadcastOverlap`."""
 
     # Hooks installed; forward pre-hooks record the first-use order.
-    # No broadcast is in flight yet.
+    # No collective is in flight yet.
     RECORDING = "recording"
-    # The order is agreed across the sharding group; after each update the
-    # broadcasts are launched in that order and waited by hooks and reads.
+    # The order is agreed across the group; after each update the units
+    # are marked due and started in that order, waited by hooks and reads.
     ORDERED = "ordered"
     # Nothing pending; hooks are no-ops and are (or will be) removed.
     CLOSED = "closed"
 
 
-class _PaddleComm:
-    """The collectives the owner uses, looked up at call time (so test
-    instrumentation that wraps ``paddle.distributed.broadcast`` sees them).
-    Unit tests pass a fake with the same two methods."""
-
-    @staticmethod
-    def broadcast(tensor, src, group, sync_op):
-        return paddle.distributed.broadcast(
-            tensor, src=src, group=group, sync_op=sync_op
-        )
-
-    @staticmethod
-    def rank():
-        return paddle.distributed.get_rank()
-
-
-class _Unit:
-    """One broadcast: the tensor sent, its source rank, and the positions
-    (in the optimizer's parameter list) of the parameters it carries;
-    ``bucket`` when the tensor is a bucket's buffer (NOTE [broadcast
-    buckets] in ``broadcast_buckets.py``)."""
-
-    __slots__ = ("tensor", "src", "indices", "bucket")
-
-    def __init__(self, tensor, src, indices, bucket=False):
-        self.tensor = tensor
-        self.src = src
-        self.indices = indices
-        self.bucket = bucket
-
-    def is_frozen(self):
-        # Frozen parameters are never broadcast: no rank changes them. A
-        # bucket holds only parameters trainable when it was planned and is
-        # always sent (one frozen since keeps its value on every rank).
-        return not self.bucket and self.tensor.stop_gradient
-
-
 class _Hook:
-    """A hook function that a ``copy.deepcopy`` of the model drops: the copy
-    gets a no-op instead of a reference to this overlap (which would keep it
-    and the original model alive, and cannot be pickled)."""
+    """A hook function that a ``copy.deepcopy`` or pickle of the model
+    drops: the copy gets a no-op instead of a reference to this overlap."""
 
     def __init__(self, fn):
         self._fn = fn
@@ -211,7 +205,6 @@ class _Hook:
         return _noop_hook
 
     def __reduce__(self):
-        # a pickle of the model (pickle.dumps(model)) gets the no-op too
         return (_make_noop_hook, ())
 
 
@@ -223,85 +216,22 @@ def _make_noop_hook():
     return _noop_hook
 
 
-# The original StaticFunction.__call__ while the wrapper below is in place.
-_STATIC_CALL = []
-
-
-def _wait_before_compiled_programs():
-    """Make every ``paddle.jit.to_static`` program wait for all pending
-    broadcasts before it runs (installed while an overlap is open).
-
-    A compiled program reads parameters without running Python, so neither
-    the forward pre-hooks of the layers inside it nor the read guard can
-    see those reads: a compiled ``Layer.forward`` (AST or SOT mode,
-    ``full_graph`` or not), a compiled method (``to_static(model.encode)``)
-    or function. Every one of them goes through ``StaticFunction.__call__``;
-    with nothing pending the wrapper costs one truth test.
-    """
-    if _STATIC_CALL:
-        return
-    cls = paddle.jit.dy2static.program_translator.StaticFunction
-    original = cls.__call__
-
-    @functools.wraps(original)
-    def __call__(self, *args, **kwargs):
-        if _PENDING:
-            for owner in list(_OPEN):
-                owner.wait_before_compiled_program()
-        return original(self, *args, **kwargs)
-
-    _STATIC_CALL.append(original)
-    cls.__call__ = __call__
-
-
-def _keep_out_of_sot():
-    """Put this module's directory on SOT's list of files it does not
-    trace, as Paddle's own directory is (a no-op when it already is, as in
-    a patched Paddle, or when the installed Paddle has no SOT).
-
-    SOT (the default mode of ``paddle.jit.to_static`` in Paddle 3.x)
-    simulates the bytecode of every function a compiled forward calls,
-    except files under ``skip_files.skip_file_names``. Simulated, the
-    forward pre-hooks and the read guard failed at the first forward on
-    Paddle 3.3.1 (``InnerError: ObjectVariable(_Hook) has no attribute
-    _state``) and recorded a wrong broadcast order on 2.6.2; skipped, they
-    run as plain Python, as Paddle's own hooks do.
-    """
-    try:
-        from paddle.jit.sot.opcode_translator import skip_files
-    except ImportError:
-        return
-    names = getattr(skip_files, "skip_file_names", None)
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    if not isinstance(names, set) or any(here.startswith(n) for n in names):
-        return
-    names.add(here)
-    skip_files.skip_file_name_re = re.compile(
-        f"^({'|'.join(map(re.escape, names))})"
-    )
-    skip_files.setup_skip_files()
-
-
-def _unwrap_compiled_programs():
-    """Restore ``StaticFunction.__call__`` once no overlap is open."""
-    if _STATIC_CALL and not _OPEN:
-        cls = paddle.jit.dy2static.program_translator.StaticFunction
-        cls.__call__ = _STATIC_CALL.pop()
-
-
 _HAS_PREPEND = (
     "prepend"
     in inspect.signature(paddle.nn.Layer.register_forward_pre_hook).parameters
 )
 
 
-def _waiting_layer(layer, parent_of, root):
-    """The layer whose pre-hook waits for ``layer``'s own parameters.
+def _span(name):
+    """A ``paddle.profiler`` span (shows on the profiler timeline; costs
+    one flag test when no profiler runs)."""
+    return paddle.profiler.RecordEvent(name)
 
-    A container without ``forward`` (``ParameterList``, ``ParameterDict``)
-    never runs: its parent reads its parameters, so the nearest ancestor
-    with a ``forward`` waits for them.
-    """
+
+def _waiting_layer(layer, parent_of, root):
+    """The layer whose pre-hook waits for ``layer``'s own parameters: a
+    container without ``forward`` (``ParameterList``) never runs, so its
+    nearest ancestor with a ``forward`` waits."""
     while layer is not root and type(layer).forward is paddle.nn.Layer.forward:
         layer = parent_of.get(id(layer), root)
     return layer
@@ -310,67 +240,64 @@ def _waiting_layer(layer, parent_of, root):
 # Every owner between open() and close(); paddle_overlay.remove() checks it.
 _OPEN = weakref.WeakSet()
 # Owners whose optimizer was garbage-collected with overlap on: marked
-# closed by the finalizer, hooks removed at the next explicit call
-# (removing them inside garbage collection could mutate a layer's hook dict
-# while Paddle iterates it in a forward).
+# closed by the finalizer (which never waits on a collective), waited and
+# unhooked at the next explicit call (removing hooks inside garbage
+# collection could mutate a hook dict while Paddle iterates it).
 _ABANDONED = []
 
 
 def sweep_abandoned():
-    """Remove the hooks of owners whose optimizer was garbage-collected."""
+    """Wait for and unhook the owners whose optimizer was collected."""
     while _ABANDONED:
-        _ABANDONED.pop()._remove_hooks()
-    _unwrap_compiled_programs()
+        owner = _ABANDONED.pop()
+        try:
+            owner.wait_all("waited_on_demand")
+        finally:
+            owner._remove_hooks()
 
 
 def open_overlaps():
-    """list[StageOneBroadcastOverlap]: every one opened and not yet closed."""
+    """list[StageOneBroadcastOverlap]: every one opened and not closed."""
     sweep_abandoned()
     return list(_OPEN)
 
 
 class StageOneBroadcastOverlap:
-    """Owns the broadcast order, the pending tasks and the hook handles.
+    """Owns the order, the units, the launch depth and the hook handles.
 
-    Nothing else touches the pending tasks: the optimizer methods call
-    :meth:`launch` after an update and :meth:`wait_before_update` before
-    one; forward pre-hooks and parameter reads call the waits (see NOTE
-    [broadcast overlap] in this module).
+    The units own their collectives and tasks (``comm_unit.py``); this
+    object decides when each starts and who waits for it: the optimizer
+    methods call :meth:`launch` after an update and
+    :meth:`wait_before_update` before one; forward pre-hooks, parameter
+    reads (``read_interception.py``) and compiled programs call
+    :meth:`wait`. See NOTE [broadcast overlap] in this module.
 
     Args:
         params (list[paddle.Tensor]): the optimizer's full parameter list, in
-            the same order on every rank of the sharding group (the order of
-            ``DygraphShardingOptimizer._origin_parameter_list``).
-        src_ranks (list[int]): for each entry of ``params``, the global rank
-            that owns and broadcasts it.
+            the same order on every rank of the group.
+        src_ranks (list[int] | None): global owner rank of each parameter
+            (V1); None with ``comm_buffers`` (V2: every rank owns a slice).
         group: the sharding process group (``.ranks``: its global ranks).
         layers (paddle.nn.Layer): the model that runs the forward.
-        strict (bool): if True, the first hooked layer to run in a forward
-            waits for every pending task (no overlap), for models that keep
-            tensor references to parameters and read them in forward.
-        comm: the collectives (``broadcast(tensor, src, group, sync_op)``
-            returning a task with ``wait()``, and ``rank()``); Paddle's by
-            default. Unit tests pass a recording fake.
-        bucket_size_mb (int | float): 0 (here the default): one broadcast
-            per parameter. Above 0: at the first launch the parameters are
-            moved into contiguous buckets planned from the agreed order in
-            windows of this many MB (``broadcast_buckets.py``), one
-            broadcast per bucket. The optimizer's ``_set_broadcast_overlap``
-            defaults to ``DEFAULT_BUCKET_SIZE_MB``.
-        fused_storages (list[paddle.Tensor] | None): the fused 1-D buffers
-            the parameters already live in (``sharding_configs.tensor_fusion``);
-            with ``bucket_size_mb`` > 0 each window sends slices of them
-            instead of moving the parameters (``plan_fused_slices``).
+        strict (bool): the first hooked layer to run in a forward waits for
+            everything (no overlap).
+        comm: the collectives (``comm_unit.PaddleComm``'s methods); unit
+            tests pass a recording fake.
+        bucket_size_mb (int | float): V1: 0 for one broadcast per
+            parameter; above 0, buckets planned in windows of this many MB
+            (``broadcast_buckets.py``).
+        fused_storages (list[paddle.Tensor] | None): V1: Paddle's fused 1-D
+            buffers the parameters live in; buckets are slices of them.
+        comm_buffers (list | callable | None): V2: Paddle's comm buffers
+            (``FusedCommBuffer``), or a callable returning them at the
+            first launch; one all-gather per buffer.
+        max_in_flight (int | None): collectives in flight at once; None
+            starts every unit at the step. With a depth k the first k units
+            start at the step, and each wait that completes starts the next
+            in the agreed order.
 
     Raises:
-        TypeError: ``layers`` is not a ``paddle.nn.Layer``, ``strict`` is
-            not a bool, or ``bucket_size_mb`` is not a number.
-        ValueError: ``layers`` is None or owns none of ``params``,
-            ``params`` and ``src_ranks`` differ in length, or
-            ``bucket_size_mb`` is negative or not finite.
-
-    The constructor only validates and builds tables; :meth:`open` installs
-    the hooks, so a rejected call changes nothing.
+        TypeError / ValueError: bad arguments (before anything changes).
     """
 
     def __init__(
@@ -383,25 +310,34 @@ class StageOneBroadcastOverlap:
         comm=None,
         bucket_size_mb=0,
         fused_storages=None,
+        comm_buffers=None,
+        max_in_flight=None,
     ):
-        self._check_arguments(params, src_ranks, layers, strict)
-        # Bytes per bucket window; 0: one broadcast per parameter.
+        self._check_arguments(params, src_ranks, layers, strict, comm_buffers)
         self._bucket_cap = check_bucket_size_mb(bucket_size_mb)
+        self._max_in_flight = (
+            None if max_in_flight is None else check_max_in_flight(max_in_flight, None)
+        )
         self._fused_storages = fused_storages
-        self._comm = comm if comm is not None else _PaddleComm()
-        self._index_parameters(params, src_ranks, group)
+        self._comm_buffers = comm_buffers
+        self._comm = comm if comm is not None else PaddleComm()
+        self._params = list(params)
+        self._src_ranks = None if src_ranks is None else list(src_ranks)
+        self._group = group
+        self._index_of = {id(p): i for i, p in enumerate(self._params)}
         self._map_waiting_layers(layers, strict)
         self._init_life_cycle()
 
     # ------------------------------------------------------------------
     # construction, in named steps
     @staticmethod
-    def _check_arguments(params, src_ranks, layers, strict):
+    def _check_arguments(params, src_ranks, layers, strict, comm_buffers):
         if layers is None:
             raise ValueError(
-                "_set_broadcast_overlap(True, layers=...) needs the model: "
-                "pass the paddle.nn.Layer that runs the forward, e.g. "
-                "optimizer._set_broadcast_overlap(True, layers=model)."
+                "the overlap needs the model: pass the paddle.nn.Layer that "
+                "runs the forward, e.g. optimizer._set_broadcast_overlap("
+                "True, layers=model) or optimizer."
+                "_set_all_gather_overlap_forward(True, model)."
             )
         if not isinstance(layers, paddle.nn.Layer):
             raise TypeError(
@@ -412,34 +348,29 @@ class StageOneBroadcastOverlap:
             raise TypeError(
                 f"strict must be a bool, got {type(strict).__name__}."
             )
-        if len(params) != len(src_ranks):
+        if comm_buffers is None and (
+            src_ranks is None or len(params) != len(src_ranks)
+        ):
             raise ValueError(
-                f"got {len(params)} parameters but {len(src_ranks)} source "
+                f"got {len(params)} parameters but "
+                f"{None if src_ranks is None else len(src_ranks)} source "
                 "ranks."
             )
-
-    def _index_parameters(self, params, src_ranks, group):
-        # Identity: positions in the optimizer's list, the same on every
-        # rank (parameter names can differ between ranks).
-        self._params = list(params)
-        self._src_ranks = list(src_ranks)
-        self._group = group
-        self._index_of = {id(p): i for i, p in enumerate(self._params)}
 
     def _map_waiting_layers(self, layers, strict):
         # Where each parameter is waited: every layer that owns managed
         # parameters directly; tied parameters under each owner.
         self._layers = layers
         self._strict = strict
-        self._all_layers = layers.sublayers(include_self=True)
+        all_layers = layers.sublayers(include_self=True)
         parent_of = {}
-        for layer in self._all_layers:
+        for layer in all_layers:
             for child in layer.children():
                 parent_of.setdefault(id(child), layer)
         waiting = {}  # id(waiting layer) -> (layer, [indices])
         # Layers whose _parameters hold managed parameters: guarded reads.
         self._owning_layers = []
-        for layer in self._all_layers:
+        for layer in all_layers:
             indices = [
                 self._index_of[id(p)]
                 for p in layer.parameters(include_sublayers=False)
@@ -456,8 +387,8 @@ class StageOneBroadcastOverlap:
         }
         self._hooked_layers = [layer for layer, _ in waiting.values()]
         if all(layer is not layers for layer in self._hooked_layers):
-            # The root always gets a pre-hook: strict mode, compiled
-            # models and order recording of root-owned parameters run there.
+            # The root always gets a pre-hook: strict mode, the order check
+            # and order recording of root-owned parameters run there.
             self._hooked_layers.insert(0, layers)
         reachable = {
             i for indices in self._indices_of_layer.values() for i in indices
@@ -474,44 +405,53 @@ class StageOneBroadcastOverlap:
         )
 
     def _init_life_cycle(self):
-        # The order: recorded from forward while RECORDING, then agreed.
         self._state = BroadcastOverlapState.RECORDING
-        self._recorded = []
-        self._recorded_set = set()
+        # The order: recorded from forward while RECORDING, then agreed.
+        self._recorded, self._recorded_set = [], set()
         self._order = None
-        # The broadcasts, built from the agreed order: units in launch
-        # order, the unit of each parameter position, the units each
-        # hooked layer waits for.
+        # The plan (unit_plan.plan_units) and its units in launch order,
+        # with the tables built from them: each unit's position, the units
+        # each hooked layer waits for, the units of unreachable parameters.
+        self._plan = None
         self._units = []
-        self._unit_of = {}
+        self._position_of = {}
         self._units_of_layer = {}
-        # Bucket storage (bucket mode), and the list of its units the
-        # tables above were built from (rebuilt when it changes).
-        self._buckets = None
-        self._bucket_units = None
-        # In flight: unit position -> task, in launch order.
-        self._pending = {}
+        self._unreachable_units = ()
+        # Launch progress: units before _next_start are started (or not
+        # due); _in_flight of them are not waited; _first_unsynced is where
+        # the order check looks first.
+        self._next_start = 0
+        self._in_flight = 0
+        self._first_unsynced = 0
+        # The order check: armed at launch, for the first training forward
+        # of the root; warned once per owner.
+        self._order_check_armed = False
+        self._in_root_forward = False
+        self._warned_order = False
         # Hook handles, paired: removed together in close().
         self._pre_hook_handles = {}  # id(layer) -> handle
+        self._post_hook_handle = None
         self._finalizer = None  # see close_with
         # Launch deferred while the hybrid optimizer still syncs parameters
         # after the update (see deferred_launch).
         self._defer_depth = 0
         self._launch_deferred = False
-        # Counts, for tests, benchmarks and users' checks (tasks waited).
+        # Counts, for tests, benchmarks and users' checks.
         self.stats = {
+            # collectives started
             "launched": 0,
+            # units waited, by who waited
             "waited_in_forward": 0,
-            # forward waited for a task while an earlier-launched one was
-            # still pending: forward order differs from the broadcast order
-            # on this rank (overlap is reduced; results are not affected).
-            "waited_out_of_order": 0,
             "waited_before_update": 0,
             "waited_unreachable": 0,
-            # waited by a read outside a hooked layer's call: attribute
-            # access, parameters()/state_dict() iteration, etc.
             "waited_on_read": 0,
             "waited_on_demand": 0,
+            # forward waited for a unit while an earlier one in the agreed
+            # order was not synced: forward order differs from the agreed
+            # order on this rank (less overlap; results are not affected).
+            "waited_out_of_order": 0,
+            # plans rebuilt after a rank's parameter memory was replaced
+            "replanned": 0,
         }
         # waited_on_read by path ("attribute", "iteration", ...).
         self.read_paths = collections.Counter()
@@ -525,28 +465,46 @@ class StageOneBroadcastOverlap:
 
     @property
     def order(self):
-        """list[int] | None: agreed broadcast order (positions in the
-        optimizer's parameter list), None while still recording."""
+        """list[int] | None: agreed order (positions in the optimizer's
+        parameter list), None while still recording."""
         return None if self._order is None else list(self._order)
 
     @property
+    def units(self):
+        """list[comm_unit.CommUnit]: the units of the last launch, in order."""
+        return list(self._units)
+
+    @property
+    def max_in_flight(self):
+        """int | None: the launch depth (None: all at the step)."""
+        return self._max_in_flight
+
+    @property
     def num_pending(self):
-        """int: tasks launched and not yet waited."""
-        return len(self._pending)
+        """int: units due or in flight (not yet waited)."""
+        return sum(u.state is not UnitState.SYNCED for u in self._units)
 
     @property
     def num_hooks(self):
         """int: forward pre-hook handles currently held."""
         return len(self._pre_hook_handles)
 
+    @property
+    def bucket_storage(self):
+        """broadcast_buckets.BucketStorage | None: the bucket (or fused
+        slice) storage in bucket mode, else None."""
+        return getattr(self._plan, "storage", None)
+
+    def units_of(self, index):
+        """list[CommUnit]: the units that deliver parameter ``index``."""
+        return [u for u in self._units if index in u.indices]
+
     # ------------------------------------------------------------------
     # life cycle
     def open(self):
-        """Install the forward pre-hooks and the parameter read guards (once;
-        they stay until :meth:`close`).
-
-        Forward pre-hooks go first in each layer's hook order, so a user's
-        own pre-hook (``weight_norm``'s, say) reads waited parameters.
+        """Install the forward pre-hooks and the read interception (once;
+        they stay until :meth:`close`). Pre-hooks go first in each layer's
+        hook order, so a user's own pre-hook reads waited parameters.
 
         Raises:
             RuntimeError: the owner is not freshly constructed.
@@ -558,41 +516,39 @@ class StageOneBroadcastOverlap:
         if self._unreachable:
             names = [self._params[i].name for i in self._unreachable]
             warnings.warn(
-                f"broadcast overlap: {len(names)} optimizer parameter(s) are "
-                "not owned by any layer of "
+                f"parameter sync overlap: {len(names)} optimizer "
+                "parameter(s) are not owned by any layer of "
                 f"{type(self._layers).__name__}, so no forward pre-hook can "
                 f"wait for them: {names}. They are waited right after their "
-                "broadcast is launched (no overlap).",
+                "sync is launched (no overlap).",
                 stacklevel=3,
             )
         _OPEN.add(self)
-        _wait_before_compiled_programs()
-        _keep_out_of_sot()
+        read_interception.acquire(self, self._owning_layers)
         for layer in self._hooked_layers:
             self._add_pre_hook(layer)
-        for layer in self._owning_layers:
-            guard_layer(layer, self)
+        self._post_hook_handle = self._layers.register_forward_post_hook(
+            _Hook(self._on_root_forward_post)
+        )
 
     def close_with(self, owner):
         """Mark this overlap closed when ``owner`` (the optimizer) is
-        garbage-collected; its hooks are removed at the next explicit call
-        (:func:`open_overlaps`, :meth:`open`, :meth:`close` of any overlap),
-        never from inside garbage collection."""
+        garbage-collected; its units are waited and its hooks removed at
+        the next explicit call (:func:`open_overlaps`, :meth:`open`,
+        :meth:`close` of any overlap, ``_set_broadcast_overlap``), never
+        from inside garbage collection."""
         self._finalizer = weakref.finalize(owner, self._abandon)
         self._finalizer.atexit = False
 
     def _abandon(self):
-        if self._state is BroadcastOverlapState.CLOSED:
-            return
-        self._state = BroadcastOverlapState.CLOSED
-        _OPEN.discard(self)
-        try:
-            self.wait_all()
-        finally:
+        # runs inside garbage collection: no collective, no hook change
+        if self._state is not BroadcastOverlapState.CLOSED:
+            self._state = BroadcastOverlapState.CLOSED
+            _OPEN.discard(self)
             _ABANDONED.append(self)
 
     def close(self):
-        """Wait for every pending task and remove every hook and guard.
+        """Wait for every pending unit and remove every hook and guard.
         Idempotent; the object is closed even if a step of it fails."""
         sweep_abandoned()
         if self._state is BroadcastOverlapState.CLOSED:
@@ -602,17 +558,18 @@ class StageOneBroadcastOverlap:
         if self._finalizer is not None:
             self._finalizer.detach()
         try:
-            self.wait_all()
+            self.wait_all("waited_on_demand")
         finally:
             self._remove_hooks()
-            _unwrap_compiled_programs()
 
     def _remove_hooks(self):
         for handle in self._pre_hook_handles.values():
             handle.remove()
         self._pre_hook_handles.clear()
-        for layer in self._owning_layers:
-            unguard_layer(layer, self)
+        if self._post_hook_handle is not None:
+            self._post_hook_handle.remove()
+            self._post_hook_handle = None
+        read_interception.release(self, self._owning_layers)
         self._recorded, self._recorded_set = [], set()
 
     # ------------------------------------------------------------------
@@ -624,34 +581,32 @@ class StageOneBroadcastOverlap:
         ``HybridParallelOptimizer._step`` syncs some parameters across the
         model- and pipeline-parallel groups right after the sharding update
         (``mp_configs.sync_param``, on by default in Paddle 3.x); they must
-        not be read while a sharding broadcast may be writing them on
+        not be read while a sharding collective may be writing them on
         another stream. Launching after those syncs gives the same values as
-        the blocking order: every rank ends with the owner's parameter.
+        the blocking order.
         """
         self._defer_depth += 1
         try:
             yield
         finally:
             # Launch even if the block raised after the update: the blocking
-            # order had broadcast by then, and a caller that catches the
-            # error and trains on must see the same parameters.
+            # order had synced by then.
             self._defer_depth -= 1
             if self._defer_depth == 0 and self._launch_deferred:
                 self._launch_deferred = False
                 self.launch()
 
     def launch(self):
-        """Broadcast every trainable parameter from its owner (async).
+        """Mark every unit due after an update and start them in the agreed
+        order (all, or the first ``max_in_flight``), async.
 
-        Called after each update, in place of the blocking broadcast (inside
-        :meth:`deferred_launch`, when that block ends). The first call
-        agrees the order across the sharding group (see :meth:`_agree_order`).
-        Frozen parameters (``stop_gradient=True``) are not broadcast: no
-        rank changes them. Parameters that no layer owns are waited at once.
+        The first call agrees the order across the group
+        (:meth:`_agree_order`). Units whose parameters are all frozen are
+        skipped. Units of parameters no layer owns are waited at once.
 
         Raises:
             RuntimeError (a broken invariant; names the rank): the owner is
-                closed, a task of the previous launch was never waited, or
+                closed, a unit of the previous launch was never waited, or
                 the ranks disagree on the optimizer's parameter list.
         """
         self._check_state(
@@ -662,31 +617,29 @@ class StageOneBroadcastOverlap:
             return
         if self._state is BroadcastOverlapState.RECORDING:
             self._adopt_order(self._agree_order())
-        if self._pending:
+        elif self._plan.can_go_stale:
+            self._replan_if_replaced()
+        if self.num_pending:
             raise RuntimeError(
-                f"rank {self._comm.rank()}: broadcast overlap launch with "
-                f"{len(self._pending)} broadcast task(s) still pending; "
+                f"rank {self._comm.rank()}: parameter sync launch with "
+                f"{self.num_pending} unit(s) still pending; "
                 "wait_before_update() must run before every update."
             )
-        self._refresh_read_paths()
-        if self._buckets is not None:
-            self._refresh_bucket_units()
-        group, pending = self._group, self._pending
-        for position, unit in enumerate(self._units):
-            if unit.is_frozen():
-                continue
-            pending[position] = self._comm.broadcast(
-                unit.tensor, src=unit.src, group=group, sync_op=False
-            )
-            for i in unit.indices:
-                register_pending(self._params[i], self)
-        self.stats["launched"] += len(pending)
-        self.stats["waited_unreachable"] += self._wait_indices(
-            self._unreachable
-        )
+        read_interception.refresh(self, self._owning_layers)
+        units = self._plan.units()
+        if units is not self._units:
+            self._use_units(units)
+        with _span("paddle_overlay::launch"):
+            for unit in self._units:
+                if unit.needs_sync():
+                    unit.mark_due(self)
+            self._next_start = self._first_unsynced = 0
+            self._start_more()
+        self._order_check_armed = True
+        self.wait(self._unreachable_units, "waited_unreachable")
 
     def _agree_order(self):
-        """Rank 0 of the sharding group decides; every rank adopts its order.
+        """Rank 0 of the group decides; every rank adopts its order.
 
         Two blocking broadcasts from the group's first rank, once: the
         parameter count (int64 [1]), checked on every rank before the
@@ -713,7 +666,7 @@ class StageOneBroadcastOverlap:
         agreed = self._broadcast_int64(proposal, first_rank)
         if sorted(agreed) != list(range(n)):
             raise RuntimeError(
-                f"rank {self._comm.rank()}: the broadcast order received from "
+                f"rank {self._comm.rank()}: the order received from "
                 f"rank {first_rank} is not a permutation of 0..{n - 1}."
             )
         return agreed
@@ -723,141 +676,135 @@ class StageOneBroadcastOverlap:
         self._comm.broadcast(message, src=src, group=self._group, sync_op=True)
         return [int(v) for v in message.numpy().tolist()]
 
-    def _adopt_order(self, order):
-        """Build the broadcast units from the agreed order (one per
-        parameter, or the buckets planned from it: their parameters move
-        into contiguous storage now, once) and the units each hooked layer
-        waits for."""
-        self._order = order
-        self._recorded, self._recorded_set = [], set()
-        args = (order, self._params, self._src_ranks, self._bucket_cap)
-        if self._bucket_cap and self._fused_storages is not None:
-            plan = plan_fused_slices(
-                *args, self._fused_storages, alone=self._unreachable
-            )
-            self._buckets = BucketStorage(
-                [spec for spec, _, _ in plan],
-                self._params,
-                self._src_ranks,
-                order,
-            )
-            self._buckets.use_views(
-                [
-                    self._fused_storages[k]._slice(begin, begin + spec.length)
-                    for spec, k, begin in plan
-                ]
-            )
-            self._refresh_bucket_units()
-        elif self._bucket_cap:
-            specs = plan_buckets(*args, alone=self._unreachable)
-            self._buckets = BucketStorage(
-                specs, self._params, self._src_ranks, order
-            )
-            self._buckets.materialize()
-            self._refresh_bucket_units()
-        else:
-            self._use_units(
-                [
-                    _Unit(self._params[i], self._src_ranks[i], (i,))
-                    for i in order
-                ]
-            )
-        self._state = BroadcastOverlapState.ORDERED
-
-    def _refresh_bucket_units(self):
-        """Once per launch in bucket mode: the storage's units (a parameter
-        whose memory was replaced is sent alone, one unfrozen since planning
-        too); tables rebuilt only when that list changed."""
-        units = self._buckets.units()
-        if units is self._bucket_units:
-            return
-        self._bucket_units = units
-        self._use_units(
-            [_Unit(u.tensor, u.src, u.indices, u.bucket) for u in units]
+    def _make_plan(self):
+        buffers = self._comm_buffers
+        if callable(buffers):
+            buffers = buffers()
+        return plan_units(
+            self._order,
+            self._params,
+            self._src_ranks,
+            self._group,
+            cap_bytes=self._bucket_cap,
+            fused_storages=self._fused_storages,
+            comm_buffers=buffers,
+            alone=self._unreachable,
         )
 
+    def _adopt_order(self, order):
+        """Plan the units from the agreed order (in bucket mode the
+        parameters move into contiguous storage now, once)."""
+        self._order = order
+        self._recorded, self._recorded_set = [], set()
+        self._plan = self._make_plan()
+        self._state = BroadcastOverlapState.ORDERED
+
+    def _replan_if_replaced(self):
+        """Plan again when any rank's parameter memory was replaced.
+
+        A replacement (``model.to(dtype=...)``, a loader sharing new
+        memory) is seen per rank by a pointer check, but a plan must be the
+        same on every rank: one blocking int64 [1] max-reduce per launch
+        over the group says whether any rank saw one, and then every rank
+        plans again from its parameters' current memory.
+        """
+        replaced = self._plan.replaced()
+        (anywhere,) = self._comm.all_reduce_max([len(replaced)], self._group)
+        if not anywhere:
+            return
+        names = [self._params[i].name for i in replaced]
+        warnings.warn(
+            "parameter sync overlap: the memory of parameter(s) "
+            f"{names or '(none here; on another rank)'} was replaced after "
+            "planning (e.g. model.to(dtype=...)); every rank of the group "
+            "plans its units again from the current memory.",
+            stacklevel=4,
+        )
+        self._plan = self._make_plan()
+        self.stats["replanned"] += 1
+
     def _use_units(self, units):
-        """Adopt ``units`` (launch order) and index them: the unit of each
-        parameter position, the units each hooked layer waits for."""
+        """Adopt ``units`` (launch order) and index them."""
         self._units = units
-        self._unit_of = {
-            i: position
-            for position, unit in enumerate(self._units)
-            for i in unit.indices
-        }
+        self._position_of = {id(u): k for k, u in enumerate(units)}
+        unit_of = collections.defaultdict(list)
+        for unit in units:
+            for i in unit.indices:
+                unit_of[i].append(unit)
         self._units_of_layer = {
             key: tuple(
-                dict.fromkeys(
-                    self._unit_of[i] for i in indices if i in self._unit_of
-                )
+                {id(u): u for i in indices for u in unit_of.get(i, ())}.values()
             )
             for key, indices in self._indices_of_layer.items()
         }
+        self._unreachable_units = tuple(
+            {id(u): u for i in self._unreachable for u in unit_of.get(i, ())}.values()
+        )
 
-    def _refresh_read_paths(self):
-        """Once per launch: re-guard a layer whose ``_parameters`` was
-        replaced since the last launch (the others are left alone: their
-        users were registered at :meth:`open`)."""
-        for layer in self._owning_layers:
-            if type(layer.__dict__.get("_parameters")) is not GuardedParameters:
-                guard_layer(layer, self)
+    def _start_more(self, through=-1):
+        """Start due units in the agreed order: every one up to position
+        ``through``, then more while fewer than the depth are in flight."""
+        units, comm, depth = self._units, self._comm, self._max_in_flight
+        while self._next_start < len(units) and (
+            self._next_start <= through
+            or depth is None
+            or self._in_flight < depth
+        ):
+            unit = units[self._next_start]
+            self._next_start += 1
+            if unit.start(comm):
+                self._in_flight += 1
+                self.stats["launched"] += 1
 
     # ------------------------------------------------------------------
-    # waiting: every wait is safe to call again
-    def wait_all(self):
-        """Wait for every pending task, in launch order.
+    # waiting: safe to call again
+    def wait(self, units, reason, path=None):
+        """Finish ``units`` (each waited at most once; a due unit first
+        starts every unit before it in the agreed order, so all ranks start
+        the same collectives in the same order whatever triggers a start),
+        then start more up to the depth.
+
+        Args:
+            units (iterable[CommUnit]): units of this owner.
+            reason (str): the :attr:`stats` key to count them under.
+            path (str | None): the read path, counted in :attr:`read_paths`.
 
         Returns:
-            int: how many tasks were waited.
+            int: units waited now.
         """
-        return self._wait_units(list(self._pending))
+        waited = 0
+        for unit in units:
+            if unit.state is UnitState.SYNCED:
+                continue
+            if unit.state is UnitState.DUE:
+                self._start_more(self._position_of[id(unit)])
+            with _span(f"paddle_overlay::wait {unit.label}"):
+                unit.finish()
+            self._in_flight -= 1
+            waited += 1
+        if waited:
+            self.stats[reason] += waited
+            if path is not None:
+                self.read_paths[path] += waited
+            self._start_more()
+        return waited
+
+    def wait_all(self, reason="waited_on_demand"):
+        """Wait for every pending unit, in launch order.
+
+        Returns:
+            int: how many were waited.
+        """
+        return self.wait(self._units, reason)
 
     def wait_before_update(self):
         """Called by ``step()``/``minimize()`` before anything is updated."""
-        self.stats["waited_before_update"] += self.wait_all()
+        self.wait_all("waited_before_update")
 
     def wait_on_demand(self):
         """Wait for everything before a read of the whole model's state
         (the optimizer's ``state_dict()``, say)."""
-        self.stats["waited_on_demand"] += self.wait_all()
-
-    def wait_before_compiled_program(self):
-        """Wait for everything before a ``paddle.jit.to_static`` program
-        runs (it reads parameters without Python; see
-        :func:`_wait_before_compiled_programs`)."""
-        if self._state is BroadcastOverlapState.ORDERED:
-            self.stats["waited_in_forward"] += self.wait_all()
-
-    def wait_for_read(self, param, path):
-        """Wait for the task carrying ``param`` (a read is about to hand it
-        out through ``path``: ``"attribute"``, ``"iteration"``, ...).
-
-        Returns:
-            int: tasks waited (0 or 1).
-        """
-        waited = self._wait_indices((self._index_of.get(id(param)),))
-        if waited:
-            self.stats["waited_on_read"] += waited
-            self.read_paths[path] += waited
-        else:
-            clear_pending(param)  # not ours any more (closed owner)
-        return waited
-
-    def _wait_indices(self, indices):
-        unit_of = self._unit_of
-        return self._wait_units([unit_of[i] for i in indices if i in unit_of])
-
-    def _wait_units(self, positions):
-        count = 0
-        pending = self._pending
-        for position in positions:
-            task = pending.pop(position, None)
-            if task is not None:
-                task.wait()
-                for i in self._units[position].indices:
-                    clear_pending(self._params[i])
-                count += 1
-        return count
+        self.wait_all("waited_on_demand")
 
     # ------------------------------------------------------------------
     # hooks
@@ -875,25 +822,67 @@ class StageOneBroadcastOverlap:
 
     def _on_forward_pre(self, layer, _inputs):
         """Forward pre-hook of every hooked layer: record the first-use
-        order while RECORDING; afterwards wait for the layer's own tasks
+        order while RECORDING; afterwards wait for the layer's own units
         (everything in strict mode)."""
         state = self._state
         if state is BroadcastOverlapState.RECORDING:
             self._record(self._indices_of_layer.get(id(layer), ()))
             return
-        if not self._pending or state is not BroadcastOverlapState.ORDERED:
+        if layer is self._layers:
+            self._in_root_forward = True
+        if not PENDING or state is not BroadcastOverlapState.ORDERED:
             return
         if self._strict:
             # The first hooked layer to run waits for everything, whether
             # or not the forward goes through the root.
-            self.stats["waited_in_forward"] += self.wait_all()
+            self.wait_all("waited_in_forward")
             return
         units = self._units_of_layer.get(id(layer), ())
-        first_pending = next(iter(self._pending))
-        waited = self._wait_units(units)
-        if waited and first_pending not in units:
-            self.stats["waited_out_of_order"] += 1
-        self.stats["waited_in_forward"] += waited
+        if units:
+            self._check_order(layer, units)
+            self.wait(units, "waited_in_forward")
+
+    def _on_root_forward_post(self, layer, _inputs, _outputs):
+        # the first root forward after a launch is over: later ones
+        # (micro-batches, recompute, eval) are not checked
+        self._in_root_forward = False
+        self._order_check_armed = False
+
+    def _check_order(self, layer, units):
+        """Count (and warn once, for a training forward) a layer that needs
+        a unit while an earlier one in the agreed order is not synced."""
+        all_units = self._units
+        cursor = self._first_unsynced
+        while cursor < len(all_units) and all_units[cursor].state is UnitState.SYNCED:
+            cursor += 1
+        self._first_unsynced = cursor
+        if cursor == len(all_units):
+            return
+        first = all_units[cursor]
+        if any(u is first for u in units) or all(
+            u.state is UnitState.SYNCED for u in units
+        ):
+            return
+        self.stats["waited_out_of_order"] += 1
+        if (
+            self._order_check_armed
+            and self._in_root_forward
+            and not self._warned_order
+            and self._layers.training
+            and paddle.is_grad_enabled()
+        ):
+            self._warned_order = True
+            needed = next(u for u in units if u.state is not UnitState.SYNCED)
+            warnings.warn(
+                f"parameter sync overlap: {type(layer).__name__} "
+                f"({getattr(layer, '_full_name', '')}) needs "
+                f"{needed.label} while {first.label}, earlier in the order "
+                "agreed at the first step, is not synced yet: this forward "
+                "uses the parameters in another order than the first one "
+                "did, so some overlap is lost (results are not affected). "
+                "Shown once.",
+                stacklevel=2,
+            )
 
     def _record(self, indices):
         seen = self._recorded_set
@@ -905,7 +894,7 @@ class StageOneBroadcastOverlap:
     def _check_state(self, *allowed):
         if self._state not in allowed:
             raise RuntimeError(
-                f"rank {self._comm.rank()}: broadcast overlap is "
+                f"rank {self._comm.rank()}: parameter sync overlap is "
                 f"{self._state.value}, expected one of "
                 f"{[s.value for s in allowed]}"
             )

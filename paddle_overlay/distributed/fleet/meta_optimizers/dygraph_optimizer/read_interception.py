@@ -1,0 +1,370 @@
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Every read of a parameter waits for its own pending sync: the one place
+where reads are intercepted.
+
+Three pieces, installed by :func:`acquire` while at least one overlap is
+open and taken off by the last :func:`release` (everything restored):
+
+* **Layer reads.** Every Python path to a parameter of a
+  ``paddle.nn.Layer`` goes through the layer's ``_parameters`` dict:
+  attribute access (``layer.weight``: ``Layer.__getattr__`` ->
+  ``_parameters[name]``, so also ``F.linear(x, self.proj.weight)``, a direct
+  ``sub.forward(x)``, a pipeline ``SharedLayerDesc`` forward_func), and
+  ``parameters()``/``named_parameters()``/``state_dict()``/
+  ``set_state_dict()``/``to()``/``copy.deepcopy`` (``_parameters.items()``
+  or ``values()``). Each layer owning managed parameters gets a
+  :class:`GuardedParameters` in place of that dict, whose read methods
+  wait for the unit of each parameter they hand out, and only that unit.
+* **Compiled programs.** A ``paddle.jit.to_static`` program reads
+  parameters without Python; ``StaticFunction.__call__`` (every compiled
+  forward, method or function goes through it) waits for everything
+  pending first.
+* **SOT.** SOT (the default ``to_static`` mode of Paddle 3.x) simulates the
+  bytecode of every function a compiled forward calls; simulated, the
+  owner's hooks failed on 3.3.1 (``InnerError: ObjectVariable(_Hook) has no
+  attribute _state``) and recorded a wrong order on 2.6.2. This package's
+  directory joins SOT's skip list, as Paddle's own directory is.
+
+The pending state is not kept here: :data:`comm_unit.PENDING` maps each
+parameter to its unit, whose owner waits. :data:`REQUIRED_INTERNALS` lists
+the Paddle internals these pieces rely on; ``paddle_overlay.apply()``
+refuses a Paddle where one moved (:func:`check_internals`).
+
+Not seen here: a tensor reference (or a view) taken before ``step()`` and
+read after it, and layers outside ``layers``.
+"""
+
+import functools
+import inspect
+import os
+import re
+import weakref
+from collections import OrderedDict
+
+from .comm_unit import PENDING
+
+__all__ = [
+    "GuardedParameters",
+    "REQUIRED_INTERNALS",
+    "acquire",
+    "check_internals",
+    "guard_layer",
+    "is_installed",
+    "release",
+    "unguard_layer",
+]
+
+_odict_getitem = OrderedDict.__getitem__
+_odict_get = OrderedDict.get
+_odict_items = OrderedDict.items
+_odict_values = OrderedDict.values
+_odict_pop = OrderedDict.pop
+_odict_popitem = OrderedDict.popitem
+
+
+def _wait_for(param, path):
+    unit = PENDING.get(id(param))
+    if unit is not None:
+        unit.owner.wait((unit,), "waited_on_read", path)
+
+
+def _wait_for_all(params, path):
+    for param in params:
+        _wait_for(param, path)
+
+
+class GuardedParameters(OrderedDict):
+    """A layer's ``_parameters`` that waits before handing a parameter out.
+
+    ``d[name]``, ``d.get(name)``, ``d.pop(name)`` and ``d.popitem()`` (path
+    ``"attribute"``; ``copy()``, ``setdefault()`` and ``dict(d)`` go through
+    ``d[name]``), ``d.items()`` and ``d.values()`` (path ``"iteration"``)
+    wait for the pending sync of exactly the parameters they return.
+    Membership, ``keys()`` and writes are plain. A copy or pickle is a plain
+    ``OrderedDict`` made after the waits.
+    """
+
+    __slots__ = ()
+
+    def __getitem__(self, key):
+        value = _odict_getitem(self, key)
+        if PENDING:
+            _wait_for(value, "attribute")
+        return value
+
+    def get(self, key, default=None):
+        value = _odict_get(self, key, default)
+        if PENDING:
+            _wait_for(value, "attribute")
+        return value
+
+    def items(self):
+        if PENDING:
+            _wait_for_all(_odict_values(self), "iteration")
+        return _odict_items(self)
+
+    def values(self):
+        if PENDING:
+            _wait_for_all(_odict_values(self), "iteration")
+        return _odict_values(self)
+
+    def pop(self, key, *default):
+        value = _odict_pop(self, key, *default)
+        if PENDING:
+            _wait_for(value, "attribute")
+        return value
+
+    def popitem(self, last=True):
+        item = _odict_popitem(self, last)
+        if PENDING:
+            _wait_for(item[1], "attribute")
+        return item
+
+    def __reduce__(self):
+        return (OrderedDict, (list(self.items()),))
+
+    def __reduce_ex__(self, protocol):
+        return self.__reduce__()
+
+
+# layer -> WeakSet of owners that need its guard (several optimizers can
+# share one model). Weak both ways: owners refer to their layers.
+_USERS = weakref.WeakKeyDictionary()
+
+
+def guard_layer(layer, owner):
+    """Install (or re-install) the guard on ``layer`` for ``owner``.
+
+    Returns:
+        bool: True when it was (re)installed, False when already in place
+        (user code may have replaced ``layer._parameters`` since).
+    """
+    _USERS.setdefault(layer, weakref.WeakSet()).add(owner)
+    current = layer.__dict__.get("_parameters")
+    if current is None or type(current) is GuardedParameters:
+        return False
+    guarded = GuardedParameters()
+    for name, value in _odict_items(current):
+        OrderedDict.__setitem__(guarded, name, value)
+    layer.__dict__["_parameters"] = guarded
+    return True
+
+
+def unguard_layer(layer, owner):
+    """Drop ``owner``'s use of ``layer``'s guard; the last user puts a plain
+    ``OrderedDict`` with the same content back."""
+    users = _USERS.get(layer)
+    if users is not None:
+        users.discard(owner)
+        if users:
+            return
+        _USERS.pop(layer, None)
+    current = layer.__dict__.get("_parameters")
+    if type(current) is GuardedParameters:
+        layer.__dict__["_parameters"] = OrderedDict(_odict_items(current))
+
+
+# ----------------------------------------------------------------------
+# compiled programs and SOT: installed once for all open owners
+_HOLDERS = weakref.WeakSet()
+# what install() replaced, restored by uninstall(): [(restore, args)]
+_RESTORE = []
+
+
+def _static_function_class():
+    from paddle.jit.dy2static.program_translator import StaticFunction
+
+    return StaticFunction
+
+
+def _sot_skip_files():
+    try:
+        from paddle.jit.sot.opcode_translator import skip_files
+    except ImportError:
+        return None
+    return skip_files
+
+
+def _wait_everything_pending():
+    for owner in {unit.owner for unit in list(PENDING.values())}:
+        owner.wait_all("waited_in_forward")
+
+
+def _install():
+    cls = _static_function_class()
+    original = cls.__call__
+
+    @functools.wraps(original)
+    def __call__(self, *args, **kwargs):
+        if PENDING:
+            _wait_everything_pending()
+        return original(self, *args, **kwargs)
+
+    cls.__call__ = __call__
+    _RESTORE.append(lambda: setattr(cls, "__call__", original))
+
+    skip_files = _sot_skip_files()
+    names = getattr(skip_files, "skip_file_names", None)
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    if isinstance(names, set) and not any(here.startswith(n) for n in names):
+        # a patched Paddle has this file under Paddle's own directory
+        old_re = skip_files.skip_file_name_re
+
+        def restore_sot():
+            names.discard(here)
+            skip_files.skip_file_name_re = old_re
+            skip_files.setup_skip_files()
+
+        names.add(here)
+        skip_files.skip_file_name_re = re.compile(
+            f"^({'|'.join(map(re.escape, names))})"
+        )
+        skip_files.setup_skip_files()
+        _RESTORE.append(restore_sot)
+
+
+def _uninstall():
+    while _RESTORE:
+        _RESTORE.pop()()
+
+
+def acquire(owner, layers):
+    """``owner`` opens: guard ``layers`` (each a ``paddle.nn.Layer`` owning
+    managed parameters) and, for the first open owner, install the
+    compiled-program wait and the SOT skip entry."""
+    if not _HOLDERS:
+        _uninstall()  # left over by a holder collected without release
+        _install()
+    _HOLDERS.add(owner)
+    for layer in layers:
+        guard_layer(layer, owner)
+
+
+def refresh(owner, layers):
+    """Re-guard a layer whose ``_parameters`` was replaced since."""
+    for layer in layers:
+        if type(layer.__dict__.get("_parameters")) is not GuardedParameters:
+            guard_layer(layer, owner)
+
+
+def release(owner, layers):
+    """``owner`` closes: unguard ``layers``; the last holder restores
+    ``StaticFunction.__call__`` and SOT's skip list exactly."""
+    for layer in layers:
+        unguard_layer(layer, owner)
+    _HOLDERS.discard(owner)
+    if not _HOLDERS:
+        _uninstall()
+
+
+def is_installed():
+    """bool: whether the compiled-program wait is in place."""
+    return bool(_RESTORE)
+
+
+# ----------------------------------------------------------------------
+# what this module relies on, checked by paddle_overlay.apply()
+def _source_mentions(get, needle):
+    def check():
+        obj = get()
+        try:
+            text = inspect.getsource(obj)
+        except (OSError, TypeError):
+            return f"the source of {obj!r} cannot be read"
+        if needle not in text:
+            return f"it no longer mentions {needle}"
+        return None
+
+    return check
+
+
+def _layer(name):
+    def get():
+        import paddle
+
+        return vars(paddle.nn.Layer)[name]
+
+    return get
+
+
+def _has_static_call():
+    cls = _static_function_class()
+    if "__call__" not in vars(cls):
+        return "StaticFunction defines no __call__ of its own"
+    return None
+
+
+def _sot_skip_list():
+    skip_files = _sot_skip_files()
+    if skip_files is None:
+        return None  # no SOT in this Paddle: nothing to skip
+    missing = [
+        n
+        for n in ("skip_file_names", "skip_file_name_re", "setup_skip_files")
+        if not hasattr(skip_files, n)
+    ]
+    if missing or not isinstance(skip_files.skip_file_names, set):
+        return f"skip_files lacks {missing or ['a set skip_file_names']}"
+    return None
+
+
+# (what, why, check() -> None or the problem)
+REQUIRED_INTERNALS = (
+    (
+        "paddle.nn.Layer.__getattr__",
+        "attribute reads of a parameter go through _parameters[name]",
+        _source_mentions(_layer("__getattr__"), "_parameters["),
+    ),
+    (
+        "paddle.nn.Layer.named_parameters",
+        "parameters()/named_parameters() iterate _parameters.items()",
+        _source_mentions(_layer("named_parameters"), "_parameters.items()"),
+    ),
+    (
+        "paddle.nn.Layer.parameters",
+        "parameters() goes through named_parameters()",
+        _source_mentions(_layer("parameters"), "named_parameters"),
+    ),
+    (
+        "paddle.nn.Layer._state_dict_impl",
+        "state_dict() iterates _parameters.items()",
+        _source_mentions(_layer("_state_dict_impl"), "_parameters.items()"),
+    ),
+    (
+        "paddle.jit StaticFunction.__call__",
+        "every compiled program runs through it",
+        _has_static_call,
+    ),
+    (
+        "paddle.jit.sot skip_files",
+        "the owner's hooks must run untraced by SOT",
+        _sot_skip_list,
+    ),
+)
+
+
+def check_internals():
+    """list[str]: one line per relied-on internal that moved (empty: all
+    in place)."""
+    problems = []
+    for what, why, check in REQUIRED_INTERNALS:
+        try:
+            problem = check()
+        except (AttributeError, KeyError, ImportError) as error:
+            problem = f"it is missing ({error!r})"
+        if problem:
+            problems.append(f"{what}: {problem} (relied on because {why})")
+    return problems
