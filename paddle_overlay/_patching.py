@@ -52,6 +52,7 @@ __all__ = [
 _DYGRAPH_OPT = "distributed.fleet.meta_optimizers.dygraph_optimizer"
 OVERLAY_MODULES = (
     (f"{_DYGRAPH_OPT}.dygraph_sharding_optimizer", "DygraphShardingOptimizer"),
+    (f"{_DYGRAPH_OPT}.dygraph_sharding_optimizer", "DygraphShardingOptimizerV2"),
     (f"{_DYGRAPH_OPT}.hybrid_parallel_optimizer", "HybridParallelOptimizer"),
 )
 
@@ -76,7 +77,9 @@ SUPPORTED_PADDLE = (
 # Methods the overlay defines on purpose in place of Paddle's own version of
 # the same API (upstream PR #63945 added _set_broadcast_overlap in 3.0):
 # replaced without calling the original.
-REPLACES_UPSTREAM = frozenset({"_set_broadcast_overlap"})
+# (and Paddle 3.x's V2 _set_all_gather_overlap_forward, PaddleFormers'
+# --stage1_allgather_overlap; 2.6.2 has none, so there it is added).
+REPLACES_UPSTREAM = frozenset({"_set_broadcast_overlap", "_set_all_gather_overlap_forward"})
 
 # What the overlay relies on, as (class, method or None for the whole class
 # source, names that source must mention, why).
@@ -107,6 +110,15 @@ class UnsupportedPaddleVersion(RuntimeError):
 class PaddleInternalsChanged(UnsupportedPaddleVersion):
     """A method the overlay wraps or a call path it relies on moved, or a method it adds
     would shadow one the installed Paddle defines."""
+
+
+def wraps_of(overlay_module, class_name):
+    """The names ``class_name``'s overlay wraps: the module's ``OVERLAY_WRAPS``
+    tuple, or its entry when it is a dict keyed by class name."""
+    wraps = overlay_module.OVERLAY_WRAPS
+    if isinstance(wraps, dict):
+        return tuple(wraps.get(class_name, ()))
+    return tuple(wraps)
 
 
 def origin_name(name):
@@ -194,7 +206,7 @@ def _check_methods(target, overlay_module, overlay_cls):
     """Problems (list of str) with wrapped and added methods of one class."""
     problems = []
     name = target.__name__
-    wraps = tuple(overlay_module.OVERLAY_WRAPS)
+    wraps = wraps_of(overlay_module, name)
     for method in wraps:
         if method not in vars(target):
             problems.append(f"{name}.{method} (wrapped by the overlay) is not defined by the installed class")
@@ -302,7 +314,7 @@ def apply(check=None):
     _check_structure(version, targets)
     plan = []
     for target, overlay_module, overlay_cls in targets:
-        for name in overlay_module.OVERLAY_WRAPS:
+        for name in wraps_of(overlay_module, target.__name__):
             plan.append((target, origin_name(name), vars(target)[name]))
         plan.extend((target, name, fn) for name, fn in overlay_methods(overlay_cls).items())
     for target, name, value in plan:

@@ -63,6 +63,7 @@ TARGET_PACKAGE = "paddle.distributed.fleet.meta_optimizers.dygraph_optimizer"
 # (module file, class) spliced, in this order; the folder's other modules are copied.
 SPLICED = (
     ("dygraph_sharding_optimizer.py", "DygraphShardingOptimizer"),
+    ("dygraph_sharding_optimizer.py", "DygraphShardingOptimizerV2"),
     ("hybrid_parallel_optimizer.py", "HybridParallelOptimizer"),
 )
 # Prefix of the patch-header lines that carry the testslist.csv rows.
@@ -229,7 +230,7 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     t_cls = _find_class(target_mod, class_name, target_name)
     o_methods = _methods(o_cls)
     t_methods = _methods(t_cls)
-    wraps = _overlay_wraps(overlay_mod, overlay_name)
+    wraps = _overlay_wraps(overlay_mod, overlay_name, class_name)
     for name in wraps:
         if name not in o_methods:
             raise PatchError(f"{overlay_name}: OVERLAY_WRAPS names {name}, which the class does not define")
@@ -312,12 +313,16 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     return result
 
 
-def _overlay_wraps(overlay_mod, overlay_name):
+def _overlay_wraps(overlay_mod, overlay_name, class_name=None):
+    """The names ``class_name`` wraps: a module-level ``OVERLAY_WRAPS`` tuple, or its
+    entry in an ``OVERLAY_WRAPS`` dict keyed by class name."""
     for node in overlay_mod.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "OVERLAY_WRAPS" for t in node.targets
         ):
             value = ast.literal_eval(node.value)
+            if isinstance(value, dict):
+                value = tuple(value.get(class_name, ()))
             if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
                 raise PatchError(f"{overlay_name}: OVERLAY_WRAPS must be a tuple of str")
             return value
@@ -418,8 +423,9 @@ def patched_files(tree):
         if not os.path.isfile(target_path):
             raise PatchError(f"{target_path} not found: is {tree} a Paddle tree (python/paddle/...)?")
         overlay_path = os.path.join(OVERLAY_DIR, filename)
-        out[f"{TREE_OPT_DIR}/{filename}"] = splice(
-            _read(target_path),
+        key = f"{TREE_OPT_DIR}/{filename}"
+        out[key] = splice(
+            out[key] if key in out else _read(target_path),
             _read(overlay_path),
             class_name,
             target_name=f"{TREE_OPT_DIR}/{filename}",

@@ -11,14 +11,16 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""New and changed methods of Paddle's ``DygraphShardingOptimizer`` (V1).
+"""New and changed methods of Paddle's sharding stage 1 optimizers:
+``DygraphShardingOptimizer`` (V1) and ``DygraphShardingOptimizerV2``
+(``sharding_configs.split_param``).
 
 This module is the single source of these methods: ``paddle_overlay.apply()``
 sets them onto the installed class, and ``tools/make_patch.py`` splices the
 same source text into Paddle's ``dygraph_sharding_optimizer.py``.
 
-Each name in ``OVERLAY_WRAPS`` replaces a method Paddle already has; the
-original stays reachable as ``_origin_<name without leading underscores>``
+Each name in ``OVERLAY_WRAPS`` (per class) replaces a method Paddle already
+has; the original stays reachable as ``_origin_<name without leading underscores>``
 (set by ``apply()``, renamed in the patch) and runs unchanged whenever
 broadcast overlap is off. Every other method here is new.
 """
@@ -30,12 +32,18 @@ from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
 from .broadcast_overlap import (
     StageOneBroadcastOverlap,
     check_broadcast_overlap_flag,
+    check_max_in_flight,
     get_broadcast_overlap,
     set_broadcast_overlap_owner,
+    sweep_abandoned,
 )
 
-# Methods that replace an existing one and call it as _origin_<name>.
-OVERLAY_WRAPS = ("_sharding_sync_parameters", "minimize", "step")
+# Per class: methods that replace an existing one and call it as
+# _origin_<name>.
+OVERLAY_WRAPS = {
+    "DygraphShardingOptimizer": ("_sharding_sync_parameters", "minimize", "step"),
+    "DygraphShardingOptimizerV2": ("_sharding_sync_parameters", "step"),
+}
 
 
 class DygraphShardingOptimizer:
@@ -95,6 +103,7 @@ class DygraphShardingOptimizer:
         check_broadcast_overlap_flag(broadcast_overlap)
         current = get_broadcast_overlap(self)
         if not broadcast_overlap:
+            sweep_abandoned()
             if current is not None:
                 current.close()
             set_broadcast_overlap_owner(self, None)
@@ -192,3 +201,170 @@ class DygraphShardingOptimizer:
         if overlap is not None:
             overlap.wait_on_demand()
         return self._inner_opt.state_dict()
+
+
+
+class DygraphShardingOptimizerV2:
+    """Overlay of ``DygraphShardingOptimizerV2`` (sharding stage 1 with
+    ``split_param``): holds only the new and changed methods; never
+    instantiated."""
+
+    def _set_all_gather_overlap_forward(
+        self,
+        all_gather_overlap_forward,
+        layers=None,
+        strict=False,
+        max_in_flight=None,
+    ):
+        """Overlap the post-update parameter all-gather with the next forward.
+
+        V2 keeps each parameter's optimizer slice in Paddle's comm buffers
+        (``FusedCommBuffer``, ``sharding_configs.comm_buffer_size_MB`` MB
+        each on 3.x, 256 MB on 2.6.2); after each ``step()`` every buffer is
+        all-gathered. When on, the all-gathers start asynchronously in the
+        order forward first uses the buffers (recorded before the first
+        update and agreed across the sharding group), at most
+        ``max_in_flight`` at a time; a forward pre-hook on each layer that
+        owns parameters waits for that layer's buffers, and every Python
+        read of a parameter (attribute, ``parameters()``, ``state_dict``,
+        compiled programs) waits for its own buffer, so no synchronize is
+        needed before ``paddle.save``. Paddle's buffer layout is kept
+        exactly. Same entry point as Paddle 3.x's own (PaddleFormers
+        ``--stage1_allgather_overlap``); upstream's faults are listed in
+        NOTE [broadcast overlap] of ``broadcast_overlap.py``.
+
+        Args:
+            all_gather_overlap_forward (bool): True to turn it on, False to
+                wait for pending gathers and remove every hook.
+            layers (paddle.nn.Layer): the model that runs the forward;
+                required when turning it on.
+            strict (bool): the first hooked layer of each forward waits for
+                everything (safe, no overlap). Default False.
+            max_in_flight (int | str | None): all-gathers in flight at once
+                (>= 1) or ``"all"``; None reads ``PADDLE_OVERLAY_MAX_IN_FLIGHT``
+                and defaults to 1, as upstream keeps one (Paddle PR #73406:
+                gathers queued all at once delayed the forward's own
+                communication).
+
+        Raises:
+            TypeError: a flag is not a bool, ``layers`` is not a Layer,
+                ``max_in_flight`` is not an int or ``"all"``.
+            ValueError: ``layers`` is None or owns none of the parameters;
+                sharding degree is 1; ``max_in_flight`` < 1; or a setting
+                this overlap does not cover yet is on (named in the message:
+                ``comm_overlap``, ``pp_configs.sharding_comm_overlap``, or one
+                that moves storage, e.g. ``release_gradients``).
+            Nothing is changed when an error is raised.
+        """
+        check_broadcast_overlap_flag(all_gather_overlap_forward)
+        current = get_broadcast_overlap(self)
+        if not all_gather_overlap_forward:
+            sweep_abandoned()
+            if current is not None:
+                current.close()
+            set_broadcast_overlap_owner(self, None)
+            return
+        depth = check_max_in_flight(max_in_flight, 1)
+        if self._sharding_world_size < 2:
+            raise ValueError(
+                "the all-gather overlap needs sharding stage 1 with "
+                "sharding_degree >= 2; this optimizer's sharding degree is "
+                f"{self._sharding_world_size}."
+            )
+        self._check_all_gather_overlap_settings()
+        new = StageOneBroadcastOverlap(
+            list(self._parameter_list),
+            None,
+            self._hcg.get_sharding_parallel_group(),
+            layers,
+            strict,
+            comm_buffers=lambda: self._comm_buffer_list,
+            max_in_flight="all" if depth is None else depth,
+        )
+        if current is not None:
+            current.close()
+        # Paddle 3.x's own overlap path stays off: step() then calls
+        # _sharding_sync_parameters, which launches the owner's units.
+        self._all_gather_overlap_forward = False
+        new.open()
+        new.close_with(self)
+        set_broadcast_overlap_owner(self, new)
+
+    def _set_broadcast_overlap(self, broadcast_overlap, layers=None, **kwargs):
+        """Refused: V2 syncs parameters by all-gather, not broadcast.
+
+        Raises:
+            ValueError: always when turning on; names
+                ``_set_all_gather_overlap_forward``.
+        """
+        check_broadcast_overlap_flag(broadcast_overlap)
+        if broadcast_overlap:
+            raise ValueError(
+                "this optimizer is sharding stage 1 V2 "
+                "(sharding_configs.split_param = True), which syncs "
+                "parameters by all-gather: use optimizer."
+                "_set_all_gather_overlap_forward(True, model) (PaddleFormers: "
+                "--stage1_allgather_overlap true), or set split_param = "
+                "False for V1's broadcast overlap."
+            )
+
+    def _sharding_sync_parameters(self):
+        """All-gather the updated comm buffers: launched asynchronously in
+        the agreed order when the overlap is on; otherwise Paddle's
+        blocking version unchanged."""
+        overlap = get_broadcast_overlap(self)
+        if overlap is None:
+            return self._origin_sharding_sync_parameters()
+        with framework.no_grad():
+            overlap.launch()
+
+    def step(self):
+        """Wait for pending all-gathers, then run Paddle's ``step()``."""
+        overlap = get_broadcast_overlap(self)
+        if overlap is not None:
+            overlap.wait_before_update()
+        return self._origin_step()
+
+    def state_dict(self):
+        """The inner optimizer's ``state_dict()``, after pending gathers."""
+        overlap = get_broadcast_overlap(self)
+        if overlap is not None:
+            overlap.wait_on_demand()
+        return self._inner_opt.state_dict()
+
+    def _check_all_gather_overlap_settings(self):
+        """Raise ``ValueError`` for a V2 setting the all-gather overlap does
+        not cover yet, naming it (before anything changes)."""
+        if getattr(self, "comm_overlap", False):
+            raise ValueError(
+                "the all-gather overlap does not cover sharding_configs."
+                "comm_overlap = True with split_param yet; set comm_overlap = "
+                "False (PaddleFormers: drop --stage1_overlap) or leave the "
+                "all-gather overlap off."
+            )
+        if getattr(self, "pp_overlap", False):
+            raise ValueError(
+                "the all-gather overlap does not cover pp_configs."
+                "sharding_comm_overlap = True with split_param yet; set it to "
+                "False (PaddleFormers: drop --pp_sharding_comm_overlap) or "
+                "leave the all-gather overlap off."
+            )
+        # settings that move gradient or optimizer-state storage, not yet
+        # covered by a collective test with this overlap
+        untested = (
+            ("sharding_configs", "release_gradients", "frees gradient storage after each step"),
+            ("pp_configs", "release_gradients", "frees gradient storage after each step"),
+            ("sharding_configs", "free_grads_in_comm", "frees gradients inside the reduce"),
+            ("sharding_configs", "enable_fuse_optimizer_states", "fuses optimizer states into one storage"),
+            ("sharding_configs", "offload_opt_buffer_size", "offloads optimizer states"),
+        )
+        strategy = fleet.fleet._user_defined_strategy
+        if strategy is None:
+            return
+        for section, name, what in untested:
+            if getattr(strategy.hybrid_configs[section], name, 0):
+                raise ValueError(
+                    f"the all-gather overlap is not tested with {section}."
+                    f"{name} (it {what}); set it to its default or leave the "
+                    "all-gather overlap off."
+                )

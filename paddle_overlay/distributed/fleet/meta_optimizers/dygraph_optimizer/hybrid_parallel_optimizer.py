@@ -19,6 +19,7 @@ Single source for ``paddle_overlay.apply()`` and ``tools/make_patch.py``
 
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizer,
+    DygraphShardingOptimizerV2,
 )
 
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
@@ -57,6 +58,8 @@ class HybridParallelOptimizer:
         check_broadcast_overlap_flag(broadcast_overlap)
         inner = self._inner_opt
         if not isinstance(inner, DygraphShardingOptimizer):
+            if broadcast_overlap and isinstance(inner, DygraphShardingOptimizerV2):
+                inner._set_broadcast_overlap(True)  # names the V2 method
             if broadcast_overlap:
                 raise ValueError(
                     "broadcast overlap needs sharding stage 1 (V1): set "
@@ -74,6 +77,50 @@ class HybridParallelOptimizer:
         )
         self._broadcast_overlap = broadcast_overlap
         self._layers = layers if broadcast_overlap else None
+
+    def _set_all_gather_overlap_forward(
+        self,
+        all_gather_overlap_forward,
+        layers=None,
+        strict=False,
+        max_in_flight=None,
+    ):
+        """Turn the all-gather overlap of sharding stage 1 V2 on or off.
+
+        Delegates to ``DygraphShardingOptimizerV2._set_all_gather_overlap_forward``
+        (arguments, behaviour and errors are its own); PaddleFormers calls
+        this with two arguments for ``--stage1_allgather_overlap``.
+
+        Raises:
+            TypeError: ``all_gather_overlap_forward`` is not a bool.
+            ValueError: turning it on while the wrapped optimizer is not V2
+                (``sharding_configs.split_param = False`` selects V1, whose
+                overlap is ``_set_broadcast_overlap``).
+        """
+        check_broadcast_overlap_flag(all_gather_overlap_forward)
+        inner = self._inner_opt
+        if not isinstance(inner, DygraphShardingOptimizerV2):
+            if all_gather_overlap_forward:
+                raise ValueError(
+                    "the all-gather overlap needs sharding stage 1 V2 "
+                    "(sharding_configs.split_param = True, sharding_degree >= "
+                    f"2); the wrapped optimizer is a {type(inner).__name__}"
+                    + (
+                        ": use _set_broadcast_overlap(True, layers=model)."
+                        if isinstance(inner, DygraphShardingOptimizer)
+                        else "."
+                    )
+                )
+            self._all_gather_overlap_forward = False
+            return
+        inner._set_all_gather_overlap_forward(
+            all_gather_overlap_forward,
+            layers,
+            strict=strict,
+            max_in_flight=max_in_flight,
+        )
+        self._all_gather_overlap_forward = all_gather_overlap_forward
+        self._layers = layers if all_gather_overlap_forward else None
 
     def _step(self, parameters_list):
         """Paddle's ``_step``, with the sharding broadcast launched only after
