@@ -356,7 +356,6 @@ class DygraphShardingOptimizerV2:
             ("pp_configs", "release_gradients", "frees gradient storage after each step"),
             ("sharding_configs", "free_grads_in_comm", "frees gradients inside the reduce"),
             ("sharding_configs", "enable_fuse_optimizer_states", "fuses optimizer states into one storage"),
-            ("sharding_configs", "offload_opt_buffer_size", "offloads optimizer states"),
         )
         strategy = fleet.fleet._user_defined_strategy
         if strategy is None:
