@@ -116,6 +116,11 @@ class Calibration:
     # unit runs stalls that unit by call_stall_ms and itself by call_gap_ms.
     call_stall_ms: float = 0.0
     call_gap_ms: float = 0.0
+    # Host time to issue one collective (0: the host is never the limit).
+    # The stand-ins time each boundary from an idle GPU, so the host's
+    # issue of the boundary's launches shows: the k-th collective cannot
+    # start before k * host_launch_ms, nor the forward before all of them.
+    host_launch_ms: float = 0.0
 
     # -- loading / fitting -------------------------------------------------
     @classmethod
@@ -294,13 +299,21 @@ def _simulate_work(
     *,
     contention: bool,
     labels: Optional[Sequence[str]] = None,
+    launched0: Optional[int] = None,
+    launch_upto: Optional[Sequence[int]] = None,
 ) -> SimResult:
     """Two streams, event driven.
 
-    ``comm_ms[i]`` is broadcast i's duration at full speed, all issued at
-    t=0 in this order on one stream.  ``needs[u]`` is the set of broadcast
-    indices unit ``u`` waits for (forward pre-hook).  While both streams are
-    busy, compute runs at ``cal.rc`` and communication at ``cal.rb``.
+    ``comm_ms[i]`` is broadcast i's duration at full speed, run in this
+    order on one stream.  ``needs[u]`` is the set of broadcast indices unit
+    ``u`` waits for (forward pre-hook).  While both streams are busy,
+    compute runs at ``cal.rc`` and communication at ``cal.rb``.
+
+    Launch depth: by default every broadcast is issued at t=0.  With
+    ``launch_upto`` only the first ``launched0`` are; once the compute
+    stream reaches unit ``u`` (its pre-hook) the first ``launch_upto[u]``
+    are issued, and an issued collective can start no earlier than that
+    moment (it waits for the compute stream, as NCCL's stream does).
     """
     labels = labels or [f"b{i}" for i in range(len(comm_ms))]
     segs: List[Segment] = []
@@ -309,6 +322,22 @@ def _simulate_work(
     ci, crem = 0, (comm_ms[0] if comm_ms else 0.0)
     ui, urem = 0, (units[0].fwd_ms if units else 0.0)
     done: set = set()
+    n_comm = len(comm_ms)
+    launched = n_comm if launch_upto is None else min(launched0 or 0, n_comm)
+    hooked = -1
+    # Host issue times (all 0 unless cal.host_launch_ms): avail[i] for each
+    # collective, issue[u] for each unit (after the launches before it).
+    h = cal.host_launch_ms
+    avail = [(i + 1) * h for i in range(launched)] + [0.0] * (n_comm - launched)
+    issue = [launched * h] * len(units)
+    if launch_upto is not None and h > 0:
+        k, host = launched, launched * h
+        for u in range(len(units)):
+            while k < min(launch_upto[u], n_comm):
+                host += h
+                avail[k] = host
+                k += 1
+            issue[u] = host
 
     def add(stream, label, a, b, cont):
         if b - a <= _EPS:
@@ -326,9 +355,17 @@ def _simulate_work(
             segs.append(Segment(stream, label, a, b, cont))
 
     while ui < len(units):
-        comm_active = ci < len(comm_ms)
-        ready = needs[ui] <= done
-        if not ready and not comm_active:
+        if launch_upto is not None and hooked < ui:
+            hooked = ui
+            new = min(max(launched, launch_upto[ui]), n_comm)
+            if ci == launched < new and ci > 0 and contention and needs[ui] <= done:
+                urem += cal.call_stall_ms  # an idle stream starts a collective under a running unit
+                crem += cal.call_gap_ms
+            launched = new
+        comm_active = ci < launched and avail[ci] <= t + _EPS
+        ready = needs[ui] <= done and issue[ui] <= t + _EPS
+        pending = [x - t for x in ((avail[ci] if ci < launched else 0.0), issue[ui]) if x > t + _EPS]
+        if not ready and not comm_active and not pending:
             missing = sorted(needs[ui] - done)
             raise ValueError(
                 f"unit {units[ui].name!r} waits for broadcasts {missing} that are never issued"
@@ -341,7 +378,7 @@ def _simulate_work(
             steps.append(crem / rb)
         if ready:
             steps.append(urem / rc)
-        dt = min(steps)
+        dt = min(steps + pending)
         if comm_active:
             add("comm", labels[ci], t, t + dt, both)
             crem -= dt * rb
@@ -356,7 +393,7 @@ def _simulate_work(
             done.add(ci)
             ci += 1
             crem = comm_ms[ci] if ci < len(comm_ms) else 0.0
-            if ci < len(comm_ms) and contention and needs[ui] <= done:
+            if ci < launched and contention and needs[ui] <= done:
                 urem += cal.call_stall_ms
                 crem += cal.call_gap_ms
         if ready and urem <= _EPS:
@@ -441,10 +478,19 @@ def simulate_groups(
     ranks: int = 2,
     overlap: bool = True,
     contention: bool = True,
+    depth: Optional[int] = None,
+    comm_bytes: Optional[Sequence[int]] = None,
 ) -> SimResult:
     """Like :func:`simulate`, with one broadcast per group of parameters
     (a bucket living in one contiguous buffer: its bytes in one call); a
-    unit waits for every group holding one of its parameters."""
+    unit waits for every group holding one of its parameters.
+
+    ``depth=None``: every group issued at the step boundary.  ``depth=K``:
+    launch depth as ``benchmarks/standin/plan.ChainPolicy`` (upstream V2
+    keeps K = 1): the boundary issues groups ``0..K-1``; the pre-hook of a
+    unit whose groups end at ``h`` issues up to ``h + K``.  ``comm_bytes``
+    overrides each group's bytes (padding, or the share an all-gather
+    delivers)."""
     by_name = {p.name: p for p in params}
     order = [n for g in groups for n in g]
     if len(set(order)) != len(order):
@@ -453,9 +499,10 @@ def simulate_groups(
     if unknown:
         raise ValueError(f"broadcast order names unknown parameters: {unknown[:5]}")
     index = {n: gi for gi, g in enumerate(groups) for n in g}
-    comm = [
-        cal.bcast_ms_for(sum(by_name[n].nbytes for n in g), ranks, pipelined=i > 0) for i, g in enumerate(groups)
-    ]
+    sizes = comm_bytes if comm_bytes is not None else [sum(by_name[n].nbytes for n in g) for g in groups]
+    if len(sizes) != len(groups):
+        raise ValueError("comm_bytes needs one entry per group")
+    comm = [cal.bcast_ms_for(b, ranks, pipelined=i > 0) for i, b in enumerate(sizes)]
     unit_names = [u.name for u in units]
     if len(set(unit_names)) != len(unit_names):
         raise ValueError("unit names must be unique")
@@ -469,7 +516,21 @@ def simulate_groups(
     if not overlap and units:
         needs[0] = set(range(len(groups)))
     labels = [g[0] if len(g) == 1 else f"{g[0]}+{len(g) - 1}" for g in groups]
-    return _simulate_work(comm, needs, units, cal, contention=contention, labels=labels)
+    launched0 = upto = None
+    if depth is not None and overlap:
+        if depth < 1:
+            raise ValueError("depth must be None or >= 1")
+        n = len(groups)
+        launched0 = min(depth, n)
+        upto, reach = [], launched0
+        for u in needs:
+            if u:  # a unit with parameters has a pre-hook
+                h = max(u)
+                reach = max(reach, min(h + 1 + depth, n))
+            upto.append(reach)
+    return _simulate_work(
+        comm, needs, units, cal, contention=contention, labels=labels, launched0=launched0, launch_upto=upto
+    )
 
 
 # --------------------------------------------------------------------------

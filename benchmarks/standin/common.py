@@ -61,7 +61,7 @@ def git_head() -> str:
 
 def record(script: str, world: int, **extra) -> dict:
     """Header of every result file: what, when, on what."""
-    nccl_env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    nccl_env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_") and k != "NCCL_VERSION"}
     return {
         "label": "torch+NCCL stand-in of the product's pattern (NOT Paddle)",
         "script": f"benchmarks/standin/{script}",
@@ -241,6 +241,75 @@ def summarize(samples: Sequence[dict], fwd_alone_ms: Optional[float] = None) -> 
     ms = [s["ms"] for s in samples]
     out = {"ms": median(ms), "ms_all": [round(x, 4) for x in ms],
            "host_issue_ms": median([s["host_issue_ms"] for s in samples])}
+    if fwd_alone_ms is not None:
+        out["exposed_ms"] = out["ms"] - fwd_alone_ms
+    return out
+
+
+# --------------------------------------------------------------------------
+# NCCL (torchrun) side
+# --------------------------------------------------------------------------
+def init_dist():
+    """(rank, world, device) under torchrun, NCCL backend."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local)
+    return rank, world, torch.device("cuda", local)
+
+
+def dist_sync():
+    import torch.distributed as dist
+
+    dist.barrier()
+    torch.cuda.synchronize()
+
+
+class NcclTransport(Transport):
+    """V1: ``broadcast(buffer, src)`` per group; V2: in-place
+    ``all_gather_into_tensor`` of each buffer from this rank's shard."""
+
+    def __init__(self, buffers, kind: str, srcs=None, group=None):
+        import torch.distributed as dist
+
+        self.dist, self.buffers, self.kind, self.srcs, self.group = dist, buffers, kind, srcs, group
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.works = [None] * len(buffers)
+
+    def reset(self):
+        self.works = [None] * len(self.buffers)
+
+    def launch(self, g):
+        buf = self.buffers[g]
+        if self.kind == "broadcast":
+            self.works[g] = self.dist.broadcast(buf, src=self.srcs[g], group=self.group, async_op=True)
+        else:
+            shard = buf.numel() // self.world
+            mine = buf.narrow(0, self.rank * shard, shard)
+            self.works[g] = self.dist.all_gather_into_tensor(buf, mine, group=self.group, async_op=True)
+
+    def wait(self, g):
+        self.works[g].wait()
+
+
+def gather_max(value: float) -> float:
+    """Largest ``value`` over the ranks (a boundary is as slow as its slowest rank)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def summarize_ranks(samples: Sequence[dict], fwd_alone_ms: Optional[float] = None) -> dict:
+    """``summarize`` of this rank, then the largest median over ranks as
+    ``ms`` (``rank_ms`` keeps this rank's own)."""
+    out = summarize(samples)
+    out["rank_ms"] = out["ms"]
+    out["ms"] = gather_max(out["ms"])
+    out["host_issue_ms"] = gather_max(out["host_issue_ms"])
     if fwd_alone_ms is not None:
         out["exposed_ms"] = out["ms"] - fwd_alone_ms
     return out
