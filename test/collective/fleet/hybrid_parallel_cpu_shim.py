@@ -84,6 +84,25 @@ by :func:`cpu_sharding_v2`, a context manager around
    groups parameters into 256 MB buffers, so a small test model gets one
    buffer; on 3.x the tests set ``comm_buffer_size_MB`` and this item does
    nothing. Restored on exit.
+
+Gradient-communication overlap (``sharding_configs.comm_overlap`` on V1
+needs only item 6 around building the optimizer, which is where V1 builds
+its fused buffers and reduce hooks; on V2 items 7 and 8), and
+``pp_configs.sharding_comm_overlap``, item 10 (by :func:`install`):
+
+10. ``PipelineParallel.register_sharding_comm_overlap_hook`` -> the same
+    call inside :func:`cpu_tensor_fusion` (item 6). Why: with
+    ``pp_configs.sharding_comm_overlap`` the pipeline builds its own comm
+    buffers (``FusedCommBuffer``, one per destination rank and 128 MB group
+    of each model chunk: gradient-only ``GradStorage`` for V1, the
+    reduce-scatter buffers holding the parameters for V2) in this call,
+    which ``train_batch`` makes at its first run, not when the model or the
+    optimizer is built. On the CPU that fails in Paddle's words: 3.x
+    ``tensor fusion helper now only support dict_keys(['gpu', 'npu',
+    'xpu']), but got device unknown instead`` (V1 and V2); 2.6 (V1)
+    ``The device should not be ... 'gpu:0'..., since PaddlePaddle is not
+    compiled with CUDA`` (``GradStorage`` is made with ``device="gpu"``).
+    Item 6 is active only for the duration of the call.
 """
 
 import contextlib
@@ -264,6 +283,24 @@ def _reduce_scatter_by_all_reduce():
     paddle.distributed.reduce_scatter = reduce_scatter
 
 
+def _pipeline_comm_buffers_on_cpu():
+    """10. (see the module docstring)"""
+    from paddle.distributed.fleet.meta_parallel import pipeline_parallel as pp
+
+    original = pp.PipelineParallel.register_sharding_comm_overlap_hook
+
+    @functools.wraps(original)
+    def register_sharding_comm_overlap_hook(self, optimizer):
+        if not getattr(self, "_sharding_comm_overlap", False):
+            return original(self, optimizer)  # builds nothing
+        with cpu_tensor_fusion():
+            return original(self, optimizer)
+
+    pp.PipelineParallel.register_sharding_comm_overlap_hook = (
+        register_sharding_comm_overlap_hook
+    )
+
+
 def install():
     """Apply the shims above once per process; a no-op on GPU ranks.
     Call before ``fleet.init``."""
@@ -276,6 +313,7 @@ def install():
     _broadcast_input_data_on_cpu()
     _pipeline_p2p_with_isend_irecv()
     _reduce_scatter_by_all_reduce()
+    _pipeline_comm_buffers_on_cpu()
 
 
 @contextlib.contextmanager
