@@ -751,8 +751,9 @@ class StageOneBroadcastOverlap:
             or self._in_flight < depth
         ):
             unit = units[self._next_start]
+            started = unit.start(comm)  # may raise: then retried next time
             self._next_start += 1
-            if unit.start(comm):
+            if started:
                 self._in_flight += 1
                 self.stats["launched"] += 1
 
