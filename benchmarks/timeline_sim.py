@@ -15,7 +15,10 @@ takes when the post-update parameter broadcasts of DygraphShardingOptimizer
 
 It is a model, not a measurement. Every hardware number comes from
 ``benchmarks/data/h200_anchor.json`` (2x H200, NVLink, NCCL 2.28.9, measured
-with PyTorch, see ``/work/shared/reference/h200_anchor_probe.py``):
+with PyTorch; the project's own ``benchmarks/standin/allgather_anchor.py``
+re-measures the broadcast and all-gather curves, and
+``benchmarks/standin/onegpu_proxy.py`` writes the same fields for a one-GPU
+copy proxy):
 
 * broadcast time by message size, interpolated piecewise-linearly in bytes;
   back-to-back broadcasts on one stream hide part of each launch latency,
