@@ -105,7 +105,7 @@ def compare_buckets(
 
 def storage(opt):
     """The owner's BucketStorage (None in per-parameter mode)."""
-    return overlap_impl(opt)._buckets
+    return overlap_impl(opt).bucket_storage
 
 
 def params_of(opt):
@@ -274,10 +274,8 @@ def case_tied_parameter_one_slot():
     impl = overlap_impl(opt)
     units_a = impl._units_of_layer[id(inner.mix_a)]
     units_b = impl._units_of_layer[id(inner.mix_b)]
-    assert (
-        impl._unit_of[position[0]] in units_a
-        and impl._unit_of[position[0]] in units_b
-    )
+    (unit,) = impl.units_of(position[0])
+    assert unit in units_a and unit in units_b
 
 
 def case_frozen_and_trainable_share_windows_under_weight_decay():
@@ -457,8 +455,8 @@ def case_checkpoint_across_bucket_modes():
     keys, shapes and values; training continues bitwise equal to an
     uninterrupted run. Loads into bucketed parameters: set_state_dict copies
     into the views; a load that hands new tensors (shares a fresh tensor's
-    memory into a parameter) is found at the next launch and that parameter
-    is sent alone, with one warning naming it."""
+    memory into a parameter) is found at the next launch: the ranks agree
+    that one saw a replacement and plan again (one warning naming it)."""
     total, cut = STEPS + 2, 2
     base_losses, base_params, _ = train(TinyLM, overlap=False, steps=total)
     states = {}
@@ -533,9 +531,11 @@ def case_checkpoint_across_bucket_modes():
             ]
             assert len(named) == 1, [str(w.message) for w in caught]
             impl = overlap_impl(fresh_opt)
-            assert storage(fresh_opt).stale == [impl._index_of[id(handed[0])]]
-            alone = [u for u in impl._units if not u.bucket]
-            assert [u.tensor is handed[0] for u in alone] == [True], alone
+            # replaced on every rank: the plan was rebuilt once, agreed,
+            # and the parameter lives in a bucket again
+            assert impl.stats["replanned"] == 1, impl.stats
+            assert storage(fresh_opt).bucket_of(impl._index_of[id(handed[0])]) is not None
+            assert_views_of_buffers(fresh_opt)
     assert states[2 * KB] == states[None]
 
 
@@ -574,32 +574,6 @@ def case_bad_bucket_size_raises_before_any_change():
     )
 
 
-def case_pp_sharding_comm_overlap_refused():
-    """pp_configs.sharding_comm_overlap = True: refused, naming the flag,
-    before anything changes (sharding_configs.tensor_fusion and comm_overlap
-    are refused the same way: case bad_input_raises_before_any_change)."""
-    model = fleet.distributed_model(TinyLM())
-    opt = fleet.distributed_optimizer(adamw(model.parameters()))
-    pp = fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
-    pp.sharding_comm_overlap = True
-    try:
-        opt._set_broadcast_overlap(True, layers=model)
-    except ValueError as e:
-        assert "pp_configs.sharding_comm_overlap" in str(e), str(e)
-    else:
-        raise AssertionError("pp_configs.sharding_comm_overlap was not refused")
-    finally:
-        pp.sharding_comm_overlap = False
-    assert overlap_impl(opt) is None
-    assert (
-        sum(
-            len(l._forward_pre_hooks)
-            for l in model.sublayers(include_self=True)
-        )
-        == 0
-    )
-
-
 @contextlib.contextmanager
 def tensor_fusion():
     """sharding_configs.tensor_fusion = True for the optimizers built inside,
@@ -613,6 +587,45 @@ def tensor_fusion():
             yield
     finally:
         config.tensor_fusion = False
+
+
+def case_tensor_fusion_with_pp_sharding_comm_overlap_refused_as_paddle_does():
+    """Paddle itself cannot combine pp_configs.sharding_comm_overlap with
+    tensor fusion: it refuses when it builds the optimizer (a bare
+    AssertionError); if the strategy changes after the build, the overlay
+    refuses the same combination with a ValueError worded as Paddle's limit,
+    before anything changes."""
+    strategy = fleet.fleet._user_defined_strategy
+    pp = strategy.hybrid_configs["pp_configs"]
+    model = fleet.distributed_model(TinyLM())
+    with tensor_fusion():
+        pp.sharding_comm_overlap = True
+        try:
+            fleet.distributed_optimizer(adamw(model.parameters()))
+        except AssertionError as e:
+            assert "sharding_comm_overlap" in str(e), str(e)
+        else:
+            raise AssertionError("Paddle built tensor_fusion with pp sharding_comm_overlap")
+        finally:
+            pp.sharding_comm_overlap = False
+        opt = fleet.distributed_optimizer(adamw(model.parameters()))
+        pp.sharding_comm_overlap = True
+        try:
+            opt._set_broadcast_overlap(True, layers=model)
+        except ValueError as e:
+            assert "Paddle cannot combine pp_configs.sharding_comm_overlap" in str(e), str(e)
+        else:
+            raise AssertionError("the combination was not refused")
+        finally:
+            pp.sharding_comm_overlap = False
+    assert overlap_impl(opt) is None
+    assert (
+        sum(
+            len(l._forward_pre_hooks)
+            for l in model.sublayers(include_self=True)
+        )
+        == 0
+    )
 
 
 def case_tensor_fusion_slices_bitwise_equal():
@@ -647,6 +660,59 @@ def case_tensor_fusion_slices_bitwise_equal():
         checker, model, opt, _ = compare_buckets(TinyLM, 0)
         assert storage(opt) is None
         assert checker.counts["launched"] == STEPS * len(params_of(opt))
+
+
+def case_memory_replaced_on_one_rank_only_replans_on_every_rank():
+    """Rank 1 alone gives a bucketed parameter new memory (same values)
+    after a step: the per-launch agreement makes every rank plan again, so
+    the ranks keep issuing the same broadcasts (no hang, no mismatched
+    collectives) and training stays bitwise equal to overlap off."""
+    replaced = []
+
+    def replace_on_rank_1(step, model, opt):
+        if step == 1 and rank() == 1:
+            p = model._layers.blocks[0].up.weight
+            fresh = paddle.to_tensor(p.numpy())
+            p.get_tensor()._share_data_with(fresh.get_tensor())
+            replaced.append(fresh)  # keep the new memory alive
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checker, model, opt, _ = compare_buckets(TinyLM, 2 * KB, on_step=replace_on_rank_1)
+    messages = [str(w.message) for w in caught if "plans its units again" in str(w.message)]
+    assert len(messages) == 1, messages
+    if rank() == 0:
+        assert "another rank" in messages[0], messages
+    impl = overlap_impl(opt)
+    assert impl.stats["replanned"] == 1, impl.stats
+    assert all_ranks_equal([impl.stats["launched"], len(storage(opt).specs)])
+    assert_views_of_buffers(opt)
+
+
+def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
+    """An optimizer garbage-collected with overlap on leaves its hooks (the
+    finalizer neither waits nor touches hooks); the next
+    _set_broadcast_overlap call of any optimizer, here False on another one
+    that never had overlap on, waits for its units and removes them."""
+    import gc
+
+    model = fleet.distributed_model(TinyLM())
+
+    def hooks():
+        return sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True))
+
+    opt = fleet.distributed_optimizer(adamw(model.parameters()))
+    opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=2 * KB)
+    model(paddle.zeros([2, 8], dtype="int64")).mean().backward()
+    opt.step()  # units launched and pending
+    assert hooks() > 0
+    del opt
+    gc.collect()
+    assert hooks() > 0  # nothing removed inside garbage collection
+    other = fleet.distributed_optimizer(adamw(model.parameters()))
+    other._set_broadcast_overlap(False)
+    assert hooks() == 0
+    assert type(model._layers.blocks[0].up._parameters).__name__ == "OrderedDict"
 
 
 if __name__ == "__main__":

@@ -94,9 +94,10 @@ class DygraphShardingOptimizer:
                 ``bucket_size_mb`` is not a number.
             ValueError: ``layers`` is None or owns none of the optimizer's
                 parameters; ``bucket_size_mb`` is negative or not finite;
-                sharding degree is 1; ``comm_overlap`` is set in
-                ``sharding_configs``, or ``sharding_comm_overlap`` in
-                ``pp_configs``. (``tensor_fusion`` is supported: buckets are
+                sharding degree is 1; ``pp_configs.sharding_comm_overlap``
+                together with ``tensor_fusion`` or ``comm_overlap`` (Paddle's
+                own limit). (``tensor_fusion`` and ``comm_overlap`` are
+                supported: buckets are
                 slices of its fused buffers.)
             Nothing is changed when an error is raised.
         """
@@ -117,23 +118,28 @@ class DygraphShardingOptimizer:
                 f"{self._sharding_world_size}. Set strategy.hybrid_configs"
                 "['sharding_degree'] to the number of sharding ranks."
             )
-        if getattr(self, "comm_overlap", False):
-            raise ValueError(
-                "broadcast overlap does not support sharding_configs."
-                "comm_overlap = True (gradient reduce hooks on fused "
-                "buffers); set it to False or leave broadcast overlap off."
-            )
         strategy = fleet.fleet._user_defined_strategy
-        if strategy is not None and getattr(
-            strategy.hybrid_configs["pp_configs"],
-            "sharding_comm_overlap",
-            False,
+        fused_by_paddle = getattr(self, "tensor_fusion", False) or getattr(
+            self, "comm_overlap", False
+        )
+        if (
+            fused_by_paddle
+            and strategy is not None
+            and getattr(
+                strategy.hybrid_configs["pp_configs"],
+                "sharding_comm_overlap",
+                False,
+            )
         ):
+            # Paddle refuses this when it builds the optimizer ("Can not
+            # enable pp's sharding_comm_overlap and sharding's tensor_fusion
+            # at the same time."); reachable only if the strategy changed
             raise ValueError(
-                "broadcast overlap does not support pp_configs."
-                "sharding_comm_overlap = True (the pipeline schedule overlaps "
-                "the sharding communication itself, through fused buffers); "
-                "set it to False or leave broadcast overlap off."
+                "Paddle cannot combine pp_configs.sharding_comm_overlap with "
+                "sharding_configs.tensor_fusion or comm_overlap (its own "
+                "check when it builds the optimizer); set "
+                "pp_configs.sharding_comm_overlap = False, or tensor_fusion "
+                "and comm_overlap to False."
             )
         group = self._hcg.get_sharding_parallel_group()
         src_of = {
@@ -143,8 +149,10 @@ class DygraphShardingOptimizer:
         }
         params = list(self._origin_parameter_list)
         fused = None
-        if getattr(self, "tensor_fusion", False):
-            # the parameters live in per-rank fused buffers: send slices
+        if fused_by_paddle and getattr(self, "_rank2fused", None):
+            # Paddle fused the parameters into per-rank buffers (for
+            # tensor_fusion, and for comm_overlap alone): send slices of
+            # them, never move a parameter out of Paddle's storage
             fused = [
                 t for r in sorted(self._rank2fused) for t in self._rank2fused[r]
             ]
@@ -251,9 +259,13 @@ class DygraphShardingOptimizerV2:
                 ``max_in_flight`` is not an int or ``"all"``.
             ValueError: ``layers`` is None or owns none of the parameters;
                 sharding degree is 1; ``max_in_flight`` < 1; or a setting
-                this overlap does not cover yet is on (named in the message:
-                ``comm_overlap``, ``pp_configs.sharding_comm_overlap``, or one
-                that moves storage, e.g. ``release_gradients``).
+                this overlap is not tested with is on (named in the message:
+                one that moves gradient or optimizer-state storage, e.g.
+                ``release_gradients``). ``comm_overlap`` (reduce-scatter
+                hooks in backward) and ``pp_configs.sharding_comm_overlap``
+                (the pipeline's comm buffers, collected at the first step)
+                are supported: the units are planned at the first launch
+                from whatever buffers V2 then holds.
             Nothing is changed when an error is raised.
         """
         check_broadcast_overlap_flag(all_gather_overlap_forward)
@@ -333,22 +345,8 @@ class DygraphShardingOptimizerV2:
         return self._inner_opt.state_dict()
 
     def _check_all_gather_overlap_settings(self):
-        """Raise ``ValueError`` for a V2 setting the all-gather overlap does
-        not cover yet, naming it (before anything changes)."""
-        if getattr(self, "comm_overlap", False):
-            raise ValueError(
-                "the all-gather overlap does not cover sharding_configs."
-                "comm_overlap = True with split_param yet; set comm_overlap = "
-                "False (PaddleFormers: drop --stage1_overlap) or leave the "
-                "all-gather overlap off."
-            )
-        if getattr(self, "pp_overlap", False):
-            raise ValueError(
-                "the all-gather overlap does not cover pp_configs."
-                "sharding_comm_overlap = True with split_param yet; set it to "
-                "False (PaddleFormers: drop --pp_sharding_comm_overlap) or "
-                "leave the all-gather overlap off."
-            )
+        """Raise ``ValueError`` for a V2 setting the all-gather overlap is
+        not tested with, naming it (before anything changes)."""
         # settings that move gradient or optimizer-state storage, not yet
         # covered by a collective test with this overlap
         untested = (
