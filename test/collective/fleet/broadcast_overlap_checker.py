@@ -23,6 +23,13 @@ owns parameters, and each optimizer update) it records a violation for any
 parameter about to be used whose latest broadcast task was never waited.
 A broadcast of a bucket buffer (``broadcast_buckets.py``) counts for every
 watched parameter whose memory lies inside that buffer.
+Sharding stage 1 V2 gathers instead of broadcasting: the checker also wraps
+the process group's ``all_gather`` and ``all_gather_into_tensor`` (Paddle
+3.x ``FusedCommBuffer.sync_params`` calls
+``group.process_group.all_gather(slice_buffer, full_buffer)``; the overlay
+gathers each comm buffer's parameter storage), and a pending all-gather
+counts for every watched parameter whose memory lies in the gathered
+tensors (the full buffer); ``counts["gathers"]`` counts those.
 It also wraps the tensor functions that read parameters in the test models
 (:data:`READ_FUNCTIONS`: ``F.linear``, ``F.embedding``, ``paddle.matmul``,
 ``paddle.linalg.norm``), so a read outside any layer's call (a helper
@@ -46,6 +53,11 @@ READ_FUNCTIONS = (
 # bytes per element, by the dtype's name (no paddle_overlay import here: the
 # checker also runs against a patched Paddle tree)
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+# process-group methods of an all-gather (wrapped on the class: pybind
+# instances take no attributes)
+GATHER_METHODS = ("all_gather", "all_gather_into_tensor")
 
 
 def _memory_range(tensor):
@@ -101,9 +113,19 @@ class BroadcastWaitChecker:
         self._watched = {}  # id(parameter) -> parameter, from watch()
         self._original_broadcast = None
         self._handles = []
+        self._hooked = []  # (layer, handle) of each checker pre-hook
         self._patched_optimizers = []
-        self.counts = {"launched": 0, "waited": 0, "checked": 0, "writes": 0}
+        self.counts = {
+            "launched": 0,
+            "waited": 0,
+            "checked": 0,
+            "writes": 0,
+            "gathers": 0,
+        }
         self.violations = []
+        # each recorded all-gather's task (``.params``: what it covers), in
+        # launch order
+        self.gather_log = []
         self._last_report = dict(self.counts, violations=0)
 
     # -- broadcast instrumentation -------------------------------------
@@ -127,6 +149,7 @@ class BroadcastWaitChecker:
             return proxy
 
         paddle.distributed.broadcast = recording_broadcast
+        self._wrap_gathers()
         self._wrapped_reads = []
         for module, name in READ_FUNCTIONS:
             original_fn = getattr(module, name)
@@ -148,6 +171,55 @@ class BroadcastWaitChecker:
         paddle.Tensor.set_value = checked_set_value
         return self
 
+    def _wrap_gathers(self):
+        """Record each all-gather of a process group whose tensors hold
+        watched parameters (sharding stage 1 V2's comm buffers)."""
+        from paddle.base import core
+
+        self._wrapped_gathers = []
+        checker = self
+
+        def tensors_of(args):
+            for a in args:
+                if isinstance(a, (list, tuple)):
+                    yield from (t for t in a if isinstance(t, paddle.Tensor))
+                elif isinstance(a, paddle.Tensor):
+                    yield a
+
+        for name in GATHER_METHODS:
+            original = getattr(core.ProcessGroup, name, None)
+            if original is None:
+                continue
+            self._wrapped_gathers.append((name, original))
+
+            def recording_gather(group, *args, _original=original, **kwargs):
+                task = _original(group, *args, **kwargs)
+                if task is None:
+                    return task
+                ranges = [
+                    _memory_range(t)
+                    for t in tensors_of(list(args) + list(kwargs.values()))
+                    if t._is_initialized()
+                ]
+                covered = [
+                    p
+                    for p in checker._watched.values()
+                    if p._is_initialized()
+                    and any(s <= p.data_ptr() < e for s, e in ranges)
+                ]
+                if not covered:
+                    return task
+                proxy = _RecordingTask(task, checker)
+                for p in covered:
+                    checker._latest[id(p)] = (p, proxy)
+                checker.counts["launched"] += 1
+                checker.counts["gathers"] += 1
+                checker.gather_log.append(proxy)
+                proxy.params = covered
+                return proxy
+
+            setattr(core.ProcessGroup, name, recording_gather)
+
     def _checked_read(self, name, fn):
         @functools.wraps(fn)
         def read(*args, **kwargs):
@@ -164,12 +236,18 @@ class BroadcastWaitChecker:
 
     def __exit__(self, *exc):
         paddle.distributed.broadcast = self._original_broadcast
+        from paddle.base import core
+
+        for name, original in self._wrapped_gathers:
+            setattr(core.ProcessGroup, name, original)
+        self._wrapped_gathers = []
         for module, name, original_fn in self._wrapped_reads:
             setattr(module, name, original_fn)
         self._wrapped_reads = []
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._hooked.clear()
         for opt in self._patched_optimizers:
             del opt.__dict__["_apply_optimize"]
         self._patched_optimizers.clear()
@@ -184,11 +262,11 @@ class BroadcastWaitChecker:
             own = list(layer.parameters(include_sublayers=False))
             self._watched.update((id(p), p) for p in own)
             if own:
-                self._handles.append(
-                    layer.register_forward_pre_hook(
-                        self._make_pre_hook(name or "<root>", own)
-                    )
+                handle = layer.register_forward_pre_hook(
+                    self._make_pre_hook(name or "<root>", own)
                 )
+                self._handles.append(handle)
+                self._hooked.append((layer, handle))
         inner = optimizer
         while "_inner_opt" in vars(inner):
             inner = vars(inner)["_inner_opt"]
@@ -200,6 +278,16 @@ class BroadcastWaitChecker:
 
         inner.__dict__["_apply_optimize"] = checked_apply_optimize
         self._patched_optimizers.append(inner)
+
+    def hooks_last(self):
+        """Move the checker's pre-hooks after every other pre-hook of their
+        layers: an overlap that registers its hooks later than ``watch``
+        (Paddle 3.x's V2 all-gather overlap does so at the first
+        ``step()``) still waits before the check."""
+        for layer, handle in self._hooked:
+            hooks = layer._forward_pre_hooks
+            if handle._hook_id in hooks:
+                hooks.move_to_end(handle._hook_id)
 
     def _make_pre_hook(self, where, params):
         def hook(_layer, _inputs):

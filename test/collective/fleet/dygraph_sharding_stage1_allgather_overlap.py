@@ -1,0 +1,834 @@
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-rank script: sharding stage 1 V2 (``split_param``) with the
+parameter all-gather overlapped with the next forward, against V2 without
+overlap.
+
+Run under ``python -m paddle.distributed.launch --nproc_per_node 2``. Each
+case trains the same model from the same initial weights and data twice,
+V2 without overlap and V2 with ``optimizer._set_all_gather_overlap_forward(
+True, model)`` (the call PaddleFormers makes), with comm buffers of
+:data:`BUFFER_MB` MB so every model has several, and asserts: bitwise-equal
+losses, values read between steps and final parameters; the final
+parameters equal on every rank; the wait checker saw no read or update of
+a parameter whose all-gather was pending. Several cases run in one launch.
+
+Environment:
+
+- ``ALLGATHER_OVERLAP_CASES``: comma list of cases (all when unset).
+- ``ALLGATHER_OVERLAP_IMPL``: ``product`` (default: the overlay or a
+  patched Paddle provides ``_set_all_gather_overlap_forward``; checked),
+  ``upstream`` (Paddle's own, the overlay not applied; checked) or ``off``
+  (a control: the second run has no overlap either, so every case must
+  pass on any Paddle that runs V2).
+- ``ALLGATHER_OVERLAP_EXPECTED_FAILURES``: JSON ``{case: regex}``; each
+  named case must fail, with the regex found in the failing ranks' error
+  (traceback included); a named case that passes fails the launch
+  (``XPASS``).
+
+Each rank prints ``CASE <name> PASS|FAIL|XFAIL|XPASS`` and exits non-zero
+on any FAIL or XPASS. The verdict of a case is agreed across the ranks (a
+case fails on every rank when it fails on one), so the ranks stay in step.
+"""
+
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+import types
+import warnings
+import zlib
+
+import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
+import numpy as np
+from broadcast_overlap_checker import BroadcastWaitChecker
+from broadcast_overlap_training import (
+    all_ranks_equal,
+    assert_bitwise_equal,
+    cases_of,
+    overlap_impl,
+)
+
+import paddle
+import paddle.nn.functional as F
+from paddle import nn
+from paddle.distributed import fleet
+
+IMPL = os.environ.get("ALLGATHER_OVERLAP_IMPL", "product")
+VOCAB, HIDDEN, SEQ, BATCH = 64, 256, 6, 4
+STEPS = 3
+# comm buffer size: sharding_configs.comm_buffer_size_MB on Paddle 3.x (an
+# int, so 1 is the smallest), hybrid_parallel_cpu_shim item 9 on 2.6
+BUFFER_MB = 1
+DEFAULT = object()  # max_in_flight not given
+
+
+def rank():
+    return paddle.distributed.get_rank()
+
+
+# ----------------------------------------------------------------------
+# models (about 3.2 MB of fp32 parameters: 4 comm buffers of 1 MB)
+class Block(nn.Layer):
+    """LayerNorm -> Linear -> gelu -> Linear, residual."""
+
+    def __init__(self, hidden=HIDDEN):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, 2 * hidden)
+        self.down = nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class LM(nn.Layer):
+    """Embedding -> 3 blocks -> head: [B, S] tokens -> [B, S, VOCAB]."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.blocks = nn.LayerList([Block() for _ in range(3)])
+        self.head = nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.logits(x)
+
+    def logits(self, x):
+        return self.head(x)
+
+
+class TiedLM(LM):
+    """The head reads the embedding's weight (tied embedding and head)."""
+
+    def __init__(self):
+        super().__init__()
+        del self.head
+
+    def logits(self, x):
+        return paddle.matmul(x, self.embed.weight, transpose_y=True)
+
+
+class RootParamLM(LM):
+    """A positional table owned by the root layer, read before any
+    sublayer runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos_table = self.create_parameter([SEQ, HIDDEN])
+        self.register_buffer("pos_onehot", paddle.eye(SEQ))
+
+    def forward(self, tokens):
+        pos = paddle.matmul(self.pos_onehot, self.pos_table)  # root's read
+        x = self.embed(tokens) + pos
+        for block in self.blocks:
+            x = block(x)
+        return self.logits(x)
+
+
+class Tables(nn.Layer):
+    """One layer owning 6 tables of 1 MB: its parameters span 6 buffers."""
+
+    def __init__(self, n=6):
+        super().__init__()
+        self.tables = [
+            self.create_parameter([1024, HIDDEN]) for _ in range(n)
+        ]
+        for i, t in enumerate(self.tables):
+            self.add_parameter(f"table_{i}", t)
+
+    def forward(self, tokens):
+        return sum(F.embedding(tokens, t) for t in self.tables)
+
+
+class EncodeLM(LM):
+    """An ``encode()`` helper (retrieval-style) calls a sublayer outside
+    ``forward``, between steps; that sublayer's parameters span several
+    buffers, none of them the first."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = Tables()
+
+    def encode(self, tokens):
+        return self.encoder(tokens).mean(axis=1)
+
+
+class NotHeldLM(LM):
+    """A layer the optimizer does not hold (frozen adapter, teacher, ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.adapter = nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        x = x + self.adapter(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.logits(x)
+
+
+class BF16Linear(nn.Layer):
+    """Linear with bfloat16 weight and bias; computes in fp32 (the CPU has
+    no bfloat16 matmul)."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        ref = nn.Linear(n_in, n_out)
+        self.weight = self.create_parameter(
+            [n_in, n_out],
+            dtype="bfloat16",
+            default_initializer=nn.initializer.Assign(
+                ref.weight.astype("bfloat16")
+            ),
+        )
+        self.bias = self.create_parameter(
+            [n_out],
+            dtype="bfloat16",
+            default_initializer=nn.initializer.Assign(
+                ref.bias.astype("bfloat16")
+            ),
+        )
+
+    def forward(self, x):
+        return F.linear(
+            x, self.weight.astype("float32"), self.bias.astype("float32")
+        )
+
+
+class MixedBlock(Block):
+    """fp32 LayerNorm beside bfloat16 linears."""
+
+    def __init__(self, hidden=HIDDEN):
+        nn.Layer.__init__(self)
+        self.norm = nn.LayerNorm(hidden)
+        self.up = BF16Linear(hidden, 2 * hidden)
+        self.down = BF16Linear(2 * hidden, hidden)
+
+
+class MixedLM(LM):
+    """fp32 embedding and norms, bfloat16 linears: Paddle 3.x sorts each
+    buffer group by dtype name, so the bfloat16 buffers come first and the
+    fp32 embedding, used first, lands in a later buffer."""
+
+    def __init__(self):
+        nn.Layer.__init__(self)
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+        self.blocks = nn.LayerList([MixedBlock() for _ in range(3)])
+        self.head = nn.Linear(HIDDEN, VOCAB)
+
+
+class CollectiveBlock(Block):
+    """A block whose forward runs its own collective (MoE-like: an
+    all-reduce over another group object) between its matmuls."""
+
+    group = None
+
+    def forward(self, x):
+        h = F.gelu(self.up(self.norm(x)))
+        routed = h.detach().clone()
+        paddle.distributed.all_reduce(routed, group=CollectiveBlock.group)
+        return x + self.down(h + 0.5 * routed)
+
+
+class CollectiveLM(LM):
+    def __init__(self):
+        super().__init__()
+        self.blocks[1] = CollectiveBlock()
+
+
+# ----------------------------------------------------------------------
+# data, optimizers, set-up
+def batch(step, micro=0):
+    """Deterministic ([B, S] tokens, [B, S] labels), different per rank."""
+    rng = np.random.RandomState(1000 * step + 10 * micro + rank())
+    tokens = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
+    labels = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
+    return paddle.to_tensor(tokens), paddle.to_tensor(labels)
+
+
+def lm_loss(model, step, micro=0):
+    tokens, labels = batch(step, micro)
+    return F.cross_entropy(model(tokens), labels).mean()
+
+
+def adamw(parameters):
+    return paddle.optimizer.AdamW(
+        learning_rate=0.01, parameters=parameters, weight_decay=0.01
+    )
+
+
+def sgd(parameters):
+    """bfloat16 parameters: the CPU has no bfloat16 adamw kernel."""
+    return paddle.optimizer.SGD(learning_rate=0.05, parameters=parameters)
+
+
+def build(cls):
+    paddle.seed(2026)
+    return cls()
+
+
+def init_fleet():
+    hybrid_parallel_cpu_shim.install()  # gloo (no-op on GPUs)
+    if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
+        paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
+    world = paddle.distributed.get_world_size()
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {
+        "dp_degree": 1,
+        "mp_degree": 1,
+        "pp_degree": 1,
+        "sharding_degree": world,
+    }
+    sharding_configs = strategy.hybrid_configs["sharding_configs"]
+    sharding_configs.split_param = True
+    if hasattr(sharding_configs, "comm_buffer_size_MB"):  # Paddle 3.x
+        sharding_configs.comm_buffer_size_MB = BUFFER_MB
+    fleet.init(is_collective=True, strategy=strategy)
+    CollectiveBlock.group = paddle.distributed.new_group(list(range(world)))
+
+
+def check_implementation():
+    """The implementation under test is the one the launch asked for."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+        dygraph_sharding_optimizer as dso,
+    )
+
+    v2 = dso.DygraphShardingOptimizerV2
+    if IMPL == "upstream":
+        overlay = sys.modules.get("paddle_overlay")
+        assert overlay is None or not overlay.is_applied(), (
+            "ALLGATHER_OVERLAP_IMPL=upstream but paddle_overlay is applied "
+            "(set PADDLE_OVERLAY=0)"
+        )
+        assert hasattr(v2, "_set_all_gather_overlap_forward"), (
+            f"Paddle {paddle.__version__} has no upstream "
+            "_set_all_gather_overlap_forward"
+        )
+
+
+def inner_v2(opt):
+    """The DygraphShardingOptimizerV2 inside a fleet optimizer."""
+    inner = opt
+    while type(inner).__name__ != "DygraphShardingOptimizerV2":
+        inner = vars(inner)["_inner_opt"]
+    return inner
+
+
+def buffers(opt):
+    """[[parameter, ...] per comm buffer], in Paddle's buffer order (the
+    layout Paddle builds; never changed by the overlap)."""
+    return [list(b._params) for b in inner_v2(opt)._comm_buffer_list]
+
+
+def buffer_of(opt):
+    """{parameter name: index of its comm buffer}."""
+    return {p.name: i for i, ps in enumerate(buffers(opt)) for p in ps}
+
+
+def enable(opt, model, max_in_flight=DEFAULT):
+    """Turn the overlap on as PaddleFormers does (two positional
+    arguments); ``max_in_flight`` only when given."""
+    kwargs = {} if max_in_flight is DEFAULT else {"max_in_flight": max_in_flight}
+    opt._set_all_gather_overlap_forward(True, model, **kwargs)
+    if IMPL == "product":
+        assert overlap_impl(opt) is not None, (
+            "the product is not applied to V2: _set_all_gather_overlap_"
+            "forward left no overlap owner (Paddle's own method ran)"
+        )
+
+
+def snapshot(model):
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
+def digest(params):
+    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
+
+
+def train(
+    cls=LM,
+    overlap=False,
+    *,
+    checker=None,
+    steps=STEPS,
+    acc_steps=1,
+    make_optimizer=adamw,
+    parameters=None,
+    prepare=None,
+    after_step=None,
+    max_in_flight=DEFAULT,
+    raw_layers=False,
+):
+    """Train ``cls`` and return a namespace with ``losses``, ``extras``
+    (numpy values ``after_step`` read), ``params`` (numpy, after one more
+    forward), ``raw`` (the layer), ``model`` (fleet's) and ``opt``.
+
+    ``parameters(raw)`` picks the optimizer's parameters; ``prepare(run)``
+    runs before training; ``after_step(step, run)`` right after each
+    ``step()``, returning a list of numpy arrays to compare;
+    ``raw_layers`` passes the user's layer, not fleet's wrapper of it
+    (whose sublayer it is), as ``layers``.
+    """
+    raw = build(cls)
+    params = parameters(raw) if parameters else raw.parameters()
+    with hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB):
+        opt = fleet.distributed_optimizer(make_optimizer(params))
+        model = fleet.distributed_model(raw)
+    run = types.SimpleNamespace(
+        raw=raw, model=model, opt=opt, losses=[], extras=[], params=None
+    )
+    if overlap:
+        enable(opt, raw if raw_layers else model, max_in_flight)
+    if checker is not None:
+        checker.watch(model, opt)
+    if prepare is not None:
+        prepare(run)
+    for step in range(steps):
+        for micro in range(acc_steps):
+            loss = lm_loss(run.model, step, micro)
+            (loss / acc_steps).backward()
+            run.losses.append(loss.numpy().copy())
+        opt.step()
+        opt.clear_grad()
+        if checker is not None:
+            checker.hooks_last()  # after hooks the first step() registered
+        if after_step is not None:
+            run.extras.extend(np.asarray(v) for v in after_step(step, run))
+    # one more forward before the final read: every implementation syncs
+    # the buffers the forward uses (reads right after step() are the
+    # cases' business)
+    with paddle.no_grad():
+        run.model(batch(99)[0])
+    run.params = snapshot(run.raw)
+    return run
+
+
+def compare(cls=LM, **kwargs):
+    """V2 off, then V2 with overlap under the wait checker; returns
+    ``(off, on, checker)``. Raises AssertionError naming the first
+    difference, after the collective check every rank runs (so a failure
+    on one rank leaves the ranks in step)."""
+    off = train(cls, overlap=False, **kwargs)
+    with BroadcastWaitChecker() as checker:
+        on = train(cls, overlap=IMPL != "off", checker=checker, **kwargs)
+    ranks_equal = all_ranks_equal(digest(on.params))
+    what = f"{cls.__name__} {sorted(kwargs)}"
+    assert len(off.extras) == len(on.extras), what
+    for i, (a, b) in enumerate(zip(off.extras, on.extras)):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (
+            f"{what}: value {i} read between steps differs from overlap "
+            f"off (max abs diff "
+            f"{np.abs(a.astype('float64') - b.astype('float64')).max()})"
+        )
+    assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
+    assert checker.violations == [], (
+        f"reads of a parameter whose all-gather is pending: "
+        f"{checker.violations[:8]}"
+    )
+    assert checker.counts["gathers"] > 0, "no all-gather of a parameter seen"
+    assert ranks_equal, "parameters differ across ranks"
+    assert len(buffers(on.opt)) >= 3, f"{len(buffers(on.opt))} comm buffers"
+    return off, on, checker
+
+
+# ----------------------------------------------------------------------
+# cases: issue 17's items 2-6
+def case_equal_on_off():
+    """Plain training: the baseline every implementation passes."""
+    compare(LM)
+
+
+def case_state_dict_right_after_step():
+    """Item 2: state_dict() right after step(), before any forward."""
+    compare(LM, after_step=lambda step, run: snapshot(run.raw).values())
+
+
+def case_parameters_loop_ema_right_after_step():
+    """Item 2: an EMA over parameters() right after step()."""
+    ema = {}
+
+    def update_ema(step, run):
+        values = []
+        for i, p in enumerate(run.raw.parameters()):
+            value = p.numpy().astype("float32")
+            ema[i] = value if step == 0 else 0.9 * ema[i] + 0.1 * value
+            values.append(ema[i].copy())
+        return values
+
+    compare(LM, after_step=update_ema)
+
+
+def case_encode_helper_between_steps():
+    """Item 3: a helper calls a sublayer whose parameters span several
+    buffers, none started, between steps."""
+    tokens = batch(7)[0]
+
+    def encode(step, run):
+        if step == 0:
+            where = buffer_of(run.opt)
+            spans = {where[p.name] for p in run.raw.encoder.parameters()}
+            assert len(spans) >= 2 and 0 not in spans, spans
+        return [run.raw.encode(tokens).numpy()]
+
+    compare(EncodeLM, after_step=encode)
+
+
+def case_freeze_parameters_after_first_step():
+    """Item 4: progressive freezing: after the first step every parameter
+    of the buffer holding the embedding (a frozen-only buffer) and one
+    parameter of another buffer stop training."""
+
+    def freeze(step, run):
+        if step == 0:
+            groups = buffers(run.opt)
+            first = buffer_of(run.opt)[run.raw.embed.weight.name]
+            for p in groups[first]:
+                p.stop_gradient = True
+            other = groups[(first + 1) % len(groups)]
+            other[0].stop_gradient = True
+        return []
+
+    compare(LM, after_step=freeze)
+
+
+def case_layer_parameter_not_in_optimizer():
+    """Item 5: a layer of ``layers`` whose parameters the optimizer does
+    not hold."""
+    compare(
+        NotHeldLM,
+        parameters=lambda raw: [
+            p
+            for name, p in raw.named_parameters()
+            if not name.startswith("adapter.")
+        ],
+    )
+
+
+def case_root_owned_parameter():
+    """Item 6: a parameter owned by the root layer, read before any
+    sublayer runs; ``layers`` is the user's model (with fleet's wrapper,
+    as PaddleFormers passes, the model is a sublayer: next case)."""
+    compare(RootParamLM, raw_layers=True)
+
+
+def case_root_owned_parameter_wrapped_layers():
+    compare(RootParamLM)
+
+
+def total_forward_pre_hooks(model):
+    return sum(
+        len(layer._forward_pre_hooks)
+        for layer in model.sublayers(include_self=True)
+    )
+
+
+def case_hooks_constant_and_removed():
+    """Item 6: the hook count is constant over steps, and
+    ``_set_all_gather_overlap_forward(False, model)`` removes every hook;
+    training goes on bitwise equal to overlap off."""
+    counts, owner_counts = [], []
+
+    def count(step, run):
+        counts.append(total_forward_pre_hooks(run.raw))
+        if IMPL == "product":
+            owner_counts.append(overlap_impl(run.opt).num_hooks)
+        return []
+
+    base = total_forward_pre_hooks(build(LM))
+    off = train(LM, steps=6)
+    on = train(LM, overlap=IMPL != "off", steps=6, after_step=count)
+    assert len(set(counts)) == 1, f"hook count changed over steps: {counts}"
+    assert len(set(owner_counts)) <= 1, f"num_hooks changed: {owner_counts}"
+    if IMPL != "off":
+        assert counts[0] > base, f"no hook registered: {counts} vs {base}"
+    if IMPL != "off":  # (Paddle 2.6 has no such method of its own)
+        on.opt._set_all_gather_overlap_forward(False, on.model)
+    after = total_forward_pre_hooks(on.raw)
+    assert after == base, (
+        f"_set_all_gather_overlap_forward(False) left {after - base} "
+        f"forward pre-hooks ({counts[0]} while on, {base} without)"
+    )
+    if IMPL == "product":
+        impl = overlap_impl(on.opt)
+        assert impl is None or (impl.num_hooks == 0 and impl.num_pending == 0)
+    # training continues without overlap, equal to off
+    for run in (off, on):
+        loss = lm_loss(run.model, 50)
+        loss.backward()
+        run.opt.step()
+        run.opt.clear_grad()
+        run.losses.append(loss.numpy())
+        with paddle.no_grad():
+            run.model(batch(99)[0])
+        run.params = snapshot(run.raw)
+    assert_bitwise_equal(
+        (off.losses, off.params), (on.losses, on.params), "after False"
+    )
+
+
+# ----------------------------------------------------------------------
+# cases: order, layout, dtypes
+def case_gather_order_follows_forward():
+    """Item 1: after each step the buffers are all-gathered in the order
+    forward first uses them (fp32 embedding and norms beside bfloat16
+    linears: on 3.x Paddle's buffer order is not the forward order), and
+    that order is the same on every rank."""
+    first_use = []
+
+    def record_first_use(run):
+        where = buffer_of(run.opt)
+
+        def hook(layer, _inputs):
+            for p in layer.parameters(include_sublayers=False):
+                if p.name in where and where[p.name] not in first_use:
+                    first_use.append(where[p.name])
+
+        handles = [
+            layer.register_forward_pre_hook(hook)
+            for layer in run.raw.sublayers(include_self=True)
+        ]
+        run.raw(batch(0)[0])
+        for h in handles:
+            h.remove()
+
+    _, on, checker = compare(
+        MixedLM, make_optimizer=sgd, prepare=record_first_use
+    )
+    where = buffer_of(on.opt)
+    launched = []
+    for task in checker.gather_log:
+        launched.append(min(where[p.name] for p in task.params))
+    same_on_ranks = all_ranks_equal(
+        [len(launched), zlib.crc32(repr(launched).encode())]
+    )
+    if IMPL == "off":
+        return
+    n = len(first_use)
+    # the training loop's gathers: one per buffer per step (the last one
+    # may be cut short by the final forward); check each full step
+    per_step = [launched[i : i + n] for i in range(0, n * STEPS, n)]
+    for i, order in enumerate(per_step):
+        assert order == first_use, (
+            f"step {i}: all-gathers launched in buffer order {order}, "
+            f"forward first uses {first_use} (Paddle's buffer order "
+            f"{list(range(len(buffers(on.opt))))})"
+        )
+    assert same_on_ranks, "ranks launched different orders"
+
+
+def case_layer_spanning_two_buffers():
+    """A Linear whose weight and bias lie in two buffers, read by a helper
+    (F.linear of its weight and bias) right after each step."""
+    probe = paddle.ones([1, 2 * HIDDEN])
+
+    def read_split_layer(step, run):
+        where = buffer_of(run.opt)
+        split = [
+            layer
+            for layer in run.raw.sublayers()
+            if isinstance(layer, nn.Linear)
+            and where[layer.weight.name] != where[layer.bias.name]
+        ]
+        assert split, "no Linear spans two buffers in this layout"
+        layer = split[-1]
+        return [F.linear(probe[:, : layer.weight.shape[0]], layer.weight, layer.bias).numpy()]
+
+    compare(LM, after_step=read_split_layer)
+
+
+def case_tied_embedding_head():
+    compare(TiedLM)
+
+
+def case_fp32_norms_beside_bf16_weights():
+    """bfloat16 linears, fp32 embedding and norms (the CPU has no float16
+    matmul or optimizer kernels; bfloat16 has an SGD kernel)."""
+    _, on, _ = compare(MixedLM, make_optimizer=sgd)
+    dtypes = {str(ps[0].dtype) for ps in buffers(on.opt)}
+    assert len(dtypes) == 2, dtypes
+
+
+def case_color_groups():
+    """``param.color`` groups (Paddle 3.x builds each colour's buffers
+    apart, on the colour's group, as MoE experts do; Paddle 2.6 ignores
+    the attribute)."""
+    group = paddle.distributed.new_group(
+        list(range(paddle.distributed.get_world_size()))
+    )
+
+    def colored(raw):
+        for p in raw.blocks[1].parameters():
+            p.color = {"color": "experts", "group": group}
+        for p in raw.head.parameters():
+            p.color = 1
+        return raw.parameters()
+
+    compare(LM, parameters=colored)
+
+
+# ----------------------------------------------------------------------
+# cases: training loops and checkpoints
+def case_save_right_after_step_and_reload():
+    """paddle.save(model.state_dict()) right after step(), with no
+    synchronize, and reload into a fresh model: equal to overlap off."""
+    folder = tempfile.mkdtemp(prefix=f"allgather_overlap_r{rank()}_")
+    counter = [0]
+
+    def save_and_reload(step, run):
+        counter[0] += 1
+        path = os.path.join(folder, f"model_{counter[0]}.pdparams")
+        paddle.save(run.raw.state_dict(), path)
+        fresh = build(LM)
+        fresh.set_state_dict(paddle.load(path))
+        return snapshot(fresh).values()
+
+    compare(LM, after_step=save_and_reload)
+
+
+def case_eval_between_steps():
+    tokens, labels = batch(5)
+
+    def evaluate(step, run):
+        run.model.eval()
+        with paddle.no_grad():
+            loss = F.cross_entropy(run.model(tokens), labels).mean()
+        run.model.train()
+        return [loss.numpy()]
+
+    compare(LM, after_step=evaluate)
+
+
+def case_gradient_accumulation():
+    compare(LM, acc_steps=2)
+
+
+def case_to_static():
+    """The model's forward compiled with paddle.jit.to_static (AST,
+    full_graph): compiled programs read the parameters without running
+    the sublayers' Python hooks."""
+
+    def compile_forward(run):
+        run.raw.forward = paddle.jit.to_static(run.raw.forward, full_graph=True)
+
+    compare(LM, prepare=compile_forward)
+
+
+def rank0_only_save(max_in_flight):
+    """``if rank == 0: paddle.save(net.state_dict())`` right after step(),
+    the other ranks going straight to the next forward: no hang, and rank
+    0's file equal to overlap off's."""
+    folder = tempfile.mkdtemp(prefix=f"allgather_overlap_r{rank()}_")
+    counter = [0]
+
+    def save_on_rank0(step, run):
+        if rank() != 0:
+            return []
+        counter[0] += 1
+        path = os.path.join(folder, f"model_{counter[0]}.pdparams")
+        paddle.save(run.raw.state_dict(), path)
+        return [v.numpy() for v in paddle.load(path).values()]
+
+    compare(LM, after_step=save_on_rank0, max_in_flight=max_in_flight)
+
+
+def case_rank0_only_save_depth_1():
+    rank0_only_save(DEFAULT if IMPL != "product" else 1)
+
+
+def case_rank0_only_save_depth_2():
+    rank0_only_save(2)
+
+
+def case_rank0_only_save_depth_all():
+    rank0_only_save("all")
+
+
+def case_forward_with_own_collective():
+    """A block all-reduces over another group object inside its forward
+    (MoE-like) while all-gathers may be in flight: every rank runs the
+    collectives in one order (a mismatch hangs or mixes data)."""
+    compare(CollectiveLM)
+
+
+# ----------------------------------------------------------------------
+def agree(flags):
+    """Element-wise sum over the ranks of the int list ``flags``."""
+    t = paddle.to_tensor(flags, dtype="int64")
+    paddle.distributed.all_reduce(t)
+    return t.numpy().tolist()
+
+
+def run_cases(cases):
+    init_fleet()
+    check_implementation()
+    wanted = [n for n in os.environ.get("ALLGATHER_OVERLAP_CASES", "").split(",") if n]
+    names = wanted or list(cases)
+    expected = json.loads(
+        os.environ.get("ALLGATHER_OVERLAP_EXPECTED_FAILURES", "") or "{}"
+    )
+    unknown = [n for n in names + list(expected) if n not in cases]
+    if unknown:
+        print(f"unknown cases {unknown}; known: {sorted(cases)}", flush=True)
+        return 2
+    print(
+        f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, "
+        f"{paddle.distributed.get_world_size()} ranks, cases {names}",
+        flush=True,
+    )
+    bad = []
+    for name in names:
+        error = None
+        start = time.monotonic()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cases[name]()
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        pattern = expected.get(name)
+        failed = error is not None
+        matched = failed and pattern is not None and re.search(pattern, error)
+        n_failed, n_matched = agree([int(failed), int(bool(matched))])
+        if pattern is None:
+            verdict = "PASS" if n_failed == 0 else "FAIL"
+        elif n_failed == 0:
+            verdict = "XPASS"
+        else:
+            verdict = "XFAIL" if n_matched == n_failed else "FAIL"
+        first = error.splitlines()[0][:400] if error else ""
+        note = f" expected /{pattern}/" if pattern is not None else ""
+        seconds = time.monotonic() - start
+        print(
+            f"CASE {name} {verdict} (rank {rank()}, {seconds:.1f} s){note} "
+            f"{first}",
+            flush=True,
+        )
+        if error and verdict != "XFAIL":
+            print(error, flush=True)
+        if verdict in ("FAIL", "XPASS"):
+            bad.append(name)
+    print(f"{len(names) - len(bad)} as expected, {len(bad)} not: {bad}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases(cases_of(globals())))
