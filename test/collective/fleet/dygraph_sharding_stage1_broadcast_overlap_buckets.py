@@ -715,5 +715,33 @@ def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
     assert type(model._layers.blocks[0].up._parameters).__name__ == "OrderedDict"
 
 
+def case_depth_one_from_the_environment_with_a_rank0_only_save():
+    """PADDLE_OVERLAY_MAX_IN_FLIGHT=1: one bucket in flight, the next started
+    as each wait completes; rank 0 alone reads the whole model right after
+    every step (the README's save pattern) and neither hangs nor reads stale
+    values: a read of an unstarted bucket first starts every bucket before
+    it, in the agreed order, which the other rank then follows."""
+    saved = []
+
+    def rank0_reads(step, model, opt):
+        if rank() == 0:
+            saved.append({k: v.numpy().copy() for k, v in model.state_dict().items()})
+
+    os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = "1"
+    try:
+        checker, model, opt, off = compare_buckets(TinyLM, 2 * KB, on_step=rank0_reads)
+    finally:
+        del os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"]
+    impl = overlap_impl(opt)
+    assert impl.max_in_flight == 1
+    assert len(storage(opt).specs) > 2  # several buckets, so depth matters
+    if rank() == 0:
+        # the off run reads too: 2 * STEPS reads on rank 0
+        assert len(saved) == 2 * STEPS and impl.stats["waited_on_read"] > 0, impl.stats
+        final = {k: v.numpy() for k, v in model.state_dict().items()}
+        for k, v in saved[-1].items():
+            assert v.tobytes() == final[k].tobytes(), k
+
+
 if __name__ == "__main__":
     sys.exit(run_cases(cases_of(globals())))

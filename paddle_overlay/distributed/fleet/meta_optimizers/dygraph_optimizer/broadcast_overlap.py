@@ -12,60 +12,76 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Sharding stage 1: parameter broadcast overlapped with the next forward.
+"""Sharding stage 1: the post-update parameter sync overlapped with the next
+forward (V1 broadcast, V2 all-gather), with one owner.
 
 NOTE [broadcast overlap]
 In sharding stage 1 (ZeRO-1, https://arxiv.org/abs/1910.02054) each rank of
-the sharding process group updates only the parameters it owns, then every
-owner broadcasts its updated parameters to the other ranks. Upstream Paddle
-(PR #63945, "sharding stage1 V1 support Broadcast overlap Forward") launches
-those broadcasts with ``sync_op=False`` and lets a forward pre-hook wait for a
-layer's tasks just before the layer runs, so communication overlaps the next
-forward. ``StageOneBroadcastOverlap`` does the same job and differs from
+the sharding process group updates only its share of the parameters; then
+the parameters are synced: V1 (``DygraphShardingOptimizer``) broadcasts
+each parameter from its owner, V2 (``DygraphShardingOptimizerV2``,
+``split_param``) all-gathers each comm buffer (every rank owns a slice).
+Upstream Paddle overlaps that sync with the next forward (PR #63945 for V1,
+``_set_all_gather_overlap_forward`` for V2): collectives launched with
+``sync_op=False``, forward pre-hooks waiting just before a layer runs.
+``StageOneBroadcastOverlap`` does the same job for both and differs from
 upstream in these ways:
 
-* Order. The broadcast order is the order in which forward first uses the
-  parameters, recorded by the forward pre-hooks (and parameter reads)
-  between enabling and the first update. Rank 0 of the sharding group then
-  broadcasts its recorded order once, as positions in the optimizer's
-  parameter list, so every rank issues the same collectives in the same
-  order (an order taken from names or recorded independently per rank can
-  differ between ranks: on NCCL that hangs or pairs the wrong tensors).
-  Upstream sorts by the integer in ``param.name``, which is not the forward
-  order in general.
-* Waits on every Python read. Each layer that owns managed parameters
-  directly gets a forward pre-hook (placed before any other pre-hook of
-  that layer) that waits for that layer's own tasks, so the forward waits
-  layer by layer. Beyond that, every Python path to a parameter waits for
-  that parameter's own task first (``parameter_read_guard.py``): attribute
-  access (``layer.weight``, ``F.linear(x, self.proj.weight)``, a direct
-  ``sub.forward(x)``, a pipeline ``SharedLayerDesc`` forward_func),
-  ``parameters()``/``named_parameters()``, ``state_dict()``,
-  ``set_state_dict()``, ``to()`` and ``copy.deepcopy`` of the model or any
-  sublayer, inside or outside ``model(...)``. A program compiled with
-  ``paddle.jit.to_static`` (a layer's forward in AST or SOT mode, or a
-  compiled method or function) reads parameters without Python, so it
-  waits for everything before it runs; SOT leaves this module untraced.
-  Parameters that no layer of ``layers`` owns are waited right after
-  launch (with one warning). The optimizer's
-  ``state_dict()`` and the next ``step()``/``minimize()`` wait for whatever
-  is still pending, so no manual synchronize is needed before
-  ``paddle.save`` or inference. Not intercepted: a tensor reference (or a
-  view of one) taken
-  before ``step()`` and read after it (re-read ``layer.weight`` instead).
-* Hooks. Registered once when overlap is enabled, kept in a dict keyed by
-  layer, removed together when it is disabled; upstream registers them every
-  step and ``minimize()`` never removes them.
-* Buckets. With ``bucket_size_mb`` > 0 (the optimizer's default) a unit is
-  a bucket: at the first launch the parameters move into contiguous
-  buffers planned from the agreed order, one broadcast per buffer, and a
-  layer waits for every bucket holding one of its parameters (NOTE
-  [broadcast buckets] in ``broadcast_buckets.py``). Upstream sends one
-  broadcast per parameter.
+* Units. A :class:`~.comm_unit.CommUnit` is one collective with its task:
+  a parameter, a bucket (NOTE [broadcast buckets] in
+  ``broadcast_buckets.py``), a slice of Paddle's fused buffer
+  (``tensor_fusion`` or ``comm_overlap``), or one of V2's comm buffers,
+  kept exactly as Paddle lays it out. ``unit_plan.plan_units`` builds them
+  for every mode; this owner never touches a task itself.
+* Order. Units are started in the order forward first uses their
+  parameters, recorded by the forward pre-hooks between enabling and the
+  first update. Rank 0 of the sharding group broadcasts its recorded order
+  once, as positions in the optimizer's parameter list, so every rank
+  issues the same collectives in the same order. Upstream V1 sorts by the
+  integer in ``param.name``; upstream V2 starts the first buffer at the
+  step and then the next not-yet-synced one in buffer-list order (sorted by
+  dtype, so fp32 norms come last), and a layer whose buffer is not next
+  starts it in its own hook, in the iteration order of a Python ``set``:
+  two ranks can gather different buffers at once (gloo aborts, NCCL hangs).
+* Depth. ``max_in_flight`` units in flight at once (None: all at the step,
+  V1's default; V2 defaults to 1 like upstream, Paddle PR #73406: gathers
+  queued at once delayed the forward's own communication); the next one
+  starts, in the agreed order, as a wait completes. Whatever triggers a
+  start (the step, a hook, a read, a compiled program), a unit not yet
+  started first starts every unit before it in that order, so a read on
+  one rank alone (``if rank == 0: paddle.save(model.state_dict())``)
+  neither hangs nor reads stale values.
+* Waits on every read. Each layer that owns managed parameters directly
+  gets a forward pre-hook (placed before any other pre-hook of that layer)
+  that waits for that layer's own units. Every Python path to a parameter
+  (attribute, ``parameters()``, ``state_dict()``/``set_state_dict()``,
+  ``to()``, ``copy.deepcopy``, pickle) waits for its own unit, and every
+  ``paddle.jit.to_static`` program waits for everything before it runs
+  (``read_interception.py``, the one module that intercepts reads). The
+  optimizer's ``state_dict()`` and the next ``step()`` wait for whatever is
+  pending, so no synchronize is needed before ``paddle.save``. Upstream V2's
+  ``state_dict()`` right after ``step()`` reads buffers whose gather was
+  never started. Not intercepted: a tensor reference (or a view) taken
+  before ``step()`` and read after it, and layers outside ``layers``.
+* Hooks. Registered once when overlap is enabled (on every layer that owns
+  parameters, the root included), kept in a dict keyed by layer, removed
+  together when it is disabled; upstream V1 registers them every step and
+  ``minimize()`` never removes them, upstream V2 keeps no handle.
+* Say what happens. The first training forward after a step that uses the
+  units in another order than the agreed one warns once, naming the layer
+  (Megatron-LM warns on the same mismatch); launch and every wait are
+  ``paddle.profiler.RecordEvent`` spans (``paddle_overlay::launch``,
+  ``paddle_overlay::wait <unit>``).
+* Replaced memory. In bucket modes a rank that finds a parameter's memory
+  replaced (``model.to(dtype=...)``, a loader sharing new memory) cannot
+  change its plan alone: one int64 [1] max-reduce per launch over the group
+  tells every rank, and all plan again.
 
 Every wait is safe to call again: it returns at once when nothing is pending.
 On GPUs ``task.wait()`` makes the compute stream wait for the comm stream; it
-does not block the host.
+does not block the host. A garbage-collection finalizer never waits: an
+optimizer collected with overlap on is waited and unhooked at the next
+explicit call.
 """
 
 import collections

@@ -56,6 +56,7 @@ class DygraphShardingOptimizer:
         layers=None,
         strict=False,
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
+        max_in_flight=None,
     ):
         """Overlap the post-update parameter broadcast with the next forward.
 
@@ -87,6 +88,9 @@ class DygraphShardingOptimizer:
                 dtype), and each launch issues one broadcast per bucket
                 (NOTE [broadcast buckets] in ``broadcast_buckets.py``, which
                 says why the default is 256). 0: one broadcast per parameter.
+            max_in_flight (int | str | None): broadcasts in flight at once
+                (>= 1) or ``"all"``; None reads ``PADDLE_OVERLAY_MAX_IN_FLIGHT``
+                and defaults to all at the step (NOTE [broadcast overlap]).
 
         Raises:
             TypeError: ``broadcast_overlap`` or ``strict`` is not a bool,
@@ -111,6 +115,7 @@ class DygraphShardingOptimizer:
             self._broadcast_overlap = False
             return
 
+        depth = check_max_in_flight(max_in_flight, None)
         if self._sharding_world_size < 2:
             raise ValueError(
                 "broadcast overlap needs sharding stage 1 with sharding_degree "
@@ -164,6 +169,7 @@ class DygraphShardingOptimizer:
             strict,
             bucket_size_mb=bucket_size_mb,
             fused_storages=fused,
+            max_in_flight="all" if depth is None else depth,
         )
         if current is not None:
             current.close()

@@ -42,6 +42,7 @@ class HybridParallelOptimizer:
         layers=None,
         strict=False,
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
+        max_in_flight=None,
     ):
         """Turn broadcast overlap on or off for the wrapped sharding optimizer.
 
@@ -74,6 +75,7 @@ class HybridParallelOptimizer:
             layers,
             strict=strict,
             bucket_size_mb=bucket_size_mb,
+            max_in_flight=max_in_flight,
         )
         self._broadcast_overlap = broadcast_overlap
         self._layers = layers if broadcast_overlap else None
