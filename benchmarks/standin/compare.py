@@ -213,7 +213,9 @@ def main(argv=None) -> int:
             within = sum(1 for r in rows if abs(float(r[col].rstrip("%"))) <= 10)
             print(f"  {name}: {within} of {len(rows)} configurations within 10% of the measured IQR")
         print()
-    print("Two-GPU NCCL stand-in configurations, model with the stand-in calibration (timeline_standin.py):")
+    print("Two-GPU NCCL stand-in configurations, model with the stand-in calibration (timeline_standin.py); "
+          "V2 all-gathers assumed to cost a broadcast of the bytes each rank receives (no all-gather anchor "
+          "measured yet); the MoE all-to-all is not modelled:")
     print(ts.format_table(nccl_prediction_rows(standin_calibration()),
                           ["config", "S", "schedule", "model exposed ms", "measured exposed ms", "source"]))
     return 0
