@@ -148,9 +148,7 @@ class Tables(nn.Layer):
 
     def __init__(self, n=6):
         super().__init__()
-        self.tables = [
-            self.create_parameter([1024, HIDDEN]) for _ in range(n)
-        ]
+        self.tables = [self.create_parameter([1024, HIDDEN]) for _ in range(n)]
         for i, t in enumerate(self.tables):
             self.add_parameter(f"table_{i}", t)
 
@@ -351,7 +349,9 @@ def buffer_of(opt):
 def enable(opt, model, max_in_flight=DEFAULT):
     """Turn the overlap on as PaddleFormers does (two positional
     arguments); ``max_in_flight`` only when given."""
-    kwargs = {} if max_in_flight is DEFAULT else {"max_in_flight": max_in_flight}
+    kwargs = (
+        {} if max_in_flight is DEFAULT else {"max_in_flight": max_in_flight}
+    )
     opt._set_all_gather_overlap_forward(True, model, **kwargs)
     if IMPL == "product":
         assert overlap_impl(opt) is not None, (
@@ -654,7 +654,11 @@ def case_layer_spanning_two_buffers():
         ]
         assert split, "no Linear spans two buffers in this layout"
         layer = split[-1]
-        return [F.linear(probe[:, : layer.weight.shape[0]], layer.weight, layer.bias).numpy()]
+        return [
+            F.linear(
+                probe[:, : layer.weight.shape[0]], layer.weight, layer.bias
+            ).numpy()
+        ]
 
     compare(LM, after_step=read_split_layer)
 
@@ -784,7 +788,9 @@ def agree(flags):
 def run_cases(cases):
     init_fleet()
     check_implementation()
-    wanted = [n for n in os.environ.get("ALLGATHER_OVERLAP_CASES", "").split(",") if n]
+    wanted = [
+        n for n in os.environ.get("ALLGATHER_OVERLAP_CASES", "").split(",") if n
+    ]
     names = wanted or list(cases)
     expected = json.loads(
         os.environ.get("ALLGATHER_OVERLAP_EXPECTED_FAILURES", "") or "{}"
@@ -830,7 +836,10 @@ def run_cases(cases):
             print(error, flush=True)
         if verdict in ("FAIL", "XPASS"):
             bad.append(name)
-    print(f"{len(names) - len(bad)} as expected, {len(bad)} not: {bad}", flush=True)
+    print(
+        f"{len(names) - len(bad)} as expected, {len(bad)} not: {bad}",
+        flush=True,
+    )
     return 1 if bad else 0
 
 

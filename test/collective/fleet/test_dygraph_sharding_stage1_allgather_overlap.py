@@ -150,5 +150,6 @@ class TestDygraphShardingStage1AllGatherOverlap(TestMultipleGpus):
             )
         self.run_mnist_2gpu(SCRIPT, need_envs=need_envs)
 
+
 if __name__ == "__main__":
     unittest.main()
