@@ -1,0 +1,435 @@
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-rank script: the parameter-sync overlap together with Paddle's
+gradient-communication overlap (``sharding_configs.comm_overlap``), 2 ranks.
+
+Run under ``python -m paddle.distributed.launch --nproc_per_node 2``; cases
+chosen with env ``BROADCAST_OVERLAP_CASES`` (all when unset). Every case
+trains the same model from the same initial weights and data twice, in the
+same Paddle configuration: once without the parameter-sync overlap, once
+with it (V1: ``optimizer._set_broadcast_overlap(True, layers=model)``, V2:
+``optimizer._set_all_gather_overlap_forward(True, model)``, the calls
+PaddleFormers makes), and asserts:
+
+- losses and final parameters bitwise equal to the run without it;
+- the wait checker (``broadcast_overlap_checker.py``) saw no read or update
+  of a parameter whose broadcast / all-gather was pending, and none is left
+  unwaited after the final ``state_dict()``;
+- the final parameters equal on every rank;
+- the collectives per step, counted:
+
+  * parameter sync (the checker's ``launched``: async broadcasts, V1, or
+    all-gathers, V2), per step = the owner's units: V1 default
+    ``bucket_size_mb`` (256): one broadcast per Paddle fused buffer
+    (``_rank2fused``: 2 for TinyLM, one per owner rank), 2 KB: one per
+    slice of those buffers (``bucket_storage.specs``), 0: one per
+    parameter (15); V2: one all-gather per Paddle comm buffer
+    (``_comm_buffer_list``, 1 MB each: 4 for WideLM), the first
+    ``max_in_flight`` at the step, the rest as waits complete;
+  * gradient reduce (``paddle.distributed.reduce`` for V1,
+    ``reduce_scatter`` for V2, what Paddle's ``FusedCommBuffer`` issues),
+    per step = one per Paddle comm buffer, all issued during backward (the
+    gradient overlap) and none in ``step()``, the same with and without
+    the parameter-sync overlap, with and without gradient accumulation.
+
+V1 (``DygraphShardingOptimizer``, TinyLM): ``tensor_fusion`` +
+``comm_overlap``, and ``comm_overlap`` alone (Paddle fuses the parameters
+for it too: the overlap must send slices of Paddle's fused storage and
+never move a parameter out of it: every parameter's memory is checked to
+lie inside ``_rank2fused``'s buffers), each with ``accumulate_steps`` 1
+and 2. V2 (``DygraphShardingOptimizerV2``, ``split_param``, WideLM) with
+``comm_overlap``: Paddle 3.x only; Paddle 2.6 refuses it itself
+(``AssertionError: not supported yet`` when it builds the optimizer), which
+the case shows there.
+
+Paddle's own limit: V2 ``comm_overlap`` needs ``main_grad``
+(PaddleFormers' ``amp_master_grad``): without it Paddle fails at the
+second step (``ValueError: The address of the grad/main_grad of param ...
+has been changed during training``, shown by
+``v2_comm_overlap_without_main_grad_fails_in_paddle``), so the V2 cases
+wrap the model in ``MixPrecisionLayer(model, "bfloat16")`` and the
+optimizer in ``MixPrecisionOptimizer`` (fp32 parameters: the hook only
+keeps an fp32 ``main_grad``).
+
+CPU ranks: ``hybrid_parallel_cpu_shim`` item 6 (``cpu_tensor_fusion``)
+around building the V1 optimizer, items 7 and 8 (``cpu_sharding_v2``) for
+V2.
+"""
+
+import contextlib
+import sys
+import traceback
+import types
+import zlib
+
+import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
+from broadcast_overlap_checker import BroadcastWaitChecker
+from broadcast_overlap_training import (
+    VOCAB,
+    Block,
+    TinyLM,
+    adamw,
+    all_ranks_equal,
+    assert_bitwise_equal,
+    build_with_initial_state,
+    cases_of,
+    lm_loss,
+    overlap_impl,
+    rank,
+    run_cases,
+)
+
+import paddle
+from paddle.distributed import fleet
+
+STEPS = 3
+KB = 1 / 1024  # bucket_size_mb of 2 KB buckets: 2 * KB
+# V2 comm buffer size (sharding_configs.comm_buffer_size_MB, an int on 3.x)
+BUFFER_MB = 1
+PADDLE_2 = paddle.__version__.startswith("2.")
+
+
+class WideLM(paddle.nn.Layer):
+    """Embedding -> 3 blocks of width 256 -> head, about 3.2 MB of fp32
+    parameters: 4 V2 comm buffers of 1 MB. [B, S] tokens -> [B, S, VOCAB]."""
+
+    def __init__(self, hidden=256):
+        super().__init__()
+        self.embed = paddle.nn.Embedding(VOCAB, hidden)
+        self.blocks = paddle.nn.LayerList([Block(hidden) for _ in range(3)])
+        self.head = paddle.nn.Linear(hidden, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+# ----------------------------------------------------------------------
+# set-up
+@contextlib.contextmanager
+def sharding_settings(**fields):
+    """Set ``sharding_configs`` fields of the fleet strategy for the block
+    (Paddle reads them when it builds the optimizer; the overlap when it is
+    turned on); restored on exit."""
+    config = fleet.fleet._user_defined_strategy.hybrid_configs[
+        "sharding_configs"
+    ]
+    saved = {k: getattr(config, k) for k in fields}
+    for k, v in fields.items():
+        setattr(config, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(config, k, v)
+
+
+def v2_settings(acc):
+    fields = dict(split_param=True, comm_overlap=True, accumulate_steps=acc)
+    config = fleet.fleet._user_defined_strategy.hybrid_configs[
+        "sharding_configs"
+    ]
+    if hasattr(config, "comm_buffer_size_MB"):  # Paddle 3.x
+        fields["comm_buffer_size_MB"] = BUFFER_MB
+    return sharding_settings(**fields)
+
+
+class GradCommCounter:
+    """Counts Paddle's gradient collectives: ``paddle.distributed.reduce``
+    and ``reduce_scatter`` (what ``FusedCommBuffer._comm_grads`` calls;
+    ``reduce_scatter`` is the CPU shim's item 7 here). ``calls``: running
+    total."""
+
+    NAMES = ("reduce", "reduce_scatter")
+
+    def __enter__(self):
+        self.calls = 0
+        self._saved = []
+        for name in self.NAMES:
+            original = getattr(paddle.distributed, name)
+            self._saved.append((name, original))
+
+            def counting(*args, _original=original, **kwargs):
+                self.calls += 1
+                return _original(*args, **kwargs)
+
+            setattr(paddle.distributed, name, counting)
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._saved:
+            setattr(paddle.distributed, name, original)
+        return False
+
+
+def inner_of(opt):
+    """The sharding optimizer inside fleet's HybridParallelOptimizer."""
+    return opt._inner_opt
+
+
+def build_v1():
+    """TinyLM and V1 with the fleet strategy's current settings."""
+    model = build_with_initial_state(TinyLM)
+    with hybrid_parallel_cpu_shim.cpu_tensor_fusion():  # item 6
+        opt = fleet.distributed_optimizer(adamw(model.parameters()))
+    return fleet.distributed_model(model), opt
+
+
+def build_v2(main_grad=True):
+    """WideLM and V2 (optionally with main_grad, PaddleFormers'
+    amp_master_grad)."""
+    from paddle.distributed.fleet.utils import mix_precision_utils as mpu
+
+    raw = build_with_initial_state(WideLM)
+    base = adamw(raw.parameters())
+    if main_grad:
+        # as PaddleNLP's trainer does: the layer's return value is unused
+        # (its grad hooks on the parameters keep the fp32 main_grad)
+        mpu.MixPrecisionLayer(raw, dtype="bfloat16")
+        base = mpu.MixPrecisionOptimizer(base)
+    with hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB):  # items 8, 9
+        model = fleet.distributed_model(raw)
+        opt = fleet.distributed_optimizer(base)
+    return model, opt
+
+
+def snapshot(model):
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
+def digest(params):
+    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
+
+
+def train(build, enable=None, *, acc=1, checker=None, steps=STEPS):
+    """Train ``build()``'s model; ``enable(model, opt)`` turns the overlap
+    on. Returns a namespace: ``losses``, ``params`` (numpy, read through
+    ``state_dict()`` after the last step), ``model``, ``opt``, ``grad`` (per
+    step: (gradient collectives during backward, during ``step()``)),
+    ``launched`` (per step: parameter-sync collectives the checker saw
+    since the previous step)."""
+    run = types.SimpleNamespace(losses=[], grad=[], launched=[])
+    with GradCommCounter() as counter:
+        run.model, run.opt = build()
+        if enable is not None:
+            enable(run.model, run.opt)
+        if checker is not None:
+            checker.watch(run.model, run.opt)
+        for step in range(steps):
+            start = counter.calls
+            for micro in range(acc):
+                loss = lm_loss(run.model, step, micro)
+                (loss / acc).backward()
+                run.losses.append(loss.numpy().copy())
+            after_backward = counter.calls
+            run.opt.step()
+            run.grad.append(
+                (after_backward - start, counter.calls - after_backward)
+            )
+            run.opt.clear_grad()
+            if checker is not None:
+                run.launched.append(checker.step_report()["launched"])
+        run.params = snapshot(run.model)
+    return run
+
+
+def compare(build, enable, grad_buffers, *, acc=1):
+    """Off, then on under the wait checker; the assertions of the module
+    docstring that do not depend on the mode. Returns ``(on, checker,
+    impl)``; ``grad_buffers(opt)`` is the number of Paddle comm buffers
+    (one gradient collective each per step)."""
+    off = train(build, acc=acc)
+    with BroadcastWaitChecker() as checker:
+        on = train(build, enable, acc=acc, checker=checker)
+    same_on_ranks = all_ranks_equal(digest(on.params))
+    what = f"{build.__name__} acc={acc}"
+    assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
+    assert checker.violations == [], checker.violations[:8]
+    assert checker.num_unwaited() == 0, checker.num_unwaited()
+    assert same_on_ranks, "final parameters differ across ranks"
+    # the gradient overlap: one collective per comm buffer per step, all in
+    # backward, unchanged by the parameter-sync overlap
+    n = grad_buffers(on.opt)
+    assert n >= 1, n
+    assert off.grad == on.grad == [(n, 0)] * STEPS, (off.grad, on.grad, n)
+    impl = overlap_impl(on.opt)
+    assert impl is not None and impl.num_pending == 0
+    units = len(impl.units)
+    assert impl.stats["launched"] == STEPS * units, (impl.stats, units)
+    assert checker.counts["launched"] == STEPS * units, (checker.counts, units)
+    print(
+        f"rank {rank()} {what}: units {units}, parameter-sync collectives "
+        f"per step {on.launched} (total {checker.counts['launched']}), "
+        f"gradient collectives per step (backward, step) {on.grad}",
+        flush=True,
+    )
+    return on, checker, impl
+
+
+# ----------------------------------------------------------------------
+# V1
+def fused_spans(inner):
+    return [
+        (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
+        for ts in inner._rank2fused.values()
+        for t in ts
+    ]
+
+
+def inside(spans, ptr):
+    return any(lo <= ptr < hi for lo, hi in spans)
+
+
+def check_v1_fused(tensor_fusion, acc):
+    """V1 with comm_overlap (and tensor_fusion or not): Paddle fused the
+    parameters; every bucket mode sends only Paddle's storage."""
+    num_params = len(list(TinyLM().parameters()))
+    for bucket_mb in (None, 2 * KB, 0):
+
+        def enable(model, opt, bucket_mb=bucket_mb):
+            kwargs = {} if bucket_mb is None else {"bucket_size_mb": bucket_mb}
+            opt._set_broadcast_overlap(True, layers=model, **kwargs)
+
+        with sharding_settings(
+            tensor_fusion=tensor_fusion, comm_overlap=True, accumulate_steps=acc
+        ):
+            on, checker, impl = compare(
+                build_v1,
+                enable,
+                lambda opt: len(inner_of(opt)._comm_buffers),
+                acc=acc,
+            )
+        inner = inner_of(on.opt)
+        assert inner.comm_overlap and bool(inner.tensor_fusion) == tensor_fusion
+        assert inner._rank2fused, "Paddle fused nothing"
+        spans = fused_spans(inner)
+        num_fused = len(spans)
+        params = list(inner._origin_parameter_list)
+        assert len(params) == num_params
+        # not one parameter moved out of Paddle's fused storage
+        outside = [p.name for p in params if not inside(spans, p.data_ptr())]
+        assert outside == [], f"moved out of Paddle's fused storage: {outside}"
+        units = len(impl.units)
+        store = impl.bucket_storage
+        if bucket_mb == 0:  # one broadcast per parameter
+            assert store is None and units == num_params, units
+        else:  # slices of Paddle's fused buffers, none of ours
+            assert store is not None
+            for buffer in store.buffers:
+                assert inside(spans, buffer.data_ptr()), buffer.data_ptr()
+            assert units == len(store.specs), (units, len(store.specs))
+            if bucket_mb is None:  # default 256 MB: one per fused buffer
+                assert units == num_fused, (units, num_fused)
+            else:
+                assert num_fused < units < num_params, (units, num_fused)
+        # every step launched all its units at the step (no depth limit)
+        assert on.launched == [units] * STEPS, on.launched
+
+
+def case_v1_tensor_fusion_comm_overlap():
+    check_v1_fused(tensor_fusion=True, acc=1)
+
+
+def case_v1_tensor_fusion_comm_overlap_accumulate():
+    check_v1_fused(tensor_fusion=True, acc=2)
+
+
+def case_v1_comm_overlap_alone():
+    check_v1_fused(tensor_fusion=False, acc=1)
+
+
+def case_v1_comm_overlap_alone_accumulate():
+    check_v1_fused(tensor_fusion=False, acc=2)
+
+
+# ----------------------------------------------------------------------
+# V2
+def check_v2(acc):
+    for depth in (None, "all"):
+
+        def enable(model, opt, depth=depth):
+            if depth is None:  # PaddleFormers' two-argument call: depth 1
+                opt._set_all_gather_overlap_forward(True, model)
+            else:
+                opt._set_all_gather_overlap_forward(
+                    True, model, max_in_flight=depth
+                )
+
+        with v2_settings(acc):
+            on, checker, impl = compare(
+                build_v2,
+                enable,
+                lambda opt: len(inner_of(opt)._comm_buffer_list),
+                acc=acc,
+            )
+        inner = inner_of(on.opt)
+        assert type(inner).__name__ == "DygraphShardingOptimizerV2"
+        assert inner.comm_overlap
+        buffers = len(inner._comm_buffer_list)
+        units = len(impl.units)
+        assert buffers >= 3 and units == buffers, (units, buffers)
+        assert checker.counts["gathers"] == STEPS * units, checker.counts
+        # depth 1: one gather at the step, the rest as waits complete in
+        # the next forward (the last step's by the final state_dict())
+        first = 1 if depth is None else units
+        assert on.launched[0] == first, on.launched
+        assert sum(on.launched) <= STEPS * units, on.launched
+
+
+def case_v2_comm_overlap():
+    """Paddle 3.x: V2 with comm_overlap, with and without gradient
+    accumulation. Paddle 2.6: Paddle itself refuses V2 with comm_overlap
+    when it builds the optimizer."""
+    if PADDLE_2:
+        with v2_settings(1):
+            try:
+                build_v2()
+            except AssertionError as e:
+                assert "not supported yet" in str(e), str(e)
+            else:
+                raise AssertionError(
+                    f"Paddle {paddle.__version__} built V2 with comm_overlap"
+                )
+        print(
+            f"rank {rank()} Paddle {paddle.__version__} refuses V2 "
+            "comm_overlap: AssertionError 'not supported yet'",
+            flush=True,
+        )
+        return
+    for acc in (1, 2):
+        check_v2(acc)
+
+
+def case_v2_comm_overlap_without_main_grad_fails_in_paddle():
+    """Paddle's own limit, without any overlap: V2 comm_overlap without
+    main_grad fails in backward at the second step (ranks fail alike, before
+    any collective of that step). Not run on Paddle 2.6, which has no V2
+    comm_overlap."""
+    with v2_settings(1):
+        try:
+            train(lambda: build_v2(main_grad=False))
+        except Exception:
+            message = traceback.format_exc()
+            assert "has been changed during training" in message, message
+        else:
+            raise AssertionError("V2 comm_overlap trained without main_grad")
+
+
+if __name__ == "__main__":
+    CASES = cases_of(globals())
+    if PADDLE_2:  # no V2 comm_overlap: case_v2_comm_overlap shows the refusal
+        del CASES["v2_comm_overlap_without_main_grad_fails_in_paddle"]
+    sys.exit(run_cases(CASES))
