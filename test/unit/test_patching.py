@@ -279,6 +279,28 @@ class TestReadInterceptionRestores(unittest.TestCase):
         self.assertIs(skip_files.skip_file_name_re, regex)
         self.assertIs(type(layer._parameters), collections.OrderedDict)
 
+    def test_holder_collected_without_release_restores_everything(self):
+        import gc
+
+        from paddle.jit.dy2static.program_translator import StaticFunction
+
+        from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+            read_interception as ri,
+        )
+
+        call = StaticFunction.__call__
+
+        class Owner:
+            pass
+
+        owner = Owner()
+        ri.acquire(owner, [])
+        self.assertIsNot(StaticFunction.__call__, call)
+        del owner
+        gc.collect()
+        self.assertIs(StaticFunction.__call__, call)
+        self.assertFalse(ri.is_installed())
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -106,7 +106,9 @@ __all__ = [
     "check_broadcast_overlap_flag",
     "check_max_in_flight",
     "get_broadcast_overlap",
+    "launch_or_sync",
     "open_overlaps",
+    "wait_then",
 ]
 
 # Environment variable read when max_in_flight is not passed (PaddleFormers
@@ -192,6 +194,26 @@ def get_broadcast_overlap(optimizer):
 def set_broadcast_overlap_owner(optimizer, owner):
     """Store ``owner`` (or None) on a sharding optimizer."""
     vars(optimizer)[_OWNER_ATTR] = owner
+
+
+def launch_or_sync(optimizer, blocking_sync):
+    """The optimizers' ``_sharding_sync_parameters``: launch the owner's
+    units (async) when overlap is on, else run Paddle's ``blocking_sync``."""
+    overlap = get_broadcast_overlap(optimizer)
+    if overlap is None:
+        return blocking_sync()
+    with paddle.no_grad():
+        overlap.launch()
+
+
+def wait_then(optimizer, reason, call, *args):
+    """Wait for every pending unit of ``optimizer`` (counted under
+    ``reason``: ``"waited_before_update"`` before ``step()``/``minimize()``,
+    ``"waited_on_demand"`` before ``state_dict()``), then ``call(*args)``."""
+    overlap = get_broadcast_overlap(optimizer)
+    if overlap is not None:
+        overlap.wait_all(reason)
+    return call(*args)
 
 
 class BroadcastOverlapState(enum.Enum):

@@ -25,7 +25,6 @@ has; the original stays reachable as ``_origin_<name without leading underscores
 broadcast overlap is off. Every other method here is new.
 """
 
-from paddle import framework
 from paddle.distributed import fleet
 
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
@@ -34,8 +33,10 @@ from .broadcast_overlap import (
     check_broadcast_overlap_flag,
     check_max_in_flight,
     get_broadcast_overlap,
+    launch_or_sync,
     set_broadcast_overlap_owner,
     sweep_abandoned,
+    wait_then,
 )
 
 # Per class: methods that replace an existing one and call it as
@@ -185,36 +186,29 @@ class DygraphShardingOptimizer:
         forward order (waited by forward pre-hooks); otherwise runs the
         installed Paddle's blocking version unchanged.
         """
-        overlap = get_broadcast_overlap(self)
-        if overlap is None:
-            return self._origin_sharding_sync_parameters()
-        with framework.no_grad():
-            overlap.launch()
+        return launch_or_sync(self, self._origin_sharding_sync_parameters)
 
     def step(self):
         """Wait for pending broadcasts, then run Paddle's ``step()``."""
-        overlap = get_broadcast_overlap(self)
-        if overlap is not None:
-            overlap.wait_before_update()
-        return self._origin_step()
+        return wait_then(self, "waited_before_update", self._origin_step)
 
     def minimize(
         self, loss, startup_program=None, parameters=None, no_grad_set=None
     ):
         """Wait for pending broadcasts, then run Paddle's ``minimize()``."""
-        overlap = get_broadcast_overlap(self)
-        if overlap is not None:
-            overlap.wait_before_update()
-        return self._origin_minimize(
-            loss, startup_program, parameters, no_grad_set
+        return wait_then(
+            self,
+            "waited_before_update",
+            self._origin_minimize,
+            loss,
+            startup_program,
+            parameters,
+            no_grad_set,
         )
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending broadcasts."""
-        overlap = get_broadcast_overlap(self)
-        if overlap is not None:
-            overlap.wait_on_demand()
-        return self._inner_opt.state_dict()
+        return wait_then(self, "waited_on_demand", self._inner_opt.state_dict)
 
 
 
@@ -330,25 +324,15 @@ class DygraphShardingOptimizerV2:
         """All-gather the updated comm buffers: launched asynchronously in
         the agreed order when the overlap is on; otherwise Paddle's
         blocking version unchanged."""
-        overlap = get_broadcast_overlap(self)
-        if overlap is None:
-            return self._origin_sharding_sync_parameters()
-        with framework.no_grad():
-            overlap.launch()
+        return launch_or_sync(self, self._origin_sharding_sync_parameters)
 
     def step(self):
         """Wait for pending all-gathers, then run Paddle's ``step()``."""
-        overlap = get_broadcast_overlap(self)
-        if overlap is not None:
-            overlap.wait_before_update()
-        return self._origin_step()
+        return wait_then(self, "waited_before_update", self._origin_step)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending gathers."""
-        overlap = get_broadcast_overlap(self)
-        if overlap is not None:
-            overlap.wait_on_demand()
-        return self._inner_opt.state_dict()
+        return wait_then(self, "waited_on_demand", self._inner_opt.state_dict)
 
     def _check_all_gather_overlap_settings(self):
         """Raise ``ValueError`` for a V2 setting the all-gather overlap is

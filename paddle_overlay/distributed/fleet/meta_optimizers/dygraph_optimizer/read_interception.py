@@ -179,8 +179,10 @@ def unguard_layer(layer, owner):
 
 # ----------------------------------------------------------------------
 # compiled programs and SOT: installed once for all open owners
-_HOLDERS = weakref.WeakSet()
-# what install() replaced, restored by uninstall(): [(restore, args)]
+# id(owner) -> finalizer: the owners holding the install (an owner
+# collected without release() drops out through its finalizer)
+_HOLDERS = {}
+# what _install() replaced, restored by _uninstall(): [restore()]
 _RESTORE = []
 
 
@@ -246,11 +248,19 @@ def acquire(owner, layers):
     managed parameters) and, for the first open owner, install the
     compiled-program wait and the SOT skip entry."""
     if not _HOLDERS:
-        _uninstall()  # left over by a holder collected without release
         _install()
-    _HOLDERS.add(owner)
+    if id(owner) not in _HOLDERS:
+        _HOLDERS[id(owner)] = weakref.finalize(owner, _drop_holder, id(owner))
     for layer in layers:
         guard_layer(layer, owner)
+
+
+def _drop_holder(key):
+    finalizer = _HOLDERS.pop(key, None)
+    if finalizer is not None:
+        finalizer.detach()
+    if not _HOLDERS:
+        _uninstall()
 
 
 def refresh(owner, layers):
@@ -265,9 +275,7 @@ def release(owner, layers):
     ``StaticFunction.__call__`` and SOT's skip list exactly."""
     for layer in layers:
         unguard_layer(layer, owner)
-    _HOLDERS.discard(owner)
-    if not _HOLDERS:
-        _uninstall()
+    _drop_holder(id(owner))
 
 
 def is_installed():
