@@ -777,6 +777,84 @@ def case_forward_with_own_collective():
     compare(CollectiveLM)
 
 
+def launched_inside_step(max_in_flight=DEFAULT, env=None):
+    """All-gathers of parameters each ``step()`` launches, with the depth
+    given by keyword or by env ``PADDLE_OVERLAY_MAX_IN_FLIGHT``."""
+    counts = []
+    saved = os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
+    if env is not None:
+        os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = env
+    try:
+        with BroadcastWaitChecker() as checker:
+
+            def count_step(run):
+                original = run.opt.step
+
+                def step():
+                    before = checker.counts["gathers"]
+                    original()
+                    counts.append(checker.counts["gathers"] - before)
+
+                run.opt.step = step
+
+            run = train(
+                LM,
+                overlap=True,
+                checker=checker,
+                steps=2,
+                prepare=count_step,
+                max_in_flight=max_in_flight,
+            )
+    finally:
+        os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
+        if saved is not None:
+            os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = saved
+    assert checker.violations == [], checker.violations[:8]
+    return counts, len(buffers(run.opt))
+
+
+def case_depth_by_keyword_and_environment():
+    """Product only: ``max_in_flight`` (keyword, else env
+    PADDLE_OVERLAY_MAX_IN_FLIGHT, else 1 for V2) is how many all-gathers
+    step() leaves in flight: 1, 2, or every buffer for 'all' (None: not
+    given)."""
+    if IMPL != "product":
+        print(f"depth case: not applicable to impl {IMPL}", flush=True)
+        return
+    counts, n = launched_inside_step()
+    assert counts == [1, 1], ("default", counts)
+    for depth, env, expected in (
+        (2, None, 2),
+        ("all", None, n),
+        (None, "all", n),  # None reads the env
+        (1, "all", 1),  # the keyword wins over the env
+    ):
+        counts, _ = launched_inside_step(max_in_flight=depth, env=env)
+        assert counts == [expected] * 2, (depth, env, counts, n)
+
+
+def case_bad_max_in_flight_refused_before_any_change():
+    """Product only: a bad depth raises TypeError/ValueError and leaves no
+    hook behind."""
+    if IMPL != "product":
+        print(f"bad-input case: not applicable to impl {IMPL}", flush=True)
+        return
+    raw = build(LM)
+    with hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB):
+        opt = fleet.distributed_optimizer(adamw(raw.parameters()))
+        model = fleet.distributed_model(raw)
+    base = total_forward_pre_hooks(raw)
+    for bad in (0, -1, 1.5, "two", True):
+        try:
+            opt._set_all_gather_overlap_forward(True, model, max_in_flight=bad)
+        except (TypeError, ValueError):
+            pass
+        else:
+            raise AssertionError(f"max_in_flight={bad!r} was accepted")
+        assert total_forward_pre_hooks(raw) == base, bad
+        assert overlap_impl(opt) is None or overlap_impl(opt).num_hooks == 0
+
+
 # ----------------------------------------------------------------------
 def agree(flags):
     """Element-wise sum over the ranks of the int list ``flags``."""
