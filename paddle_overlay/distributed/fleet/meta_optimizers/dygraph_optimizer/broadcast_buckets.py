@@ -17,7 +17,7 @@
 NOTE [broadcast buckets]
 One async broadcast per parameter costs host time per call and leaves the
 link idle between small messages. Measured with a torch+NCCL stand-in of our
-pattern on 2x H200 (``h200_issue_strategy.json``, 32 LLaMA-7B layers), one
+pattern on 2x H200 (paddle_overlay ``benchmarks/data/h200_issue_strategy.json``, 32 LLaMA-7B layers), one
 broadcast per (layer, owner) bucket whose parameters *live* in one buffer
 exposes 19 / 14-16 ms instead of 27-28 / 21-22 ms (1k / 4k tokens) and
 issues in 3.2 ms instead of 12.4 ms; copying parameters into a separate
@@ -38,7 +38,7 @@ never communicates; ``StageOneBroadcastOverlap`` launches
 
 Planning (:func:`plan_buckets`) walks the agreed order, adds each bucketable
 parameter to the current window and closes the window once it holds at least
-the cap (the rule of the stand-in sweep ``h200_bucket_sweep.py``). Inside a
+the cap (the rule of the stand-in sweep, ``benchmarks/data/h200_bucket_sweep.json``). Inside a
 window each (owner rank, dtype) gets one bucket, in the order of its first
 parameter. Not bucketed: frozen parameters (``stop_gradient=True`` at
 planning; never broadcast, as in the per-parameter path), a repeat of a
@@ -68,7 +68,7 @@ in place and keep the views (checked on Paddle 2.6.2 and 3.3.1); a loader
 that hands new tensors (``_share_data_with``) is such a replacement.
 
 Default cap, ``DEFAULT_BUCKET_SIZE_MB = 256``, from the stand-in sweep
-(``h200_bucket_sweep.json``, 2x H200, two runs): exposed broadcast per
+(``benchmarks/data/h200_bucket_sweep.json``, 2x H200, two runs): exposed broadcast per
 parameter 28.5-31.1 ms (1k tokens) and 17.0-20.9 ms (4k); at 256 MB
 21.4-21.5 ms and 11.0-12.9 ms with 86 broadcasts instead of 288. 256 MB is
 the lowest exposure at 4k tokens in both runs (512 MB: 11.6-14.5, 1024 MB:
