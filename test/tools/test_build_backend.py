@@ -66,6 +66,16 @@ class TestAddPth(unittest.TestCase):
         self.assertIn('build-backend = "paddle_overlay_build_backend"', lines)
         self.assertIn('backend-path = ["tools/build_backend"]', lines)
 
+    def test_license_is_an_spdx_string_and_its_setuptools_required(self):
+        # The TOML-table form ({ text = ... }) warns on every build and stops building with
+        # setuptools releases after 2027-02-18; the string form needs setuptools>=77, which
+        # needs Python 3.9.
+        with open(os.path.join(ROOT, "pyproject.toml")) as f:
+            lines = f.read().splitlines()
+        self.assertIn('license = "Apache-2.0"', lines)
+        self.assertIn('requires = ["setuptools>=77"]', lines)
+        self.assertIn('requires-python = ">=3.9"', lines)
+
 
 if __name__ == "__main__":
     unittest.main()

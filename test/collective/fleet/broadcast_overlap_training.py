@@ -20,8 +20,10 @@ per-rank ``main``: fleet init, then the cases chosen by env
 ``BROADCAST_OVERLAP_CASES``, exit code non-zero on any failure).
 """
 
+import contextlib
 import importlib
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -217,16 +219,40 @@ def read_guard_module():
     ]
 
 
+# bucket_size_mb set by ``bucket_size_mb()`` for its block; None: the launch's
+_BUCKET_MB = [None]
+
+
 def overlap_options():
     """Extra ``_set_broadcast_overlap`` arguments for ``train``: env
     ``BROADCAST_OVERLAP_BUCKET_MB`` as ``bucket_size_mb`` (the driver reruns
-    launches with buckets); unset: 0, one broadcast per parameter, the
-    granularity the structural checks of the cases describe."""
-    return {
-        "bucket_size_mb": float(
-            os.environ.get("BROADCAST_OVERLAP_BUCKET_MB", "0")
-        )
-    }
+    launches with buckets), or the size a ``bucket_size_mb()`` block set;
+    unset: 0, one broadcast per parameter, the granularity the structural
+    checks of the cases describe."""
+    mb = _BUCKET_MB[0]
+    if mb is None:
+        mb = float(os.environ.get("BROADCAST_OVERLAP_BUCKET_MB", "0"))
+    return {"bucket_size_mb": mb}
+
+
+@contextlib.contextmanager
+def bucket_size_mb(mb):
+    """``train`` uses ``bucket_size_mb=mb`` inside the block, whatever the
+    launch's mode."""
+    saved, _BUCKET_MB[0] = _BUCKET_MB[0], mb
+    try:
+        yield
+    finally:
+        _BUCKET_MB[0] = saved
+
+
+def launch_mode_and_per_parameter():
+    """Bucket sizes (MB) for a case with assertions that hold in one mode
+    only: the launch's, then 0 (one broadcast per parameter) when the
+    launch uses buckets, so its per-parameter assertions run in every
+    launch of the case. Use each as ``with bucket_size_mb(mb):``."""
+    mb = overlap_options()["bucket_size_mb"]
+    return [mb] if mb == 0 else [mb, 0.0]
 
 
 def per_parameter(opt):
@@ -291,9 +317,50 @@ def init_fleet():
     fleet.init(is_collective=True, strategy=strategy)
 
 
+# Warnings any case may raise without asserting on them: Paddle's own
+# notices about its set-up, none about what the cases check. Every other
+# warning raised in a case (and not caught by the case itself) fails it.
+EXPECTED_WARNINGS = (
+    # DygraphShardingOptimizer on a build without NCCL >= 2.10 (the CPU
+    # wheels): it falls back from reduce_avg to sum and scale
+    (UserWarning, r"^nccl reduce_avg requires paddle compiled with cuda"),
+    # PipelineLayer without a SharedLayerDesc (the plain pipeline model)
+    (UserWarning, r"^No shared comm will be constructed"),
+)
+
+# The overlap's warning (once per owner) that a training forward used the
+# parameters in another order than the agreed one.
+ORDER_WARNING = "in another order than the first one"
+
+
+@contextlib.contextmanager
+def order_warnings():
+    """Yields a list that holds, once the block ends, the messages of the
+    order warnings (ORDER_WARNING) raised in the block; every other warning
+    goes on to ``run_cases``, which fails the case on it."""
+    found = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield found
+    for w in caught:
+        if ORDER_WARNING in str(w.message):
+            found.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def expected_warning(w):
+    """True when the recorded warning ``w`` is one of EXPECTED_WARNINGS."""
+    return any(
+        issubclass(w.category, category) and re.search(text, str(w.message))
+        for category, text in EXPECTED_WARNINGS
+    )
+
+
 def run_cases(cases):
     """Per-rank main: run the cases named in env BROADCAST_OVERLAP_CASES
-    (all when unset); returns the exit code."""
+    (all when unset); returns the exit code. A case fails on an exception or
+    on a warning it did not catch itself (see EXPECTED_WARNINGS)."""
     init_fleet()
     wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
     names = [n for n in wanted.split(",") if n] or list(cases)
@@ -304,9 +371,16 @@ def run_cases(cases):
     failed = []
     for name in names:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 cases[name]()
+            unexpected = [
+                f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})"
+                for w in caught
+                if not expected_warning(w)
+            ]
+            # a case that expects a warning catches it and asserts on it
+            assert not unexpected, f"unexpected warnings: {unexpected}"
             print(f"CASE {name} PASS (rank {rank()})", flush=True)
         except Exception:
             failed.append(name)

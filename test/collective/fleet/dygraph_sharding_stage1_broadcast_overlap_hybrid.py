@@ -16,8 +16,9 @@
 Env ``BROADCAST_OVERLAP_TOPOLOGY`` picks one (``fleet.init`` runs once per
 process): ``pp2_sharding2`` (pipeline with ``train_batch``/``eval_batch``,
 plain and with a tied embedding/head built from ``SharedLayerDesc``),
-``dp2_sharding2`` and ``mp2_sharding2`` (``mp_configs.sync_param`` on);
-in the last two the second sharding group does not start at rank 0.
+``dp2_sharding2`` and ``mp2_sharding2`` (``mp_configs.sync_param`` on:
+the sharding broadcast launches after those syncs); in the last two the
+second sharding group does not start at rank 0.
 Every case trains with overlap off and on from the same initial weights
 and checks bitwise-equal losses and parameters, and the wait checker sees
 no read or update of a parameter whose broadcast is pending. Cases are
@@ -366,12 +367,67 @@ def case_sharding_group_layout():
         assert group.ranks == [2, 3], group.ranks
 
 
+def case_mp_step_launches_after_parameter_syncs():
+    """HybridParallelOptimizer._step syncs the parameters the
+    model-parallel ranks replicate (mp_configs.sync_param: the biases and
+    the head here) after the sharding update; the async sharding broadcast
+    starts only after those syncs, at every step."""
+    hcg = fleet.get_hybrid_communicate_group()
+    assert hcg.get_model_parallel_world_size() == 2, "needs mp_degree 2"
+    events = []  # (what, async broadcasts launched so far)
+    with BroadcastWaitChecker() as checker:
+
+        def record(what):
+            events.append((what, checker.counts["launched"]))
+
+        def watch(step, _model, opt):
+            record("step end")
+            if step == 0:  # record the next steps
+                inner = opt._inner_opt
+                inner_step = type(inner).step
+
+                def recording_step():
+                    inner_step(inner)
+                    record("update")
+
+                inner.step = recording_step
+                insert_sync = opt._insert_sync  # every mp sync goes here
+
+                def recording_sync(*args, **kwargs):
+                    record("sync")
+                    return insert_sync(*args, **kwargs)
+
+                opt._insert_sync = recording_sync
+
+        train(flat_model, overlap=True, checker=checker, after_step=watch)
+    assert checker.violations == [], checker.violations[:5]
+    steps, inside = [], []  # per step: (its events, launched at its end)
+    for what, launched in events:
+        if what == "step end":
+            steps.append((inside, launched))
+            inside = []
+        else:
+            inside.append((what, launched))
+    assert len(steps) == STEPS, events
+    for (_, begin), (inside, end) in zip(steps, steps[1:]):
+        whats = [w for w, _ in inside]
+        # the update, then at least one parameter sync ...
+        assert "update" in whats, inside
+        assert "sync" in whats[whats.index("update") + 1 :], inside
+        # ... with nothing launched until the last sync, and the step's
+        # broadcasts launched by its end
+        assert all(n == begin for _, n in inside), (begin, inside)
+        assert end > begin, (begin, end)
+
+
 if __name__ == "__main__":
     CASES = cases_of(globals())
     if TOPOLOGY == "pp2_sharding2":
         CASES = {k: v for k, v in CASES.items() if k.startswith("pipeline")}
     else:
         CASES = {k: v for k, v in CASES.items() if not k.startswith("pipeline")}
+    if TOPOLOGY != "mp2_sharding2":
+        CASES = {k: v for k, v in CASES.items() if not k.startswith("mp_")}
     import broadcast_overlap_training
 
     broadcast_overlap_training.init_fleet = init_fleet

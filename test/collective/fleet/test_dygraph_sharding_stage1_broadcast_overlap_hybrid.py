@@ -28,7 +28,11 @@ LAUNCHES = [
         "pipeline_eval_batch_and_save_after_step",
     ),
     ("dp2_sharding2", "flat_model_on_off,sharding_group_layout"),
-    ("mp2_sharding2", "flat_model_on_off,sharding_group_layout"),
+    (
+        "mp2_sharding2",
+        "flat_model_on_off,sharding_group_layout,"
+        "mp_step_launches_after_parameter_syncs",
+    ),
 ]
 
 
