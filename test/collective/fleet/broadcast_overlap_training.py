@@ -215,7 +215,7 @@ def overlap_module():
 def read_guard_module():
     """The module holding GuardedParameters (overlay's or patched Paddle's)."""
     return sys.modules[
-        overlap_module().__name__.rpartition(".")[0] + ".parameter_read_guard"
+        overlap_module().__name__.rpartition(".")[0] + ".read_interception"
     ]
 
 
@@ -258,7 +258,7 @@ def launch_mode_and_per_parameter():
 def per_parameter(opt):
     """True when ``opt``'s overlap sends one broadcast per parameter (no
     buckets): the structural checks that count per-parameter tasks hold."""
-    return getattr(overlap_impl(opt), "_buckets", None) is None
+    return overlap_impl(opt).bucket_storage is None
 
 
 def overlap_impl(opt):

@@ -566,19 +566,19 @@ def case_bad_input_raises_before_any_change():
                 assert text in str(e), (kwargs, str(e))
             else:
                 raise AssertionError(f"no {error.__name__} for {kwargs}")
-    for option in (
-        "comm_overlap",
-    ):  # tensor_fusion: supported (buckets script)
-        saved = getattr(inner, option)
-        setattr(inner, option, True)
-        try:
-            opt._set_broadcast_overlap(True, layers=model)
-        except ValueError as e:
-            assert option in str(e), str(e)
-        else:
-            raise AssertionError(f"{option} was not refused")
-        finally:
-            setattr(inner, option, saved)
+    # comm_overlap is supported (gradient-overlap script); with the
+    # pipeline's sharding_comm_overlap it is Paddle's own limit
+    pp = fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
+    saved = inner.comm_overlap
+    inner.comm_overlap, pp.sharding_comm_overlap = True, True
+    try:
+        opt._set_broadcast_overlap(True, layers=model)
+    except ValueError as e:
+        assert "Paddle cannot combine" in str(e) and "comm_overlap" in str(e), str(e)
+    else:
+        raise AssertionError("comm_overlap + pp sharding_comm_overlap was not refused")
+    finally:
+        inner.comm_overlap, pp.sharding_comm_overlap = saved, False
     assert overlap_impl(inner) is None
     hooks_after = sum(
         len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
