@@ -905,7 +905,9 @@ def run_cases(cases):
                 f"{w.category.__name__}: {w.message}"
                 for w in caught
                 if not expected_warning(w)
-                and not any(re.search(t, str(w.message)) for t in PADDLE_NOTICES)
+                and not any(
+                    re.search(t, str(w.message)) for t in PADDLE_NOTICES
+                )
             ]
             # the product must not warn; Paddle's own overlap may
             if unexpected and IMPL != "upstream":

@@ -534,7 +534,10 @@ def case_checkpoint_across_bucket_modes():
             # replaced on every rank: the plan was rebuilt once, agreed,
             # and the parameter lives in a bucket again
             assert impl.stats["replanned"] == 1, impl.stats
-            assert storage(fresh_opt).bucket_of(impl._index_of[id(handed[0])]) is not None
+            assert (
+                storage(fresh_opt).bucket_of(impl._index_of[id(handed[0])])
+                is not None
+            )
             assert_views_of_buffers(fresh_opt)
     assert states[2 * KB] == states[None]
 
@@ -605,7 +608,9 @@ def case_tensor_fusion_with_pp_sharding_comm_overlap_refused_as_paddle_does():
         except AssertionError as e:
             assert "sharding_comm_overlap" in str(e), str(e)
         else:
-            raise AssertionError("Paddle built tensor_fusion with pp sharding_comm_overlap")
+            raise AssertionError(
+                "Paddle built tensor_fusion with pp sharding_comm_overlap"
+            )
         finally:
             pp.sharding_comm_overlap = False
         opt = fleet.distributed_optimizer(adamw(model.parameters()))
@@ -613,7 +618,12 @@ def case_tensor_fusion_with_pp_sharding_comm_overlap_refused_as_paddle_does():
         try:
             opt._set_broadcast_overlap(True, layers=model)
         except ValueError as e:
-            assert "Paddle cannot combine pp_configs.sharding_comm_overlap" in str(e), str(e)
+            assert (
+                "Paddle cannot combine pp_configs.sharding_comm_overlap"
+                in str(e)
+            ), str(
+                e
+            )
         else:
             raise AssertionError("the combination was not refused")
         finally:
@@ -678,8 +688,14 @@ def case_memory_replaced_on_one_rank_only_replans_on_every_rank():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        checker, model, opt, _ = compare_buckets(TinyLM, 2 * KB, on_step=replace_on_rank_1)
-    messages = [str(w.message) for w in caught if "plans its units again" in str(w.message)]
+        checker, model, opt, _ = compare_buckets(
+            TinyLM, 2 * KB, on_step=replace_on_rank_1
+        )
+    messages = [
+        str(w.message)
+        for w in caught
+        if "plans its units again" in str(w.message)
+    ]
     assert len(messages) == 1, messages
     if rank() == 0:
         assert "another rank" in messages[0], messages
@@ -699,7 +715,10 @@ def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
     model = fleet.distributed_model(TinyLM())
 
     def hooks():
-        return sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True))
+        return sum(
+            len(l._forward_pre_hooks)
+            for l in model.sublayers(include_self=True)
+        )
 
     opt = fleet.distributed_optimizer(adamw(model.parameters()))
     opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=2 * KB)
@@ -712,7 +731,9 @@ def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
     other = fleet.distributed_optimizer(adamw(model.parameters()))
     other._set_broadcast_overlap(False)
     assert hooks() == 0
-    assert type(model._layers.blocks[0].up._parameters).__name__ == "OrderedDict"
+    assert (
+        type(model._layers.blocks[0].up._parameters).__name__ == "OrderedDict"
+    )
 
 
 def case_depth_one_from_the_environment_with_a_rank0_only_save():
@@ -725,11 +746,15 @@ def case_depth_one_from_the_environment_with_a_rank0_only_save():
 
     def rank0_reads(step, model, opt):
         if rank() == 0:
-            saved.append({k: v.numpy().copy() for k, v in model.state_dict().items()})
+            saved.append(
+                {k: v.numpy().copy() for k, v in model.state_dict().items()}
+            )
 
     os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = "1"
     try:
-        checker, model, opt, off = compare_buckets(TinyLM, 2 * KB, on_step=rank0_reads)
+        checker, model, opt, off = compare_buckets(
+            TinyLM, 2 * KB, on_step=rank0_reads
+        )
     finally:
         del os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"]
     impl = overlap_impl(opt)
@@ -737,7 +762,9 @@ def case_depth_one_from_the_environment_with_a_rank0_only_save():
     assert len(storage(opt).specs) > 2  # several buckets, so depth matters
     if rank() == 0:
         # the off run reads too: 2 * STEPS reads on rank 0
-        assert len(saved) == 2 * STEPS and impl.stats["waited_on_read"] > 0, impl.stats
+        assert (
+            len(saved) == 2 * STEPS and impl.stats["waited_on_read"] > 0
+        ), impl.stats
         final = {k: v.numpy() for k, v in model.state_dict().items()}
         for k, v in saved[-1].items():
             assert v.tobytes() == final[k].tobytes(), k

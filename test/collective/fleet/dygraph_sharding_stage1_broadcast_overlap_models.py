@@ -574,9 +574,13 @@ def case_bad_input_raises_before_any_change():
     try:
         opt._set_broadcast_overlap(True, layers=model)
     except ValueError as e:
-        assert "Paddle cannot combine" in str(e) and "comm_overlap" in str(e), str(e)
+        assert "Paddle cannot combine" in str(e) and "comm_overlap" in str(
+            e
+        ), str(e)
     else:
-        raise AssertionError("comm_overlap + pp sharding_comm_overlap was not refused")
+        raise AssertionError(
+            "comm_overlap + pp sharding_comm_overlap was not refused"
+        )
     finally:
         inner.comm_overlap, pp.sharding_comm_overlap = saved, False
     assert overlap_impl(inner) is None

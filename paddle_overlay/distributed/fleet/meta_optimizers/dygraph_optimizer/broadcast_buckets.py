@@ -195,6 +195,7 @@ BucketSpec.__doc__ = """One bucket of the plan.
     length (int): elements of the buffer, padding included.
 """
 
+
 def plan_buckets(
     order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES, alone=()
 ):
@@ -536,7 +537,11 @@ class BucketStorage:
         self._check_slot_sizes()
         params = self._params
         return sorted(
-            (i for i, ptr in self._slot_ptr.items() if params[i].data_ptr() != ptr),
+            (
+                i
+                for i, ptr in self._slot_ptr.items()
+                if params[i].data_ptr() != ptr
+            ),
             key=self._rank_in_order.get,
         )
 
@@ -598,7 +603,9 @@ class BucketStorage:
         units = []
         for b, spec in enumerate(self._specs):
             covered = tuple(
-                k for i in spec.indices for k in [i] + sorted(aliases[i], key=rank_of)
+                k
+                for i in spec.indices
+                for k in [i] + sorted(aliases[i], key=rank_of)
             )
             unit = CommUnit(
                 "broadcast",

@@ -354,7 +354,9 @@ class StageOneBroadcastOverlap:
         self._check_arguments(params, src_ranks, layers, strict, comm_buffers)
         self._bucket_cap = check_bucket_size_mb(bucket_size_mb)
         self._max_in_flight = (
-            None if max_in_flight is None else check_max_in_flight(max_in_flight, None)
+            None
+            if max_in_flight is None
+            else check_max_in_flight(max_in_flight, None)
         )
         self._fused_storages = fused_storages
         self._comm_buffers = comm_buffers
@@ -776,7 +778,9 @@ class StageOneBroadcastOverlap:
             for key, indices in self._indices_of_layer.items()
         }
         self._unreachable_units = tuple(
-            {id(u): u for i in self._unreachable for u in unit_of.get(i, ())}.values()
+            {
+                id(u): u for i in self._unreachable for u in unit_of.get(i, ())
+            }.values()
         )
 
     def _start_more(self, through=-1):
@@ -892,7 +896,10 @@ class StageOneBroadcastOverlap:
         a unit while an earlier one in the agreed order is not synced."""
         all_units = self._units
         cursor = self._first_unsynced
-        while cursor < len(all_units) and all_units[cursor].state is UnitState.SYNCED:
+        while (
+            cursor < len(all_units)
+            and all_units[cursor].state is UnitState.SYNCED
+        ):
             cursor += 1
         self._first_unsynced = cursor
         if cursor == len(all_units):

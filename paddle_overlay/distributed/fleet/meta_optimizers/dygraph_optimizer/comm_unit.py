@@ -171,9 +171,9 @@ class CommUnit:
         """The update changed the source: register the parameters as
         pending on ``owner`` (a second owner with one of them pending is
         waited for first)."""
-        assert self.state is UnitState.SYNCED, (
-            f"unit {self.label} marked due while {self.state.value}"
-        )
+        assert (
+            self.state is UnitState.SYNCED
+        ), f"unit {self.label} marked due while {self.state.value}"
         self.owner = owner
         for param in self.params:
             previous = PENDING.get(id(param))
@@ -217,9 +217,9 @@ class CommUnit:
         """
         if self.state is UnitState.SYNCED:
             return False
-        assert self.state is UnitState.IN_FLIGHT, (
-            f"unit {self.label} finished before it was started"
-        )
+        assert (
+            self.state is UnitState.IN_FLIGHT
+        ), f"unit {self.label} finished before it was started"
         task, self._task = self._task, None
         if task is not None:
             task.wait()

@@ -42,7 +42,11 @@ from .broadcast_overlap import (
 # Per class: methods that replace an existing one and call it as
 # _origin_<name>.
 OVERLAY_WRAPS = {
-    "DygraphShardingOptimizer": ("_sharding_sync_parameters", "minimize", "step"),
+    "DygraphShardingOptimizer": (
+        "_sharding_sync_parameters",
+        "minimize",
+        "step",
+    ),
     "DygraphShardingOptimizerV2": ("_sharding_sync_parameters", "step"),
 }
 
@@ -211,7 +215,6 @@ class DygraphShardingOptimizer:
         return wait_then(self, "waited_on_demand", self._inner_opt.state_dict)
 
 
-
 class DygraphShardingOptimizerV2:
     """Overlay of ``DygraphShardingOptimizerV2`` (sharding stage 1 with
     ``split_param``): holds only the new and changed methods; never
@@ -340,10 +343,26 @@ class DygraphShardingOptimizerV2:
         # settings that move gradient or optimizer-state storage, not yet
         # covered by a collective test with this overlap
         untested = (
-            ("sharding_configs", "release_gradients", "frees gradient storage after each step"),
-            ("pp_configs", "release_gradients", "frees gradient storage after each step"),
-            ("sharding_configs", "free_grads_in_comm", "frees gradients inside the reduce"),
-            ("sharding_configs", "enable_fuse_optimizer_states", "fuses optimizer states into one storage"),
+            (
+                "sharding_configs",
+                "release_gradients",
+                "frees gradient storage after each step",
+            ),
+            (
+                "pp_configs",
+                "release_gradients",
+                "frees gradient storage after each step",
+            ),
+            (
+                "sharding_configs",
+                "free_grads_in_comm",
+                "frees gradients inside the reduce",
+            ),
+            (
+                "sharding_configs",
+                "enable_fuse_optimizer_states",
+                "fuses optimizer states into one storage",
+            ),
         )
         strategy = fleet.fleet._user_defined_strategy
         if strategy is None:

@@ -59,7 +59,9 @@ class HybridParallelOptimizer:
         check_broadcast_overlap_flag(broadcast_overlap)
         inner = self._inner_opt
         if not isinstance(inner, DygraphShardingOptimizer):
-            if broadcast_overlap and isinstance(inner, DygraphShardingOptimizerV2):
+            if broadcast_overlap and isinstance(
+                inner, DygraphShardingOptimizerV2
+            ):
                 inner._set_broadcast_overlap(True)  # names the V2 method
             if broadcast_overlap:
                 raise ValueError(

@@ -97,9 +97,14 @@ def plan_units(
             fused_storages,
             alone=set(alone) | outside,
         )
-        storage = BucketStorage([spec for spec, _, _ in plan], params, src_ranks, order)
+        storage = BucketStorage(
+            [spec for spec, _, _ in plan], params, src_ranks, order
+        )
         storage.use_views(
-            [fused_storages[k]._slice(begin, begin + spec.length) for spec, k, begin in plan]
+            [
+                fused_storages[k]._slice(begin, begin + spec.length)
+                for spec, k, begin in plan
+            ]
         )
     else:
         specs = plan_buckets(order, params, src_ranks, cap_bytes, alone=alone)
@@ -111,7 +116,10 @@ def plan_units(
 def _outside(storages, params):
     """set[int]: trainable positions whose memory lies in none of
     ``storages`` (replaced since Paddle fused them): sent on their own."""
-    bounds = [(t.data_ptr(), t.data_ptr() + int(t._numel()) * itemsize(t.dtype)) for t in storages]
+    bounds = [
+        (t.data_ptr(), t.data_ptr() + int(t._numel()) * itemsize(t.dtype))
+        for t in storages
+    ]
     return {
         i
         for i, p in enumerate(params)
@@ -174,7 +182,9 @@ class _CommBufferPlan:
         ranked = []
         for b, buffer in enumerate(buffers):
             group = buffer._comm_group
-            indices = [index_of[id(p)] for p in buffer._params if id(p) in index_of]
+            indices = [
+                index_of[id(p)] for p in buffer._params if id(p) in index_of
+            ]
             if group.nranks <= 1 or not indices:
                 continue
             full = buffer.param_storage
