@@ -23,15 +23,30 @@ Every case trains with overlap off and on from the same initial weights
 and checks bitwise-equal losses and parameters, and the wait checker sees
 no read or update of a parameter whose broadcast is pending. Cases are
 chosen with env ``BROADCAST_OVERLAP_CASES``.
+
+Sharding stage 1 V2 (``split_param``) runs in the ``dp2_sharding2`` and
+``mp2_sharding2`` launches too (cases ``v2_*`` and ``mp_v2_*``): the launch's
+``fleet.init`` strategy is V1's, and Paddle reads
+``sharding_configs.split_param`` only when ``fleet.distributed_optimizer``
+builds ``HybridParallelOptimizer`` (and V2 reads ``comm_buffer_size_MB`` in
+its ``__init__``), so those cases set both around building their optimizer
+and restore them (:func:`v2_settings`). V2 without overlap against V2 with
+``_set_all_gather_overlap_forward(True, model)``, comm buffers of
+:data:`V2_BUFFER_MB` MB and a model of a few MB (several buffers).
 """
 
+import contextlib
 import os
 import sys
+import time
+import traceback
+import zlib
 
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
 import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
+    all_ranks_equal,
     assert_bitwise_equal,
     cases_of,
     overlap_impl,
@@ -418,6 +433,351 @@ def case_mp_step_launches_after_parameter_syncs():
         # broadcasts launched by its end
         assert all(n == begin for _, n in inside), (begin, inside)
         assert end > begin, (begin, end)
+
+
+# ----------------------------------------------------------------------
+# sharding stage 1 V2 (split_param) with the all-gather overlap
+V2_HIDDEN = 256
+# comm buffer size: sharding_configs.comm_buffer_size_MB on Paddle 3.x (an
+# int: 1 is the smallest), hybrid_parallel_cpu_shim item 9 on 2.6
+V2_BUFFER_MB = 1
+PADDLE_2 = paddle.__version__.startswith("2.")
+
+
+class V2Block(paddle.nn.Layer):
+    """LayerNorm -> up -> gelu -> down, residual; column/row-parallel
+    linears (H -> 4H -> H, 2H per model-parallel rank) in mp2_sharding2,
+    plain linears (H -> 2H -> H) otherwise: about 1 MB per rank either
+    way."""
+
+    def __init__(self):
+        super().__init__()
+        hidden = V2_HIDDEN
+        self.norm = paddle.nn.LayerNorm(hidden)
+        if TOPOLOGY == "mp2_sharding2":
+            mpu = fleet.meta_parallel
+            self.up = mpu.ColumnParallelLinear(
+                hidden, 4 * hidden, gather_output=False, has_bias=True
+            )
+            self.down = mpu.RowParallelLinear(
+                4 * hidden, hidden, input_is_parallel=True, has_bias=True
+            )
+        else:
+            self.up = paddle.nn.Linear(hidden, 2 * hidden)
+            self.down = paddle.nn.Linear(2 * hidden, hidden)
+
+    def forward(self, x):
+        h = paddle.nn.functional.gelu(self.up(self.norm(x)))
+        return x + self.down(h)
+
+
+class V2LM(paddle.nn.Layer):
+    """Embedding (vocab-parallel in mp2_sharding2) -> 3 blocks -> head:
+    about 3.2 MB of fp32 parameters per rank, 4 comm buffers of 1 MB."""
+
+    def __init__(self):
+        super().__init__()
+        if TOPOLOGY == "mp2_sharding2":
+            self.embed = fleet.meta_parallel.VocabParallelEmbedding(
+                VOCAB, V2_HIDDEN
+            )
+        else:
+            self.embed = paddle.nn.Embedding(VOCAB, V2_HIDDEN)
+        self.blocks = paddle.nn.LayerList([V2Block() for _ in range(3)])
+        self.head = paddle.nn.Linear(V2_HIDDEN, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def v2_model():
+    hcg = fleet.get_hybrid_communicate_group()
+    paddle.seed(2026 + 100 * hcg.get_model_parallel_rank())
+    return V2LM()
+
+
+@contextlib.contextmanager
+def v2_settings():
+    """V2 for the optimizer built in the block: ``split_param`` on (read by
+    ``HybridParallelOptimizer.__init__`` from fleet's strategy) and, on
+    Paddle 3.x, ``comm_buffer_size_MB`` (read by V2's ``__init__``), both
+    restored on exit; the CPU shim's items 8 and 9 (a no-op on GPUs)."""
+    config = fleet.fleet._user_defined_strategy.hybrid_configs[
+        "sharding_configs"
+    ]
+    fields = {"split_param": True}
+    if hasattr(config, "comm_buffer_size_MB"):  # Paddle 3.x
+        fields["comm_buffer_size_MB"] = V2_BUFFER_MB
+    saved = {k: getattr(config, k) for k in fields}
+    for k, v in fields.items():
+        setattr(config, k, v)
+    try:
+        with hybrid_parallel_cpu_shim.cpu_sharding_v2(V2_BUFFER_MB):
+            yield
+    finally:
+        for k, v in saved.items():
+            setattr(config, k, v)
+
+
+def train_v2(overlap, checker=None, prepare=None, after_step=None):
+    """V2 training in this launch's topology; returns ((losses, params),
+    info) like :func:`train`. ``params`` are read right after the last
+    ``step()`` (reads wait for their own gathers); ``prepare(opt)`` runs
+    before the first step. ``info["dp_params"]``: per step, how many
+    parameters ``HybridParallelOptimizer._hybrid_sync_grad`` handed to the
+    data-parallel gradient all-reduce (V2's ``filter_parameters``)."""
+    raw = build_same(v2_model)
+    with v2_settings():
+        opt = fleet.distributed_optimizer(
+            paddle.optimizer.AdamW(
+                learning_rate=0.001,
+                parameters=raw.parameters(),
+                weight_decay=0.01,
+            )
+        )
+        model = fleet.distributed_model(raw)
+    inner = opt._inner_opt
+    assert type(inner).__name__ == "DygraphShardingOptimizerV2", type(inner)
+    dp_params = []
+    filter_parameters = inner.filter_parameters
+
+    def counted_filter_parameters(*args, **kwargs):
+        kept = filter_parameters(*args, **kwargs)
+        dp_params.append(len(kept))
+        return kept
+
+    inner.filter_parameters = counted_filter_parameters
+    if overlap:
+        # as PaddleFormers calls it (two arguments, default depth)
+        opt._set_all_gather_overlap_forward(True, model)
+        assert overlap_impl(opt) is not None, "no overlap owner on V2"
+    if checker is not None:
+        checker.watch(model, opt)
+    if prepare is not None:
+        prepare(opt)
+    losses = []
+    for step in range(STEPS):
+        tokens, labels = data(step)
+        loss = cross_entropy(model(tokens), labels)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        if checker is not None:
+            checker.hooks_last()
+        losses.append(np.array(loss.numpy()).copy())
+        if after_step is not None:
+            after_step(step, model, opt)
+    info = {"model": model, "opt": opt, "raw": raw, "dp_params": dp_params}
+    return (losses, snapshot(model)), info
+
+
+def equal_in_group(values, group):
+    """True when the int list ``values`` is the same on every rank of
+    ``group`` (every rank of the group must call it; a group of one rank
+    is not a communication group here)."""
+    if group.nranks < 2:
+        return True
+    mine = paddle.to_tensor(values, dtype="int64")
+    gathered = []
+    paddle.distributed.all_gather(gathered, mine, group=group)
+    return all(g.numpy().tolist() == list(values) for g in gathered)
+
+
+def param_digests(raw, replicated_only):
+    return [
+        zlib.crc32(p.numpy().tobytes())
+        for p in raw.parameters()
+        if not (replicated_only and p.is_distributed)
+    ]
+
+
+def compare_v2(prepare=None, after_step=None):
+    """V2 off, then V2 with overlap under the wait checker (``prepare(opt,
+    checker)`` before its first step, ``after_step`` after each): bitwise-equal
+    losses and parameters, no read of a parameter whose all-gather is
+    pending, every gather waited, equal parameters on the sharding group
+    (and, in mp2_sharding2, the parameters model parallelism replicates on
+    every rank), several comm buffers. In dp2_sharding2 the data-parallel
+    replicas differ, with overlap off and on alike: Paddle's own V2 fault,
+    asserted (see :func:`assert_paddle_v2_dp_replicas_differ`). Returns
+    ``(checker, info of the on run)``."""
+    start = time.monotonic()
+    off, off_info = train_v2(overlap=False)
+    with BroadcastWaitChecker() as checker:
+        on, info = train_v2(
+            overlap=True,
+            checker=checker,
+            prepare=prepare and (lambda opt: prepare(opt, checker)),
+            after_step=after_step,
+        )
+    hcg = fleet.get_hybrid_communicate_group()
+    # collectives first, on every rank, then the assertions
+    sharding_equal = equal_in_group(
+        param_digests(info["raw"], False), hcg.get_sharding_parallel_group()
+    )
+    dp_equal = equal_in_group(
+        param_digests(info["raw"], False), hcg.get_data_parallel_group()
+    )
+    replicated_equal = all_ranks_equal(param_digests(info["raw"], True))
+    assert_bitwise_equal(off, on, f"{TOPOLOGY} V2")
+    assert checker.violations == [], (
+        f"reads of a parameter whose all-gather is pending: "
+        f"{checker.violations[:8]}"
+    )
+    assert checker.counts["gathers"] > 0, checker.counts
+    assert checker.num_unwaited() == 0, checker.num_unwaited()
+    assert sharding_equal, "parameters differ across the sharding group"
+    if TOPOLOGY == "dp2_sharding2":
+        assert_paddle_v2_dp_replicas_differ(off_info["dp_params"], dp_equal)
+    else:
+        assert dp_equal, "parameters differ across the data-parallel group"
+        assert replicated_equal, "replicated parameters differ across ranks"
+    num_buffers = len(info["opt"]._inner_opt._comm_buffer_list)
+    assert num_buffers >= 3, f"{num_buffers} comm buffers"
+    impl = overlap_impl(info["opt"])
+    print(
+        f"rank {rank()} {TOPOLOGY} V2: {num_buffers} comm buffers, checker "
+        f"{checker.counts}, stats {impl.stats}, "
+        f"{time.monotonic() - start:.1f} s",
+        flush=True,
+    )
+    return checker, info
+
+
+def assert_paddle_v2_dp_replicas_differ(dp_params, dp_equal):
+    """Paddle 3.x's V2 with data parallelism (not through the pipeline's
+    ``dp_comm_overlap``): ``HybridParallelOptimizer._hybrid_sync_grad``
+    all-reduces over the data-parallel group the gradients of
+    ``V2.filter_parameters(...)``, the initialized slice parameters, and V2
+    fills those only inside its own ``step()``. At the first step the list
+    is empty (``fused_allreduce_gradients([])`` does nothing on 3.x; 2.6
+    raises, see :func:`assert_paddle_2_v2_dp_fails`), so each replica
+    applies its own gradients and the replicas differ from then on (later
+    steps all-reduce the slice gradients). Asserted on the off run's counts,
+    so this fails once Paddle changes; then require ``dp_equal``."""
+    assert len(dp_params) == STEPS, dp_params
+    assert dp_params[0] == 0 and all(n > 0 for n in dp_params[1:]), (
+        f"Paddle {paddle.__version__}'s V2 now hands {dp_params} parameters "
+        "per step to the data-parallel gradient all-reduce (0 at the first "
+        "step was its known fault): require equal data-parallel replicas"
+    )
+    assert not dp_equal, (
+        "data-parallel replicas equal although Paddle skipped the first "
+        "step's data-parallel gradient all-reduce"
+    )
+    print(
+        f"rank {rank()} dp2_sharding2 V2 on Paddle {paddle.__version__}: "
+        f"Paddle's own V2 skips the first step's data-parallel gradient "
+        f"all-reduce (parameters handed to it per step: {dp_params}); the "
+        "data-parallel replicas differ, overlap off and on alike (known)",
+        flush=True,
+    )
+
+
+def case_v2_allgather_overlap_on_off():
+    """V2 with the all-gather overlap equals V2 without it in this
+    topology. In dp2_sharding2 Paddle's own V2 is faulty: 3.x skips the
+    first step's data-parallel gradient all-reduce (asserted in
+    :func:`compare_v2`), 2.6 fails at that point (asserted here); both
+    assertions fail once Paddle changes."""
+    if PADDLE_2 and TOPOLOGY == "dp2_sharding2":
+        assert_paddle_2_v2_dp_fails()
+        return
+    compare_v2()
+
+
+def assert_paddle_2_v2_dp_fails():
+    """Paddle 2.6's V2 fills its slice parameters only inside its own
+    ``step()``; before that ``HybridParallelOptimizer._hybrid_sync_grad``
+    all-reduces the data-parallel gradients of
+    ``V2.filter_parameters(...)`` (the initialized slice parameters: none
+    yet), and ``fused_allreduce_gradients`` of an empty list fails in
+    ``build_groups`` (``dtype = vars[0].dtype``). Asserted with overlap off
+    (Paddle's own V2) at the first step."""
+    steps_done = []
+    try:
+        train_v2(
+            overlap=False,
+            after_step=lambda step, _model, _opt: steps_done.append(step),
+        )
+    except IndexError as e:
+        tb = traceback.format_exc()
+        assert "list index out of range" in str(e), tb
+        assert "build_groups" in tb and "_hybrid_sync_grad" in tb, tb
+        assert steps_done == [], steps_done
+        print(
+            f"rank {rank()} dp2_sharding2 V2 on Paddle {paddle.__version__}: "
+            f"Paddle's own V2 fails at the first step as known: "
+            f"IndexError: {e} (build_groups from _hybrid_sync_grad)",
+            flush=True,
+        )
+        return
+    raise AssertionError(
+        f"Paddle {paddle.__version__} trained V2 in dp2_sharding2 without "
+        "its known IndexError in build_groups: run compare_v2() here"
+    )
+
+
+def case_mp_v2_step_launches_after_parameter_syncs():
+    """V2's ``step()`` inside ``HybridParallelOptimizer._step`` is followed
+    by the model-parallel parameter syncs (``mp_configs.sync_param``: the
+    norms and biases here); no all-gather starts between the update and the
+    last of those syncs, and the step's first gather starts by its end, at
+    every step (bitwise equal to overlap off, as the case above)."""
+    hcg = fleet.get_hybrid_communicate_group()
+    assert hcg.get_model_parallel_world_size() == 2, "needs mp_degree 2"
+    events = []  # (what, all-gathers of parameters launched so far)
+    checkers = []
+
+    def record(what):
+        events.append((what, checkers[0].counts["gathers"]))
+
+    def prepare(opt, checker):
+        checkers.append(checker)
+        inner = opt._inner_opt
+        inner_step = inner.step  # the overlay's V2 step (waits, updates)
+
+        def recording_step():
+            record("update begin")
+            inner_step()
+            record("update")
+
+        inner.step = recording_step
+        insert_sync = opt._insert_sync  # every mp sync goes here
+
+        def recording_sync(*args, **kwargs):
+            record("sync")
+            return insert_sync(*args, **kwargs)
+
+        opt._insert_sync = recording_sync
+
+    compare_v2(
+        prepare=prepare,
+        after_step=lambda step, _model, _opt: record("step end"),
+    )
+    steps, inside = [], []
+    for what, launched in events:
+        if what == "step end":
+            steps.append((inside, launched))
+            inside = []
+        else:
+            inside.append((what, launched))
+    assert len(steps) == STEPS, events
+    for inside, end in steps:
+        whats = [w for w, _ in inside]
+        begin = whats.index("update begin")
+        update = whats.index("update")
+        syncs = [i for i, w in enumerate(whats) if w == "sync" and i > update]
+        # the update, then at least one parameter sync ...
+        assert syncs, inside
+        # ... with no gather launched from the update's start to the last
+        # sync, and the step's first gather launched by its end
+        counts = {n for _, n in inside[begin : syncs[-1] + 1]}
+        assert len(counts) == 1, inside
+        assert end > counts.pop(), (inside, end)
 
 
 if __name__ == "__main__":

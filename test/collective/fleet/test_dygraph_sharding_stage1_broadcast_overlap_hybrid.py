@@ -27,11 +27,17 @@ LAUNCHES = [
         "pipeline_tied_head_without_guard_is_caught,"
         "pipeline_eval_batch_and_save_after_step",
     ),
-    ("dp2_sharding2", "flat_model_on_off,sharding_group_layout"),
+    # v2_*: sharding stage 1 V2 (split_param set around building the
+    # optimizer) with the all-gather overlap, in the same launches
+    (
+        "dp2_sharding2",
+        "flat_model_on_off,sharding_group_layout,v2_allgather_overlap_on_off",
+    ),
     (
         "mp2_sharding2",
         "flat_model_on_off,sharding_group_layout,"
-        "mp_step_launches_after_parameter_syncs",
+        "mp_step_launches_after_parameter_syncs,"
+        "v2_allgather_overlap_on_off,mp_v2_step_launches_after_parameter_syncs",
     ),
 ]
 
@@ -41,7 +47,8 @@ class TestDygraphShardingStage1BroadcastOverlapHybrid(
 ):
     # Sharding stage 1 broadcast overlap inside hybrid topologies on 4 ranks:
     # pipeline (train_batch, tied embedding/head, eval_batch, save), data
-    # and model parallel with sharding groups that do not start at rank 0.
+    # and model parallel with sharding groups that do not start at rank 0;
+    # in the last two also V2's all-gather overlap.
     def setUp(self):
         super().setUp(num_of_devices=4, timeout=300)
 
