@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run every CPU benchmark and the simulator, saving each output under OUT.
-# usage: benchmarks/run_all.sh [OUT]   (default build/bench; about 5 minutes on 2 cores)
+# usage: benchmarks/run_all.sh [OUT]   (default build/bench; about 6 minutes on 2 cores)
 # Uses .venv-test/paddle-3.3.1 and, when present, .venv-test/paddle-2.6.2
 # (tools/run_collective_tests.sh makes them); PY331 / PY262 override.
 set -euo pipefail
@@ -26,9 +26,11 @@ run() {  # run PY NAME SCRIPT: two CPU ranks; keep rank 0's log as the result
 run "$PY331" ordering-3.3.1 benchmarks/ordering.py
 run "$PY331" overhead-3.3.1 benchmarks/overhead.py
 run "$PY331" buckets-3.3.1 benchmarks/buckets.py
+run "$PY331" allgather-3.3.1 benchmarks/allgather_overlap.py
 if [[ -x "$PY262" ]]; then
   run "$PY262" ordering-2.6.2 benchmarks/ordering.py
   run "$PY262" overhead-2.6.2 benchmarks/overhead.py
   run "$PY262" buckets-2.6.2 benchmarks/buckets.py
+  run "$PY262" allgather-2.6.2 benchmarks/allgather_overlap.py
 fi
 echo "results in $OUT"

@@ -302,3 +302,36 @@ def test_default_cap_beats_per_parameter_on_llama_7b(stand_in_fit):
         assert len(groups) < len(params) / 3
         bucketed = ts.simulate_groups(units, params, groups, fitted)
         assert bucketed.exposed_ms < 0.85 * per.exposed_ms, S
+
+
+def test_allgather_unit_uses_its_curve_and_hop_latency():
+    cal = flat_cal(hop_ms=0.5).with_allgather({"allgather_ms_by_bytes": {"100": 1.0, "300": 3.0}})
+    assert cal.allgather_ms_for(200) == pytest.approx(2.0)  # interpolated in whole-buffer bytes
+    assert cal.allgather_ms_for(50) == pytest.approx(1.0)  # latency floor
+    assert cal.allgather_ms_for(600) == pytest.approx(6.0)  # extrapolated by bandwidth
+    assert cal.allgather_ms_for(200, ranks=8) == pytest.approx(2.0 + 6 * 0.5)
+    anchor = dict(ANCHOR, allgather_ms_by_bytes={"1024": 0.25})
+    assert ts.Calibration.from_anchor(anchor).allgather_ms == (0.25,)
+
+
+def test_allgather_without_curve_is_a_broadcast_of_the_received_share():
+    cal = ts.Calibration.from_anchor()
+    assert cal.allgather_bytes == ()
+    assert cal.allgather_ms_for(8 << 20, ranks=2) == cal.bcast_ms_for(4 << 20, 2, pipelined=False)
+
+
+def test_allgather_groups_wait_like_buffers_and_keep_launch_depth():
+    # two comm buffers of 2 parameters; unit a needs buffer 0, unit b buffer 1
+    cal = flat_cal().with_allgather({"allgather_ms_by_bytes": {"1": 1.0, "2": 2.0}})
+    units = [ts.Unit("a", 1.0), ts.Unit("b", 1.0)]
+    params = [ts.Param("p0", 1, "a"), ts.Param("p1", 1, "a"), ts.Param("p2", 1, "b"), ts.Param("p3", 1, "b")]
+    groups = [["p0", "p1"], ["p2", "p3"]]
+    kw = dict(contention=False, collective="all_gather")
+    off = ts.simulate_groups(units, params, groups, cal, overlap=False, **kw)
+    assert off.forward_end_ms == pytest.approx(2.0 + 2.0 + 2.0)  # both gathers (2 ms each), then the forward
+    all_at_step = ts.simulate_groups(units, params, groups, cal, **kw)
+    assert all_at_step.forward_end_ms == pytest.approx(2.0 + 2.0 + 1.0)  # b waits for the second gather
+    chain = ts.simulate_groups(units, params, groups, cal, depth=1, **kw)
+    assert chain.forward_end_ms == pytest.approx(all_at_step.forward_end_ms)
+    with pytest.raises(ValueError, match="collective"):
+        ts.simulate_groups(units, params, groups, cal, collective="reduce")

@@ -124,6 +124,12 @@ class Calibration:
     # issue of the boundary's launches shows: the k-th collective cannot
     # start before k * host_launch_ms, nor the forward before all of them.
     host_launch_ms: float = 0.0
+    # V2's unit, the all-gather of one comm buffer: measured time by the
+    # bytes of the whole gathered buffer (``allgather_ms_by_bytes`` of
+    # ``standin/allgather_anchor.py``); empty: not measured, see
+    # :meth:`allgather_ms_for`.
+    allgather_bytes: Tuple[int, ...] = ()
+    allgather_ms: Tuple[float, ...] = ()
 
     # -- loading / fitting -------------------------------------------------
     @classmethod
@@ -166,7 +172,20 @@ class Calibration:
             raise ValueError("anchor has no d2d_copy_GBps; pass copy_gbps=")
         saving = fit_pipelined_saving(base, anchor)
         rc, rb, _ = fit_contention(anchor, rb=rb)
-        return replace(base, pipelined_saving_ms=saving, rc=rc, rb=rb)
+        cal = replace(base, pipelined_saving_ms=saving, rc=rc, rb=rb)
+        return cal.with_allgather(anchor) if "allgather_ms_by_bytes" in anchor else cal
+
+    def with_allgather(self, anchor: Mapping | str) -> "Calibration":
+        """This calibration with the all-gather curve of ``anchor`` (a dict
+        or path with ``allgather_ms_by_bytes``: whole-buffer bytes -> ms,
+        as ``standin/allgather_anchor.py`` writes it)."""
+        if isinstance(anchor, str):
+            with open(anchor) as f:
+                anchor = json.load(f)
+        pts = sorted((int(k), float(v)) for k, v in anchor["allgather_ms_by_bytes"].items())
+        if not pts:
+            raise ValueError("allgather_ms_by_bytes is empty")
+        return replace(self, allgather_bytes=tuple(p[0] for p in pts), allgather_ms=tuple(p[1] for p in pts))
 
     # -- model -------------------------------------------------------------
     def isolated_bcast_ms(self, nbytes: int) -> float:
@@ -188,6 +207,24 @@ class Calibration:
             # Never below a tenth of the isolated time: a broadcast cannot be free.
             t = max(t - self.pipelined_saving_ms, 0.1 * t)
         return t
+
+    def allgather_ms_for(self, nbytes: int, ranks: int = 2) -> float:
+        """Time of one all-gather delivering a whole buffer of ``nbytes``
+        (each rank contributes ``nbytes / ranks``): the measured curve,
+        interpolated like the broadcast's, plus the per-hop latency beyond
+        two ranks. Without a curve, the assumption ``standin/compare.py``
+        states: a broadcast of the bytes each rank receives,
+        ``nbytes * (ranks - 1) / ranks``, not pipelined."""
+        if not self.allgather_bytes:
+            return self.bcast_ms_for(nbytes * (ranks - 1) // ranks, ranks, pipelined=False)
+        xs, ys = self.allgather_bytes, self.allgather_ms
+        if len(xs) == 1 or nbytes <= xs[0]:
+            t = ys[0] if nbytes <= xs[0] else ys[0] * nbytes / xs[0]
+        else:
+            i = min(bisect.bisect_left(xs, nbytes), len(xs) - 1)
+            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            t = y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0)
+        return t + max(ranks - 2, 0) * self.hop_ms
 
     def layer_ms(self, tokens: int) -> float:
         if tokens not in self.layer_fwd_ms:
@@ -483,6 +520,7 @@ def simulate_groups(
     contention: bool = True,
     depth: Optional[int] = None,
     comm_bytes: Optional[Sequence[int]] = None,
+    collective: str = "broadcast",
 ) -> SimResult:
     """Like :func:`simulate`, with one broadcast per group of parameters
     (a bucket living in one contiguous buffer: its bytes in one call); a
@@ -493,7 +531,9 @@ def simulate_groups(
     keeps K = 1): the boundary issues groups ``0..K-1``; the pre-hook of a
     unit whose groups end at ``h`` issues up to ``h + K``.  ``comm_bytes``
     overrides each group's bytes (padding, or the share an all-gather
-    delivers)."""
+    delivers). ``collective="all_gather"``: each group is one V2 comm
+    buffer, all-gathered (:meth:`Calibration.allgather_ms_for` of its
+    bytes, the whole buffer's) instead of broadcast."""
     by_name = {p.name: p for p in params}
     order = [n for g in groups for n in g]
     if len(set(order)) != len(order):
@@ -505,7 +545,12 @@ def simulate_groups(
     sizes = comm_bytes if comm_bytes is not None else [sum(by_name[n].nbytes for n in g) for g in groups]
     if len(sizes) != len(groups):
         raise ValueError("comm_bytes needs one entry per group")
-    comm = [cal.bcast_ms_for(b, ranks, pipelined=i > 0) for i, b in enumerate(sizes)]
+    if collective == "broadcast":
+        comm = [cal.bcast_ms_for(b, ranks, pipelined=i > 0) for i, b in enumerate(sizes)]
+    elif collective == "all_gather":
+        comm = [cal.allgather_ms_for(b, ranks) for b in sizes]
+    else:
+        raise ValueError(f"collective must be 'broadcast' or 'all_gather', not {collective!r}")
     unit_names = [u.name for u in units]
     if len(set(unit_names)) != len(unit_names):
         raise ValueError("unit names must be unique")

@@ -1,11 +1,14 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Compare the ``result.npz`` of the on, off and resumed runs of train_tiny_llama.py.
 
-usage: check_results.py ON_DIR OFF_DIR RESUME_DIR RESUMED_AT_STEP
+usage: check_results.py ON_DIR OFF_DIR RESUME_DIR RESUMED_AT_STEP [v1|v2]
 
 Checks, each printed as one PASS/FAIL line:
-  * the on run had paddle_overlay applied with broadcast overlap on (an agreed
-    order of every parameter, forward pre-hooks held); the off run had neither;
+  * the on run had paddle_overlay applied with overlap on (an agreed order of
+    every parameter, forward pre-hooks held); the off run had neither;
+  * the on run's collectives are those of the stage (last argument, default v1):
+    v1, broadcasts and no V2 comm buffer; v2, one all-gather per V2 comm buffer,
+    2 or more buffers, as many as the off run's;
   * on vs off: every loss and every parameter bitwise equal;
   * resume (from checkpoint-RESUMED_AT_STEP of the on run, overlay on): its losses
     equal the on run's from that step, and its final parameters equal the on run's,
@@ -27,6 +30,21 @@ def params(result):
     return {k: v for k, v in result.items() if k.startswith("param/")}
 
 
+def count(result, key):
+    """An int read-out; 0 when this result has none (written before it existed)."""
+    return int(result[key]) if key in result else 0
+
+
+def stage_check(stage, on, off):
+    """(name, ok, detail) for the on run's collectives, as the module says."""
+    units, gathers, buffers = count(on, "overlap_units"), count(on, "overlap_all_gather"), count(on, "comm_buffers")
+    detail = f"units={units} all_gather={gathers} comm_buffers={buffers} (off: {count(off, 'comm_buffers')})"
+    if stage == "v2":
+        ok = gathers == 1 and units == buffers == count(off, "comm_buffers") >= 2
+        return "on: V2, one all-gather per comm buffer", ok, detail
+    return "on: V1, broadcasts (no V2 comm buffer)", gathers == 0 and buffers == 0 and units > 0, detail
+
+
 def same_bits(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
@@ -38,10 +56,11 @@ def differing(a, b):
 
 
 def main(argv):
-    if len(argv) != 4:
+    if len(argv) not in (4, 5) or (len(argv) == 5 and argv[4] not in ("v1", "v2")):
         sys.exit(__doc__)
     on, off, resume = (load(d) for d in argv[:3])
     step = int(argv[3])
+    stage = argv[4] if len(argv) == 5 else "v1"
     n_params = len(params(on))
     checks = [
         (
@@ -50,6 +69,7 @@ def main(argv):
             f"applied={int(on['applied'])} order={int(on['overlap_order'])}/{n_params} hooks={int(on['overlap_hooks'])}",
         ),
         ("off: overlay not applied", int(off["applied"]) == 0, f"applied={int(off['applied'])}"),
+        stage_check(stage, on, off),
         (
             "on vs off: losses bitwise equal",
             same_bits(on["losses"], off["losses"]),

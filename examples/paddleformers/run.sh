@@ -2,9 +2,12 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 #
 # PaddleFormers Trainer + paddle_overlay, enabled by PADDLE_OVERLAY=1 alone: a tiny random
-# LLaMA on 2 CPU ranks (gloo), sharding stage 1 with broadcast overlap. Three launches:
-#   on      PADDLE_OVERLAY=1, --stage1_broadcast_overlap true, 6 steps, checkpoints at 3 and 6
-#   off     no PADDLE_OVERLAY, --stage1_broadcast_overlap false, same 6 steps
+# LLaMA on 2 CPU ranks (gloo), sharding stage 1, for each of Paddle's two stage-1 optimizers:
+#   v1  --split_param false, PaddleFormers' --stage1_broadcast_overlap (parameter broadcast)
+#   v2  --split_param true,  PaddleFormers' --stage1_allgather_overlap (comm-buffer all-gather)
+# Three launches each:
+#   on      PADDLE_OVERLAY=1, overlap switch true, 6 steps, checkpoints at 3 and 6
+#   off     no PADDLE_OVERLAY, overlap switch false, same 6 steps
 #   resume  PADDLE_OVERLAY=1, resumes the on run's checkpoint-3 and trains to step 6
 # then check_results.py: on vs off bitwise (losses, parameters), resume vs on bitwise.
 # Opt-in, not part of CI: it makes its own venv from requirements.txt (about 1 GB, a few
@@ -16,14 +19,17 @@ HERE="$ROOT/examples/paddleformers"
 VENV="${PADDLEFORMERS_VENV:-$ROOT/.venv-examples/paddleformers}"
 OUT="$ROOT/.test-out/examples/paddleformers/$(date +%Y%m%d-%H%M%S)"
 TIMEOUT=600  # seconds per launch
+STAGES=(v1 v2)
 
 usage() {
   cat <<EOF
-usage: examples/paddleformers/run.sh [--out DIR]
+usage: examples/paddleformers/run.sh [--out DIR] [--only v1|v2]
 
 Makes or reuses the venv $VENV (pinned requirements.txt, then this project with
-pip install -e), runs the on / off / resume launches on 2 CPU ranks and compares them.
-  --out DIR   where runs, rank logs and checkpoints go (default .test-out/examples/paddleformers/<time>)
+pip install -e), runs the on / off / resume launches on 2 CPU ranks for sharding stage 1
+V1 and V2 and compares them.
+  --out DIR     where runs, rank logs and checkpoints go (default .test-out/examples/paddleformers/<time>)
+  --only STAGE  v1 (broadcast overlap) or v2 (all-gather overlap) only; default both
 Environment: PADDLEFORMERS_VENV (venv path), PYTHON (interpreter that creates it, default python3).
 EOF
 }
@@ -32,6 +38,9 @@ while (($#)); do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --out) [[ $# -ge 2 ]] || { echo "error: --out needs a folder" >&2; exit 2; }; OUT="$2"; shift 2 ;;
+    --only)
+      [[ $# -ge 2 && ( "$2" == v1 || "$2" == v2 ) ]] || { echo "error: --only needs v1 or v2" >&2; exit 2; }
+      STAGES=("$2"); shift 2 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -74,16 +83,36 @@ launch() {
 }
 
 ensure_venv
-# Trainer arguments shared by the three runs; README.md says why each non-default is there.
+# Trainer arguments shared by every run; README.md says why each non-default is there.
 COMMON=(
-  --device cpu --sharding stage1 --split_param false --amp_master_grad false --max_grad_norm 0
+  --device cpu --sharding stage1 --max_grad_norm 0
   --save_checkpoint_format unified_checkpoint --load_checkpoint_format unified_checkpoint
   --max_steps 6 --save_steps 3 --logging_steps 1 --per_device_train_batch_size 2
   --learning_rate 1e-3 --seed 42 --report_to none
 )
-launch on PADDLE_OVERLAY=1 -- --stage1_broadcast_overlap true
-launch off -- --stage1_broadcast_overlap false
-launch resume PADDLE_OVERLAY=1 -- --stage1_broadcast_overlap true \
-  --resume_from_checkpoint "$OUT/on/out/checkpoint-3"
-echo "runs in $OUT"
-"$VENV/bin/python" "$HERE/check_results.py" "$OUT/on/out" "$OUT/off/out" "$OUT/resume/out" 3
+# V1: DygraphShardingOptimizer, the 2-layer model (21 parameters)
+V1=(--split_param false --amp_master_grad false)
+# V2: DygraphShardingOptimizerV2 (PaddleFormers' default), 1 MB comm buffers and a 4-layer
+# model (39 parameters, 4 buffers); the bf16 flags only satisfy PaddleFormers' V2 check: on the
+# CPU Paddle's AMP makes no effect and every tensor stays float32 (README.md)
+V2=(
+  --split_param true --bf16 true --fp16_opt_level O1 --amp_master_grad true
+  --sharding_comm_buffer_size_MB 1 --unified_checkpoint_config ignore_merge_optimizer
+  --hidden_size 128 --intermediate_size 512 --num_hidden_layers 4
+)
+failed=0
+for stage in "${STAGES[@]}"; do
+  if [[ "$stage" == v1 ]]; then
+    extra=("${V1[@]}"); switch=--stage1_broadcast_overlap
+  else
+    extra=("${V2[@]}"); switch=--stage1_allgather_overlap
+  fi
+  launch "$stage/on" PADDLE_OVERLAY=1 -- "${extra[@]}" "$switch" true
+  launch "$stage/off" -- "${extra[@]}" "$switch" false
+  launch "$stage/resume" PADDLE_OVERLAY=1 -- "${extra[@]}" "$switch" true \
+    --resume_from_checkpoint "$OUT/$stage/on/out/checkpoint-3"
+  echo "== $stage: runs in $OUT/$stage"
+  "$VENV/bin/python" "$HERE/check_results.py" "$OUT/$stage/on/out" "$OUT/$stage/off/out" \
+    "$OUT/$stage/resume/out" 3 "$stage" || failed=1
+done
+exit "$failed"
