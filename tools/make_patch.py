@@ -208,6 +208,8 @@ def _import_line(source_module, package, names):
         mod = "." + source_module[len(package) + 1 :]
     else:
         mod = source_module
+    # isort's order (profile black, order_by_type): classes, then functions
+    names = sorted(names, key=lambda n: (not n[:1].isupper(), n))
     one = f"from {mod} import {', '.join(names)}"
     if len(one) <= 80:
         return [one]

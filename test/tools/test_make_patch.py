@@ -293,7 +293,7 @@ def test_patch_changes_python_only_and_adds_new_files(version):
         patch = f.read()
     found = blocks(patch)
     changed = sorted(p for p, b in found.items() if "\nnew file mode " not in b.split("\n@@", 1)[0])
-    assert changed == sorted(f"{make_patch.TREE_OPT_DIR}/{n}" for n, _ in make_patch.SPLICED)
+    assert changed == sorted({f"{make_patch.TREE_OPT_DIR}/{n}" for n, _ in make_patch.SPLICED})
     added = sorted(p for p in found if p not in changed)
     expected = [f"{make_patch.TREE_OPT_DIR}/{n}" for n in make_patch.new_modules()]
     expected += [f"{make_patch.TREE_TEST_DIR}/{n}" for n in make_patch.test_files()]
