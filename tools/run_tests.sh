@@ -60,7 +60,7 @@ merge_coverage() {
   local out="$1" rc=0
   shift
   mkdir -p "$out"
-  cov() { COVERAGE_FILE="$out/.coverage" "$py" -m coverage "$@" --rcfile=tools/coveragerc; }
+  cov() { COVERAGE_FILE="$out/.coverage" "$py" -m coverage "$1" --rcfile=tools/coveragerc "${@:2}"; }
   cov combine --keep "$@" && cov xml -o "$out/coverage.xml" >/dev/null &&
     cov report --fail-under="$COV_FAIL_UNDER" >"$out/coverage-report.txt" || rc=$?
   cat "$out/coverage-report.txt"

@@ -136,7 +136,8 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, args=(), log_d
     """Run ``script`` on ``nproc`` ranks; return a :class:`LaunchResult` when every rank exits 0.
 
     ``timeout``: seconds of behaviour after every rank is ready (default: what the test's
-    pytest-timeout has left, less :data:`REPORT_MARGIN`, else :data:`DEFAULT_TIMEOUT`).
+    pytest-timeout has left, less :data:`REPORT_MARGIN` (at most a quarter of it), else
+    :data:`DEFAULT_TIMEOUT`).
     ``startup_timeout``: seconds every rank may take to import Paddle (default
     ``$PADDLE_OVERLAY_STARTUP_TIMEOUT`` or 300). ``env``: extra environment for the ranks;
     ``args``: after the script; ``log_dir``: default a new folder under ``$PADDLE_OVERLAY_RUN_DIR``
@@ -153,7 +154,7 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, args=(), log_d
                               "startup_timeout (PADDLE_OVERLAY_STARTUP_TIMEOUT)")
     clock = _test_clock()
     if timeout is None:
-        timeout = max(clock - REPORT_MARGIN, 1.0) if clock else DEFAULT_TIMEOUT
+        timeout = clock - min(REPORT_MARGIN, clock / 4) if clock else DEFAULT_TIMEOUT
     timeout = _positive(timeout, "timeout")
     device = resolve_device(device, nproc)
     reason = skip_reason(nproc, device)
