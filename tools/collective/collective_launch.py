@@ -26,7 +26,6 @@ Everything else reaches the ranks unchanged.
 """
 
 import os
-import re
 import shlex
 import signal
 import subprocess
