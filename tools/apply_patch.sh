@@ -4,22 +4,16 @@
 # Apply a paddle_overlay patch to a Paddle source tree and register its tests, all or nothing.
 #
 # Usage: tools/apply_patch.sh [--no-register] PADDLE_SRC [PATCH]
-#
 #   PADDLE_SRC     a Paddle tree laid out as python/paddle/... (a checkout)
 #   PATCH          default: the one file of patches/*.patch that applies to PADDLE_SRC
 #   --no-register  apply the diff only (same as plain git apply)
 #
-# 1. `git apply --check`, then `git apply` (atomic: when any hunk of any file does not apply,
-#    no file is changed). The patch changes python/ and adds new files only.
-# 2. Registration: appends the patch header's "testslist.csv row: " lines (rows whose test
-#    name is not there yet) to test/collective/fleet/testslist.csv, then regenerates the
-#    CMakeLists.txt beside it with the tree's own tools/gen_ut_cmakelists.py (this
-#    repository's when the tree has none) and formats it with cmake-format and the tree's
-#    .cmake-format.py, as Paddle's pre-commit does. If a step fails, the tree is put back.
-# On a mismatch it says which Paddle version the tree looks like, which committed patches
-# would fit, and whether the patch is already applied.
-#
-# Environment: PYTHON (interpreter for the generator, default python3).
+# git apply --check, then git apply (atomic). Then the patch header's "testslist.csv row: " lines
+# not in the tree yet are appended to test/collective/fleet/testslist.csv and the CMakeLists.txt
+# beside it is regenerated with the tree's tools/gen_ut_cmakelists.py (this repository's if the
+# tree has none) and cmake-format with the tree's .cmake-format.py; if a step fails the tree is
+# put back. On a mismatch it says what the tree looks like, which committed patches fit, and
+# whether the patch is applied already. PYTHON: interpreter for the generator (python3).
 # Exit codes: 0 applied, 1 does not apply or registration failed (tree unchanged), 2 usage error.
 
 set -u
@@ -34,7 +28,7 @@ csv_header='name,os,arch,timeout,run_type,launcher,num_port,run_serial,envs,cond
 python=${PYTHON:-python3}
 
 usage() {
-    sed -n '4,24s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+    sed -n '4,17s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 

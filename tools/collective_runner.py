@@ -1,60 +1,67 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Run the collective tests listed in ``testslist.csv`` files.
+"""Run the collective tests listed in ``testslist.csv`` files, in one pytest session per Paddle.
 
-The lists: ``test/collective/fleet/testslist.csv`` (what goes upstream to Paddle) and the
-project's own ``test/*/testslist.csv`` (e.g. ``test/harness``: the launcher's fault injection),
-same columns; a row's driver lives next to its list. Each selected row runs its driver
-``<list folder>/<name>.py`` as
-``python -m pytest -q -rs DRIVER`` with the row's timeout (seconds), in its own session;
-on timeout its whole process tree is killed. Rows whose arch/os/conditions do not hold
-here are reported SKIP with the reason. Logs of every rank stay under the run directory:
-``<run-dir>/paddle-<version>/<test>/`` (``pytest.log``, and one folder per launch holding
-``launcher.log`` and ``workerlog.N``).
+``bash tools/run_collective_tests.sh [--paddle V[,V] | --matrix] [options]`` starts this file with
+any python3: it answers ``--help``, ``--list`` and bad arguments at once, makes or reuses the venv
+``.venv-test/paddle-V`` (``paddlepaddle==V``, the pins that release needs, this project with its
+``[test]`` extra; built in a temporary folder and moved into place, reused while its stamp
+matches) and runs itself again with that venv's python; several releases run one after the
+other and end with a table. Started directly (ctest does), it runs with its own interpreter.
 
-Normally started by tools/run_collective_tests.sh with the interpreter of the matching venv.
-Exit code: 0 when nothing failed (and coverage met --cov-fail-under), 1 otherwise,
-or --skip-exit-code when every selected test was skipped.
+The lists: ``test/collective/fleet/testslist.csv`` (what goes upstream) and the project's own
+``test/*/testslist.csv``; a row's driver ``<name>.py`` lies next to its list. The selected
+drivers go to pytest in list order with a plugin that skips a row whose arch/os/conditions do not
+hold here (with the reason), gives each test the row's timeout (pytest-timeout; rank start-up is
+not counted, see ``collective_launch``), sets the row's ``envs`` while its tests run and keeps its
+launch logs under ``<run-dir>/paddle-<version>/<row>/``. pytest does the rest: reports,
+``--junit-xml``, ``--repeat`` (each driver given N times), exit codes. ``--coverage`` measures this
+process and, through coverage's ``patch = subprocess``, every launcher and rank (``tools/coveragerc``).
 """
 
 import argparse
 import datetime
+import glob
+import hashlib
 import os
 import re
+import shutil
+import signal
+import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLEET_DIR = os.path.join(ROOT, "test", "collective", "fleet")
-TESTSLIST = os.path.join(FLEET_DIR, "testslist.csv")
-
-
-def default_testslists():
-    """Upstream's list first, then the project's ``test/*/testslist.csv`` in name order."""
-    import glob
-
-    return [TESTSLIST] + sorted(glob.glob(os.path.join(ROOT, "test", "*", "testslist.csv")))
-
-# The project's launcher wrapper (collective_launch.py) and the test-only stand-in for upstream's
-# legacy_test.test_parallel_dygraph_dataparallel: first on every driver's PYTHONPATH.
 HARNESS_DIR = os.path.join(ROOT, "tools", "collective")
-# Every test output goes under this one folder (pip and setuptools use build/).
-OUT_ROOT = os.path.join(ROOT, ".test-out")
+COVERAGERC = os.path.join(ROOT, "tools", "coveragerc")
+sys.path[:0] = [os.path.join(ROOT, "tools"), HARNESS_DIR, ROOT]
+import testslist  # noqa: E402
+from paddle_overlay._patching import TESTED_PADDLE  # noqa: E402  (the one list of releases)
+
+SLOW_START = '''\
+# Written by tools/collective_runner.py --slow-start: delay test processes as a loaded machine does.
+import time
+with open("/proc/self/cmdline", "rb") as f:
+    if any({marker!r} in a.decode(errors="replace") for a in f.read().split(b"\\0")):
+        time.sleep({seconds!r})
+'''
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        prog="run_collective_tests.sh",
+        prog="run_collective_tests.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run the collective (multi-rank) tests of paddle_overlay under Paddle's launcher.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=(
-            "examples:\n"
-            "  run_collective_tests.sh --list\n"
-            "  run_collective_tests.sh -k broadcast_overlap --repeat 5\n"
-            "  run_collective_tests.sh --paddle 3.3.1,2.6.2 --coverage --cov-fail-under 90 \\\n"
-            "      --junit-xml .test-out/junit-{paddle}.xml\n"
-            "  run_collective_tests.sh --device gpu --nproc 8 --master 10.0.0.1:8090 --nnodes 2 --rank 0"
-        ),
-    )
+        epilog="Pins per release: 2.6.2: protobuf==3.20.3 numpy<2; 3.0.0 to 3.3.0: protobuf<6 (protobuf 6+ breaks\n"
+               "their DistributedStrategy); 3.3.1: none. Environment: PYTHON (python3 that makes the venvs),\n"
+               "PIP_INDEX_URL / PIP_FIND_LINKS (where pip finds wheels).\n\nexamples:\n  run_collective_tests.sh --list\n  run_collective_tests.sh -k broadcast_overlap --repeat 5\n"
+               "  run_collective_tests.sh --paddle 3.3.1,2.6.2 --coverage --junit-xml .test-out/junit-{paddle}.xml\n"
+               "  run_collective_tests.sh --device gpu --nproc 8 --master 10.0.0.1:8090 --nnodes 2 --rank 0")
+    p.add_argument("--paddle", action="append", metavar="VERSION[,VERSION]",
+                   help=f"tested release(s) to run, one of: {' '.join(TESTED_PADDLE)} (default {TESTED_PADDLE[-1]}); "
+                        "several run one after the other and end with a table")
+    p.add_argument("--matrix", action="store_true", help="every tested release (slow: a venv each)")
+    p.add_argument("--rebuild-venv", action="store_true", help="reinstall the venv even if its stamp matches")
+    p.add_argument("--venv-only", action="store_true", help="make or reuse the venv(s), print each python path")
     p.add_argument("-k", dest="pattern", metavar="PATTERN", help="run tests whose name matches this regular expression")
     p.add_argument("--exclude", metavar="PATTERN", help="leave out tests whose name matches this regular expression")
     p.add_argument("--list", action="store_true", help="list the tests (name, timeout, requirements) and exit")
@@ -63,23 +70,25 @@ def parse_args(argv=None):
                    help="auto (default): gpu if Paddle has CUDA and >= NPROC GPUs are visible, else cpu (gloo)")
     p.add_argument("--nproc", type=int, default=2, metavar="N",
                    help="ranks per node available to tests (default 2); tests needing more are skipped")
-    p.add_argument("--master", metavar="IP:PORT", help="passed to paddle.distributed.launch (multi-node)")
-    p.add_argument("--nnodes", metavar="N", help="passed to paddle.distributed.launch (multi-node)")
-    p.add_argument("--rank", metavar="R", help="node rank, passed to paddle.distributed.launch (multi-node)")
-    p.add_argument("--run-dir", metavar="DIR",
-                   help="keep logs here (default .test-out/collective-runs/<timestamp>); {paddle} -> version")
+    for flag, what in (("--master", "IP:PORT"), ("--nnodes", "N"), ("--rank", "R")):
+        p.add_argument(flag, metavar=what, help="passed to paddle.distributed.launch (multi-node)")
+    p.add_argument("--run-dir", metavar="DIR", help="keep logs here (default .test-out/collective-runs/<timestamp>); {paddle} -> version")
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report; {paddle} -> Paddle version")
     p.add_argument("--coverage", action="store_true", help="measure paddle_overlay in every rank and report")
     p.add_argument("--cov-fail-under", type=float, metavar="PCT", help="with --coverage: fail under PCT percent")
     p.add_argument("--slow-start", type=float, metavar="SECONDS",
-                   help="delay every process running a test script by SECONDS at start-up (a sitecustomize.py "
-                        "first on PYTHONPATH), as a loaded machine does: issue 13's reproduction")
+                   help="delay every process running a script under test/ by SECONDS at start-up, as a loaded "
+                        "machine does (issue 13's reproduction)")
     p.add_argument("--skip-exit-code", type=int, default=0, metavar="CODE",
                    help="exit with CODE when every selected test was skipped (ctest uses 77)")
-    p.add_argument("--testslist", action="append", help=argparse.SUPPRESS)
-    # Used by run_collective_tests.sh before it builds a venv: validate the selection and exit.
-    p.add_argument("--check-selection", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--bootstrap", action="store_true", help=argparse.SUPPRESS)  # run_collective_tests.sh
     args = p.parse_args(argv)
+    args.versions = TESTED_PADDLE if args.matrix else [v for a in args.paddle or [] for v in a.split(",") if v]
+    for v in args.versions:
+        if v not in TESTED_PADDLE:
+            p.error(f"Paddle {v} is not a supported release; use one of: {' '.join(TESTED_PADDLE)}")
+    if len(args.versions) > 1 and args.junit_xml and "{paddle}" not in args.junit_xml:
+        p.error("with several --paddle versions, put {paddle} in the --junit-xml path")
     if args.repeat < 1 or args.nproc < 1:
         p.error("--repeat and --nproc must be >= 1")
     if args.cov_fail_under is not None and not args.coverage:
@@ -94,272 +103,256 @@ def parse_args(argv=None):
     return args
 
 
-def select_rows(rows, pattern, exclude=None):
-    """Rows whose name matches ``pattern`` and not ``exclude`` (regular expressions searched in the name)."""
-    rx = re.compile(pattern) if pattern else None
-    ex = re.compile(exclude) if exclude else None
-    return [r for r in rows if (rx is None or rx.search(r.name)) and (ex is None or not ex.search(r.name))]
-
-
-_ROW_DIRS = {}  # test name -> folder of the testslist.csv that lists it
-
-
-def read_rows(paths):
-    """Rows of every list in ``paths``, in order. Raises ValueError on a malformed row or a
-    name listed twice (naming both lists)."""
-    import testslist
-
-    rows = []
+def read_rows(paths=None):
+    """{driver path: row} of every list, in list order; ValueError for a name in two lists."""
+    paths = paths or [os.path.join(ROOT, "test", "collective", "fleet", "testslist.csv")] + sorted(
+        glob.glob(os.path.join(ROOT, "test", "*", "testslist.csv")))
+    rows, seen = {}, {}
     for path in paths:
+        folder = os.path.dirname(os.path.abspath(path))
         for row in testslist.read_testslist(path):
-            folder = os.path.dirname(os.path.abspath(path))
-            if _ROW_DIRS.get(row.name, folder) != folder:
-                raise ValueError(f"{row.name} is listed in both {_ROW_DIRS[row.name]} and {folder}")
-            _ROW_DIRS[row.name] = folder
-            rows.append(row)
+            if seen.setdefault(row.name, folder) != folder:
+                raise ValueError(f"{row.name} is listed in both {seen[row.name]} and {folder}")
+            rows[os.path.join(folder, row.name + ".py")] = row
     return rows
 
 
-def driver_path(row):
-    return os.path.join(_ROW_DIRS.get(row.name, FLEET_DIR), row.name + ".py")
-
-
-def probe_paddle(python):
-    """Version and CUDA facts of the Paddle that ``python`` imports (run in a child process).
-
-    Returns dict(version=str, cuda=bool, gpus=int); raises RuntimeError if Paddle cannot be imported.
-    """
-    import json
-    import subprocess
-
-    code = (
-        "import json, paddle\n"
-        "cuda = paddle.is_compiled_with_cuda()\n"
-        "gpus = paddle.device.cuda.device_count() if cuda else 0\n"
-        "print('PROBE' + json.dumps(dict(version=paddle.__version__, cuda=cuda, gpus=gpus)))\n"
-    )
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    for line in out.stdout.splitlines():
-        if line.startswith("PROBE"):
-            return json.loads(line[5:])
-    raise RuntimeError(f"cannot import paddle with {python}:\n{out.stderr[-2000:]}")
-
-
-def choose_device(requested, paddle, nproc):
-    if requested != "auto":
-        return requested
-    return "gpu" if paddle["cuda"] and paddle["gpus"] >= nproc else "cpu"
-
-
-def launch_args(args):
-    extra = os.environ.get("PADDLE_OVERLAY_LAUNCH_ARGS", "").split()
-    for flag in ("master", "nnodes", "rank"):
-        if getattr(args, flag) is not None:
-            extra += [f"--{flag}", str(getattr(args, flag))]
-    return " ".join(extra)
-
-
-def driver_env(row, args, device, out_dir, cov_rc, first_paths=()):
-    """Environment of one driver run: ours on top of the caller's and the row's ``envs``.
-
-    ``first_paths``: folders put before the harness on ``PYTHONPATH`` (the slow-start hook)."""
-    env = dict(os.environ)
-    for k, v in row.env_dict().items():
-        if k != "PYTHONPATH":  # upstream's PYTHONPATH=../.. points into a Paddle build tree
-            env[k] = v
-    env.update(
-        PYTHONPATH=os.pathsep.join([*first_paths, HARNESS_DIR]
-                                   + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-        PADDLE_OVERLAY_TEST_DEVICE=device,
-        PADDLE_OVERLAY_TEST_NPROC=str(args.nproc),
-        PADDLE_OVERLAY_RUN_DIR=out_dir,
-        PADDLE_OVERLAY_LAUNCH_ARGS=launch_args(args),
-        TEST_TARGET_NAME=row.name,
-        TEST_TIMEOUT=str(row.timeout_seconds),  # as upstream's bash_test_modules: launches stay inside it
-    )
-    if cov_rc:
-        env["COVERAGE_PROCESS_START"] = cov_rc
-    return env
-
-
-def fmt_seconds(s):
-    return f"{s:.1f}s" if s < 120 else f"{int(s // 60)}m{int(s % 60):02d}s"
+def select(rows, pattern=None, exclude=None):
+    return {d: r for d, r in rows.items()
+            if (not pattern or re.search(pattern, r.name)) and not (exclude and re.search(exclude, r.name))}
 
 
 def list_rows(rows):
     print(f"{'name':52} {'timeout':>8}  requires / driver")
-    for r in rows:
+    for driver, r in rows.items():
         req = " ".join(filter(None, [";".join(r.os), ";".join(r.arch), ";".join(r.conditions)])) or "-"
-        present = "" if os.path.isfile(driver_path(r)) else "  (driver MISSING)"
-        print(f"{r.name:52} {r.timeout_seconds:>7}s  {req}{present}")
-    lists = sorted({os.path.relpath(os.path.join(_ROW_DIRS.get(r.name, FLEET_DIR), "testslist.csv"), ROOT) for r in rows})
+        print(f"{r.name:52} {r.timeout_seconds:>7}s  {req}{'' if os.path.isfile(driver) else '  (driver MISSING)'}")
+    lists = sorted({os.path.relpath(os.path.dirname(d), ROOT) + "/testslist.csv" for d in rows})
     print(f"{len(rows)} tests in {', '.join(lists) or 'no list'}")
 
 
-def write_junit(path, results, paddle_version):
-    """JUnit XML: one testsuite per Paddle version, one testcase per run."""
-    import xml.etree.ElementTree as ET
+class CollectivePlugin:
+    """The pytest side: requirements, per-row timeout, envs and log folder, one-line results."""
 
-    suite = ET.Element("testsuite", name=f"collective.paddle-{paddle_version}", tests=str(len(results)),
-                       failures=str(sum(r["outcome"] == "FAIL" for r in results)),
-                       skipped=str(sum(r["outcome"] == "SKIP" for r in results)),
-                       time=f"{sum(r['seconds'] for r in results):.1f}")
-    for r in results:
-        case = ET.SubElement(suite, "testcase", classname=f"collective.paddle-{paddle_version}",
-                             name=r["label"], time=f"{r['seconds']:.1f}")
-        if r["outcome"] == "FAIL":
-            ET.SubElement(case, "failure", message=r["note"]).text = r["detail"]
-        elif r["outcome"] == "SKIP":
-            ET.SubElement(case, "skipped", message=r["note"])
-        ET.SubElement(case, "system-out").text = f"logs: {r['out_dir']}"
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    root = ET.Element("testsuites")
-    root.append(suite)
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    def __init__(self, rows, device, facts, run_dir, header):
+        self.rows, self.device, self.facts, self.run_dir, self.header = rows, device, facts, run_dir, header
+        self.by_nodeid = {}
+
+    def row(self, item):
+        return self.rows[str(item.path)]
+
+    def pytest_report_header(self):
+        return self.header
+
+    def pytest_collection_modifyitems(self, items):
+        import pytest
+
+        for item in items:
+            row = self.by_nodeid[item.nodeid] = self.row(item)
+            unmet = testslist.unmet_requirements(row, self.device, self.facts)
+            if unmet:
+                item.add_marker(pytest.mark.skip(reason="; ".join(unmet)))
+            if not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(row.timeout_seconds, method="signal"))
+
+    def pytest_runtest_protocol(self, item):
+        row = self.row(item)
+        os.environ.update({k: v for k, v in row.env_dict().items() if k != "PYTHONPATH"})
+        os.environ["PADDLE_OVERLAY_RUN_DIR"] = os.path.join(self.run_dir, row.name)
+        os.makedirs(os.environ["PADDLE_OVERLAY_RUN_DIR"], exist_ok=True)
+
+    def pytest_runtest_logfinish(self):
+        os.environ.clear()
+        os.environ.update(self.environ)
+
+    def pytest_sessionstart(self):
+        self.environ = dict(os.environ)
+
+    def pytest_report_teststatus(self, report):
+        if hasattr(report, "wasxfail"):
+            return None
+        if report.when == "call" or (report.when == "setup" and report.skipped):
+            word = {"passed": "PASS", "failed": "FAIL", "skipped": "SKIP"}[report.outcome]
+            seconds = "" if report.skipped else f" {report.duration:.1f}s"
+            return report.outcome, word[0] if word != "PASS" else ".", word + seconds
+
+    def pytest_terminal_summary(self, terminalreporter):
+        stats = terminalreporter.stats
+        self.all_skipped = bool(stats.get("skipped")) and not any(stats.get(k) for k in ("passed", "failed", "error"))
+        for report in stats.get("failed", []) + stats.get("error", []):  # one line each, then its logs
+            crash = getattr(report.longrepr, "reprcrash", None)
+            reason = next((l.strip() for l in (crash.message if crash else str(report.longrepr)).splitlines() if l.strip()), "")
+            terminalreporter.write_line(f"FAIL {report.nodeid}: {reason[:160]}")
+            row = self.by_nodeid.get(report.nodeid)
+            if row:
+                terminalreporter.write_line(f"     logs: {os.path.join(self.run_dir, row.name)}")
+        terminalreporter.write_line(f"logs: {self.run_dir}")
 
 
-NOTE_WIDTH = 160  # characters of a reason shown on one summary line
+def pins(version):
+    """What pip must install for ``version`` to work (numpy/protobuf pins in one resolve)."""
+    extra = [] if version == "3.3.1" else ["protobuf==3.20.3", "numpy<2"] if version.startswith("2.") else ["protobuf<6"]
+    return [f"paddlepaddle=={version}", *extra]
 
 
-def first_line(text, width=NOTE_WIDTH):
-    """The first non-empty line of ``text``, cut to ``width`` characters (with ``...``)."""
-    line = next((l.strip() for l in text.splitlines() if l.strip()), "")
-    return line if len(line) <= width else line[: width - 3] + "..."
+def ensure_venv(version, rebuild=False):
+    """Python of ``.venv-test/paddle-VERSION``, made first if missing or stale (nothing is kept
+    of a build that failed or was interrupted). Raises SystemExit(1) when pip fails."""
+    venv = os.path.join(ROOT, ".venv-test", f"paddle-{version}")
+    py, stamp = os.path.join(venv, "bin", "python"), os.path.join(venv, ".paddle-overlay-stamp")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        want = f"{' '.join(pins(version))} | {hashlib.sha256(f.read()).hexdigest()[:16]}"
+    if not rebuild and os.access(py, os.X_OK) and os.path.isfile(stamp) and open(stamp).read() == want:
+        print(f"venv: reusing {venv}", file=sys.stderr)
+        return py
+    tmp = os.path.join(ROOT, ".venv-test", f".paddle-{version}.partial-{os.getpid()}")
+    print(f"venv: building {venv} (in {tmp}): {' '.join(pins(version))} and -e {ROOT}[test]", file=sys.stderr)
+    try:  # built aside, moved into place when pip succeeded (its scripts name tmp: run `python -m`)
+        subprocess.run([sys.executable, "-m", "venv", tmp], check=True)
+        if subprocess.run([os.path.join(tmp, "bin", "python"), "-m", "pip", "install", "--quiet",
+                           "--disable-pip-version-check", *pins(version), "-e", f"{ROOT}[test]"],
+                          stdout=sys.stderr).returncode:
+            sys.exit(f"error: pip could not install {' '.join(pins(version))} for Paddle {version} (see above); "
+                     "nothing was kept")
+        with open(os.path.join(tmp, ".paddle-overlay-stamp"), "w") as f:
+            f.write(want)
+        shutil.rmtree(venv, ignore_errors=True)
+        os.rename(tmp, venv)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return py
 
 
-def print_failures(results):
-    """One short line per FAIL (the reason's first line), the folder of its logs on the next."""
-    failed = [r for r in results if r["outcome"] == "FAIL"]
-    if not failed:
-        return
-    print(f"\n{len(failed)} failed:")
-    for r in failed:
-        print(f"FAIL {r['label']} (paddle {r['paddle']}): {first_line(r['note'])}")
-        print(f"     logs: {r['out_dir']}")
+def run_releases(args, argv):
+    """``--bootstrap``: each release in its venv; with several, a table of results at the end."""
+    passed = [a for i, a in enumerate(argv) if a not in ("--bootstrap", "--matrix", "--rebuild-venv")
+              and not a.startswith("--paddle") and not (i and argv[i - 1] == "--paddle")]
+    versions = args.versions or [TESTED_PADDLE[-1]]
+    if len(versions) == 1 and not args.venv_only:
+        py = ensure_venv(versions[0], args.rebuild_venv)
+        os.execv(py, [py, os.path.abspath(__file__), *passed])
+    out_dir = os.path.join(ROOT, ".test-out", "release-runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    table, status = [], 0
+    for version in versions:
+        start, log = time.monotonic(), os.path.join(out_dir, f"paddle-{version}.log")
+        try:
+            py = ensure_venv(version, args.rebuild_venv)
+        except SystemExit as e:
+            print(e, file=sys.stderr)
+            table.append((version, "VENV FAILED", "pip could not install it", f"{time.monotonic() - start:.0f}s", "-"))
+            status = 1
+            continue
+        if args.venv_only:
+            print(py)
+            continue
+        os.makedirs(out_dir, exist_ok=True)
+        with open(log, "w") as f, subprocess.Popen([py, os.path.abspath(__file__), *passed], stdout=subprocess.PIPE,
+                                                     stderr=subprocess.STDOUT, text=True) as proc:
+            last = ""
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                f.write(line)
+                if re.search(r"\d+ (passed|failed|skipped|error)", line):
+                    last = line.strip(" =\n")
+        status = status or int(proc.returncode != 0)
+        table.append((version, "FAIL" if proc.returncode else "PASS", last or f"no summary (rc {proc.returncode})",
+                      f"{time.monotonic() - start:.0f}s", log))
+    if table:
+        widths = [max(len(str(r[i])) for r in table + [("paddle", "result", "tests", "time", "log")]) for i in range(5)]
+        for r in [("paddle", "result", "tests", "time", "log")] + table:
+            print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    return status
 
 
-def print_table(results):
-    cols = ("test", "paddle", "ranks", "device", "result", "seconds", "note")
-    rows = [(r["label"], r["paddle"], str(r["ranks"]), r["device"], r["outcome"], fmt_seconds(r["seconds"]),
-             first_line(r["note"], 70)) for r in results]
-    widths = [max(len(c), *(len(x[i]) for x in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-    print("\n" + line(cols))
-    print(line(["-" * w for w in widths]))
-    for x in rows:
-        print(line(x))
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # a launch in progress kills its tree on the way out
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sys.path.insert(0, HARNESS_DIR)
-    import time
-
-    import testslist
-
-    all_rows = read_rows(args.testslist or default_testslists())
-    rows = select_rows(all_rows, args.pattern, args.exclude)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        rows = select(read_rows(), args.pattern, args.exclude)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.list:
         list_rows(rows)
         return 0
     if not rows:
+        names = ", ".join(r.name for r in read_rows().values())
         print(f"error: no test matches -k {args.pattern!r}" + (f" --exclude {args.exclude!r}" if args.exclude else "")
-              + f"; the tests are: {', '.join(r.name for r in all_rows)}", file=sys.stderr)
+              + f"; the tests are: {names}", file=sys.stderr)
         return 2
-    if args.check_selection:
-        return 0
+    if args.bootstrap or args.venv_only:
+        return run_releases(args, argv)
+    missing = [os.path.relpath(d, ROOT) for d in rows if not os.path.isfile(d)]
+    if missing:
+        print(f"error: driver missing: {', '.join(missing)}", file=sys.stderr)
+        return 2
 
-    from run_driver import log_tail, run_driver
+    import paddle
+    import pytest
+    from collective_launch import resolve_device
 
-    paddle = probe_paddle(sys.executable)
-    device = choose_device(args.device, paddle, args.nproc)
-    facts = testslist.platform_facts(cuda=paddle["cuda"])
+    version = paddle.__version__
+    if args.versions and args.versions != [version]:
+        print(f"error: --paddle {','.join(args.versions)} asked for, {sys.executable} has Paddle {version} "
+              "(run through tools/run_collective_tests.sh to pick the venv)", file=sys.stderr)
+        return 2
+    os.environ["PADDLE_OVERLAY_TEST_NPROC"] = str(args.nproc)
+    device = os.environ["PADDLE_OVERLAY_TEST_DEVICE"] = resolve_device(args.device, args.nproc)
+    launch = os.environ.get("PADDLE_OVERLAY_LAUNCH_ARGS", "").split()
+    launch += [a for f in ("master", "nnodes", "rank") if getattr(args, f) for a in (f"--{f}", getattr(args, f))]
+    os.environ["PADDLE_OVERLAY_LAUNCH_ARGS"] = " ".join(launch)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_root = os.path.abspath((args.run_dir or os.path.join(OUT_ROOT, "collective-runs", stamp))
-                               .replace("{paddle}", paddle["version"]))
-    run_dir = os.path.join(run_root, f"paddle-{paddle['version']}")
+    run_root = (args.run_dir or os.path.join(ROOT, ".test-out", "collective-runs", stamp)).replace("{paddle}", version)
+    run_dir = os.path.join(os.path.abspath(run_root), f"paddle-{version}")
     os.makedirs(run_dir, exist_ok=True)
-    cov_rc = None
-    if args.coverage:
-        import rank_coverage
-
-        if not rank_coverage.pth_installed():
-            print(f"error: --coverage needs {rank_coverage.pth_path()} so that every rank records; "
-                  "run through tools/run_collective_tests.sh or `python tools/rank_coverage.py install-pth`",
-                  file=sys.stderr)
-            return 1
-        cov_rc = rank_coverage.write_rcfile(run_dir)
-
-    first_paths = []
     if args.slow_start:
-        import slow_start
-
-        first_paths.append(slow_start.write_sitecustomize(os.path.join(run_dir, "slow-start"), args.slow_start,
-                                                          os.path.join(ROOT, "test") + os.sep))
-        print(f"slow start: every process running a script under test/ sleeps {args.slow_start:g}s at start-up",
-              flush=True)
-    plan = [(row, k) for row in rows for k in range(args.repeat)]
-    print(f"Paddle {paddle['version']} ({'CUDA, %d GPUs' % paddle['gpus'] if paddle['cuda'] else 'CPU build'}), "
-          f"device {device}, {args.nproc} ranks, {len(plan)} runs; logs in {run_dir}", flush=True)
-    suite_start = time.monotonic()
-    results = []
-    for i, (row, k) in enumerate(plan, start=1):
-        label = row.name if args.repeat == 1 else f"{row.name}#{k + 1}"
-        out_dir = os.path.join(run_dir, label.replace("#", "-rep"))
-        print(f"[{i}/{len(plan)}] {label} ... (suite elapsed {fmt_seconds(time.monotonic() - suite_start)}, "
-              f"timeout {row.timeout_seconds}s)", flush=True)
-        rec = dict(label=label, paddle=paddle["version"], ranks=args.nproc, device=device, out_dir=out_dir,
-                   outcome="FAIL", seconds=0.0, note="", detail="")
-        unmet = testslist.unmet_requirements(row, device, facts)
-        driver = driver_path(row)
-        if unmet:
-            rec.update(outcome="SKIP", note="; ".join(unmet))
-        elif not os.path.isfile(driver):
-            rec.update(note=f"driver missing: {os.path.relpath(driver, ROOT)}")
-        else:
-            beat = lambda s, name=label: print(f"    ... {name} still running ({fmt_seconds(s)})", flush=True)
-            res = run_driver(driver, timeout=row.timeout_seconds, env=driver_env(row, args, device, out_dir, cov_rc, first_paths),
-                             out_dir=out_dir, heartbeat=beat)
-            note = "; ".join(res.problems) if res.outcome == "FAIL" else res.summary()
-            if res.outcome == "SKIP":
-                note = "; ".join(res.skip_reasons) or note
-            rec.update(outcome=res.outcome, seconds=res.seconds, note=note,
-                       detail=log_tail(res.log_path, 200) if res.outcome == "FAIL" else "")
-        results.append(rec)
-        print(f"{label}  paddle {rec['paddle']}  ranks {rec['ranks']}  {device}  {rec['outcome']}  "
-              f"{fmt_seconds(rec['seconds'])}" + (f"  ({first_line(rec['note'])})" if rec["note"] else ""), flush=True)
-        if rec["outcome"] == "FAIL" and rec["detail"]:
-            print(f"---- {label}: last lines of {os.path.join(out_dir, 'pytest.log')} ----")
-            print(rec["detail"].rstrip())
-            print("----", flush=True)
-
-    print_table(results)
-    cov_ok = True
+        folder = os.path.join(run_dir, "slow-start")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+            f.write(SLOW_START.format(marker=os.path.join(ROOT, "test") + os.sep, seconds=args.slow_start))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
+        print(f"slow start: every process running a script under test/ sleeps {args.slow_start:g}s at start-up")
+    cov = None
     if args.coverage:
-        import rank_coverage
+        import coverage
 
-        cov_ok, text = rank_coverage.combine_and_report(cov_rc, args.cov_fail_under)
-        report = os.path.join(run_dir, "coverage-report.txt")
-        with open(report, "w") as f:
-            f.write(text + "\n")
-        print(f"\nCoverage of paddle_overlay across all ranks (Paddle {paddle['version']}):\n{text}")
-        print(f"coverage report: {report} (XML: {os.path.join(run_dir, 'coverage.xml')})")
-        if not cov_ok:
-            print(f"COVERAGE FAILED (threshold {args.cov_fail_under}%)")
+        os.environ["COVERAGE_FILE"] = os.path.join(run_dir, "coverage", ".coverage")
+        cov = coverage.Coverage(config_file=COVERAGERC)
+        cov.start()
+        signal.signal(signal.SIGTERM, _interrupt)  # coverage's own handler would end this process at once
+    cuda = paddle.is_compiled_with_cuda()
+    header = (f"Paddle {version} ({'CUDA' if cuda else 'CPU build'}), device {device}, "
+              f"{args.nproc} ranks per node, logs in {run_dir}")
+    # The row's envs must be in place before unittest's setUpClass runs (the first item's setup).
+    CollectivePlugin.pytest_runtest_protocol = pytest.hookimpl(tryfirst=True)(CollectivePlugin.pytest_runtest_protocol)
+    plugin = CollectivePlugin(rows, device, testslist.platform_facts(cuda=cuda), run_dir, header)
+    pytest_args = ["-v", "-rfEs", "-p", "no:cacheprovider", "--rootdir", ROOT, "--tb=short",
+                   "-o", f"junit_suite_name=collective.paddle-{version}", "--keep-duplicates"]
     if args.junit_xml:
-        path = args.junit_xml.replace("{paddle}", paddle["version"])
-        write_junit(path, results, paddle["version"])
-        print(f"JUnit XML: {path}")
-    n = {o: sum(r["outcome"] == o for r in results) for o in ("PASS", "FAIL", "SKIP")}
-    print_failures(results)
-    print(f"logs: {run_dir}")
-    print(f"{n['PASS']} passed, {n['FAIL']} failed, {n['SKIP']} skipped", flush=True)
-    if n["FAIL"] or not cov_ok:
-        return 1
-    if args.skip_exit_code and n["SKIP"] == len(results):
+        pytest_args.append("--junit-xml=" + args.junit_xml.replace("{paddle}", version))
+    pytest_args += [d for d in rows for _ in range(args.repeat)]
+    rc = int(pytest.main(pytest_args, plugins=[plugin]))
+    if cov:
+        cov.stop()
+        cov.save()
+        cov.combine(keep=True)
+        with open(os.path.join(run_dir, "coverage-report.txt"), "w") as f:
+            percent = cov.report(file=f)
+        cov.xml_report(outfile=os.path.join(run_dir, "coverage.xml"))
+        with open(os.path.join(run_dir, "coverage-report.txt")) as f:
+            print(f"\nCoverage of paddle_overlay across all ranks (Paddle {version}):\n{f.read()}")
+        print(f"coverage report: {os.path.join(run_dir, 'coverage-report.txt')}")
+        if args.cov_fail_under is not None and percent < args.cov_fail_under:
+            print(f"COVERAGE FAILED: {percent:.1f}% < {args.cov_fail_under}%")
+            rc = rc or 1
+    if rc == 0 and args.skip_exit_code and getattr(plugin, "all_skipped", False):
         return args.skip_exit_code
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

@@ -2,27 +2,17 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Generate ``CMakeLists.txt`` next to each ``testslist.csv``, as upstream Paddle does.
 
-Same input, command line and output shape as upstream's ``tools/gen_ut_cmakelists.py``
-(written anew here, not copied): per row, one ``if (<condition>)`` per item of the
-``conditions`` cell around ``if(<arch> AND <os>)``, inside it ``bash_test_modules``
-(launcher ``*.sh``: ``START_BASH``, ``TIMEOUT``, ``LABELS "RUN_TYPE=.."``, ``ENVS
-"PADDLE_DIST_UT_PORT=<port>;<envs>"``) or ``py_test_modules``, then
-``set_tests_properties`` when the row sets a timeout or ``run_serial``. ``PYTHONPATH``
-gets ``:${PADDLE_BINARY_DIR}/python`` appended. Ports follow upstream's rule: a test
-that already has a port in the existing ``CMakeLists.txt`` keeps it; the counter starts
-after the highest port found (plus that test's ``num_port``) and every ``*.sh`` row
-advances it by its ``num_port``. The text is then formatted by cmake-format
-(``cmakelang`` 0.6.13, Paddle's ``.cmake-format.py`` settings: line width 80, no comment
-reflow), as Paddle's pre-commit does, so the committed file is what Paddle's CI keeps.
+Same input, command line and output shape as upstream's ``tools/gen_ut_cmakelists.py`` (written
+anew): per row ``if (<condition>)`` per item of ``conditions`` around ``if(<arch> AND <os>)``, then
+``bash_test_modules`` (``*.sh`` launcher: ``START_BASH``, ``TIMEOUT``, ``LABELS``, ``ENVS
+"PADDLE_DIST_UT_PORT=<port>;<envs>"``) or ``py_test_modules``, and ``set_tests_properties`` for a
+timeout or ``run_serial``. Ports follow upstream's rule: a test keeps the port the existing file
+gives it; new ones count on from the highest, by each row's ``num_port``. The text is formatted
+by cmake-format (``cmakelang`` 0.6.13 with Paddle's settings), as Paddle's pre-commit does.
 
-Usage::
-
-    python tools/gen_ut_cmakelists.py            # regenerate every test/**/testslist.csv
-    python tools/gen_ut_cmakelists.py --check    # exit 1 if a committed CMakeLists.txt is stale
-    python tools/gen_ut_cmakelists.py -f test/collective/fleet/testslist.csv
-
-Exit codes: 0 ok, 1 stale (``--check``), 2 malformed ``testslist.csv`` (message names
-file:line) or cmakelang missing.
+Usage: ``python tools/gen_ut_cmakelists.py [--check] [-f testslist.csv ...]`` (default: every
+``test/**/testslist.csv``). Exit codes: 0 ok, 1 stale (``--check``), 2 malformed
+``testslist.csv`` (message names file:line) or cmakelang missing.
 """
 
 import argparse

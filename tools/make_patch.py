@@ -7,8 +7,8 @@ dygraph_optimizer/`` are the single source. For a Paddle tree laid out as
 ``python/paddle/...`` (a checkout, or an installed wheel's ``paddle`` package
 laid out by ``--from-wheel``) the patch:
 
-* adds every overlay module of that folder that has no Paddle counterpart
-  (``broadcast_overlap.py`` and its helpers) next to the optimizers, byte for byte;
+* adds the overlay modules of :data:`NEW_MODULES` (``broadcast_overlap.py`` and its helpers)
+  next to the optimizers, byte for byte;
 * splices each overlay class's methods into the Paddle class of the same name
   (``ast`` positions in both files; the method text is cut from the overlay
   file). A name in the overlay module's ``OVERLAY_WRAPS`` wraps the existing
@@ -17,8 +17,13 @@ laid out by ``--from-wheel``) the patch:
   overlay method goes right above it. Any other overlay method replaces the
   Paddle method of that name in place, or is appended to the class;
 * adds the imports the spliced methods need and the target module lacks;
-* adds every ``*.py`` of ``test/collective/fleet/`` (drivers and per-rank
-  scripts) as new files. It changes no file under ``test/``: the rows of our
+* adds the tests in upstream's form of :data:`TEST_FILES` (drivers and their
+  per-rank scripts) as new files; the rest of ``test/collective/fleet`` (the
+  wider catalogue, the wait checker, the CPU shim) stays in this project. Every
+  carried file's imports of a sibling module, and every per-rank script a
+  driver names, must be carried too (an import inside ``try: ... except
+  ImportError`` may stay out: the shim is brought from outside where needed).
+  It changes no file under ``test/``: the carried drivers' rows of our
   ``testslist.csv`` go into the patch's header, from which
   ``tools/apply_patch.sh`` appends them to the checkout's ``testslist.csv``
   and regenerates its ``CMakeLists.txt`` (``gen_ut_cmakelists.py``), so the
@@ -60,11 +65,22 @@ TREE_OPT_DIR = "python/paddle/distributed/fleet/meta_optimizers/dygraph_optimize
 TREE_TEST_DIR = "test/collective/fleet"
 TARGET_PACKAGE = "paddle.distributed.fleet.meta_optimizers.dygraph_optimizer"
 
-# (module file, class) spliced, in this order; the folder's other modules are copied.
+# What the patch carries, in three short lists (edit them here). (module file, class) of the
+# overlay spliced into Paddle's file of the same name, in this order:
 SPLICED = (
     ("dygraph_sharding_optimizer.py", "DygraphShardingOptimizer"),
     ("dygraph_sharding_optimizer.py", "DygraphShardingOptimizerV2"),
     ("hybrid_parallel_optimizer.py", "HybridParallelOptimizer"),
+)
+# Overlay modules added to Paddle's dygraph_optimizer folder as new files:
+NEW_MODULES = ("broadcast_overlap.py", "broadcast_buckets.py", "parameter_read_guard.py")
+# Files of test/collective/fleet in upstream's form added as new files: drivers (their
+# testslist.csv rows travel in the header) and the per-rank scripts they launch. The main
+# on/off driver joins once its per-rank script stops importing the wait checker and the
+# shim's training helpers (what make_patch refuses to leave dangling).
+TEST_FILES = (
+    "test_dygraph_sharding_stage1_broadcast_overlap_bf16.py",
+    "dygraph_sharding_stage1_broadcast_overlap_bf16.py",
 )
 # Prefix of the patch-header lines that carry the testslist.csv rows.
 ROW_PREFIX = "testslist.csv row: "
@@ -354,15 +370,13 @@ def _read(path):
 
 
 def new_modules():
-    """Sorted names of the overlay modules the patch adds to Paddle's folder as new files."""
-    spliced = {name for name, _ in SPLICED}
-    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(OVERLAY_DIR, "*.py")))
-    return [n for n in names if n != "__init__.py" and n not in spliced]
+    """Names of the overlay modules the patch adds to Paddle's folder (:data:`NEW_MODULES`)."""
+    return list(NEW_MODULES)
 
 
 def test_files():
-    """Sorted names of the ``*.py`` files of test/collective/fleet (all go into the patch)."""
-    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(TEST_DIR, "*.py")))
+    """Names of the test/collective/fleet files the patch adds (:data:`TEST_FILES`)."""
+    return list(TEST_FILES)
 
 
 def patch_source_files():
@@ -371,11 +385,67 @@ def patch_source_files():
     overlay = [name for name, _ in SPLICED] + new_modules()
     rel_overlay = os.path.relpath(OVERLAY_DIR, ROOT)
     rel_test = os.path.relpath(TEST_DIR, ROOT)
-    return [f"{rel_overlay}/{n}" for n in sorted(overlay)] + [f"{rel_test}/{n}" for n in test_files()]
+    return [f"{rel_overlay}/{n}" for n in sorted(overlay)] + [f"{rel_test}/{n}" for n in sorted(test_files())]
+
+
+def _optional(tree):
+    """Import nodes inside ``try: ... except ImportError`` (may name modules the patch lacks)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
+        ):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def dangling(folder, carried, package=None):
+    """{carried file: sorted sibling files of ``folder`` it needs and the patch lacks}: modules it
+    imports (``package``: the dotted name of ``folder``, for relative imports) and, for
+    drivers, the ``*.py`` files it names."""
+    here = {n for n in os.listdir(folder) if n.endswith(".py")}
+    out = {}
+    for name in carried:
+        text = _read(os.path.join(folder, name))
+        tree = ast.parse(text, name)
+        optional, needed = _optional(tree), set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                mods = [node.module] if node.module else [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and package and (node.module or "").startswith(package + "."):
+                mods = [node.module[len(package) + 1 :]]
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and not package:
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and name.startswith("test_"):
+                needed.update({node.value} & here)
+                continue
+            else:
+                continue
+            if id(node) not in optional:
+                needed.update(f"{m.split('.')[0]}.py" for m in mods if f"{m.split('.')[0]}.py" in here)
+        missing = sorted(needed - set(carried))
+        if missing:
+            out[name] = missing
+    return out
+
+
+def check_selection():
+    """Raise :class:`PatchError` unless every listed file exists and needs nothing left out."""
+    for folder, names in ((OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules()), (TEST_DIR, test_files())):
+        absent = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
+        if absent:
+            raise PatchError(f"listed in tools/make_patch.py but not in {os.path.relpath(folder, ROOT)}: {absent}")
+    problems = dangling(OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules(), TARGET_PACKAGE)
+    problems.update(dangling(TEST_DIR, test_files()))
+    if problems:
+        raise PatchError(
+            "files the patch carries need files it leaves out (add them to the lists in tools/make_patch.py, "
+            "or make the import optional): " + "; ".join(f"{k} needs {', '.join(v)}" for k, v in sorted(problems.items()))
+        )
 
 
 def testslist_rows():
-    """The data lines of our testslist.csv (no header, no blank lines), as written.
+    """The data lines of our testslist.csv whose driver the patch carries, as written.
 
     Raises :class:`PatchError` when a row is malformed or names a test without a driver.
     """
@@ -391,12 +461,12 @@ def testslist_rows():
         rows = testslist.read_testslist(path)
     except ValueError as e:
         raise PatchError(str(e)) from None
-    drivers = set(test_files())
     for row in rows:
-        if row.name + ".py" not in drivers:
+        if not os.path.isfile(os.path.join(TEST_DIR, row.name + ".py")):
             raise PatchError(f"{path}:{row.line}: {row.name} has no {row.name}.py in {TEST_DIR}")
+    carried = {row.line for row in rows if row.name + ".py" in test_files()}
     lines = [ln.rstrip("\r\n") for ln in _read(path).splitlines()]
-    return [ln for ln in lines[1:] if ln.strip()]
+    return [ln for n, ln in enumerate(lines, start=1) if n in carried]
 
 
 def imports_of(text, filename="<file>"):
@@ -418,6 +488,7 @@ def patched_files(tree):
     tree is patched already, or upstream has a file of that name: the patch adds new files
     only).
     """
+    check_selection()
     opt_dir = os.path.join(tree, TREE_OPT_DIR)
     out = {}
     for filename, class_name in SPLICED:
@@ -627,40 +698,6 @@ def make_wheel_patch(venv, version=None):
         layout_wheel_tree(pkg, tree)
         desc = f"Paddle {found}" + (f" (commit {commit})" if commit else "")
         return make_patch(tree, desc), found
-
-
-# --------------------------------------------------------------------------- patched package
-
-
-def build_patched_package(pkg_dir, patched_tree, out_dir):
-    """A ``paddle`` package at ``out_dir/paddle`` that is the installed one plus the patch.
-
-    Every file and folder links to ``pkg_dir`` (the installed package), except the folders on
-    the way to ``dygraph_optimizer``, which are real, and the files of ``dygraph_optimizer``
-    that ``patched_tree`` (a patched Paddle tree) has, which are copies. Put ``out_dir`` first
-    on PYTHONPATH to import it. Returns ``out_dir/paddle``.
-    """
-    rel_parts = TREE_OPT_DIR.split("/")[2:]  # distributed/fleet/meta_optimizers/dygraph_optimizer
-    if os.path.lexists(out_dir):
-        shutil.rmtree(out_dir)
-    src, dst = pkg_dir, os.path.join(out_dir, "paddle")
-    chain = [None] + rel_parts
-    for depth, part in enumerate(chain):
-        if part is not None:
-            src, dst = os.path.join(src, part), os.path.join(dst, part)
-        os.makedirs(dst)
-        keep_real = chain[depth + 1] if depth + 1 < len(chain) else None
-        for entry in sorted(os.listdir(src)):
-            if entry == keep_real or entry == "__pycache__":
-                continue
-            os.symlink(os.path.join(src, entry), os.path.join(dst, entry))
-    tree_dir = os.path.join(patched_tree, TREE_OPT_DIR)
-    for entry in sorted(os.listdir(tree_dir)):
-        path = os.path.join(dst, entry)
-        if os.path.lexists(path):
-            os.remove(path)
-        shutil.copyfile(os.path.join(tree_dir, entry), path)
-    return os.path.join(out_dir, "paddle")
 
 
 # --------------------------------------------------------------------------- CLI

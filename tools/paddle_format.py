@@ -1,26 +1,14 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Check or fix, as Paddle's pre-commit would, exactly the files the Paddle patch adds or changes.
+"""Check or fix, as Paddle's pre-commit would, the files the Paddle patch adds or changes.
 
-The files: ``tools/make_patch.py``'s :func:`patch_source_files` (the overlay modules, copied or
-spliced, and every ``*.py`` of ``test/collective/fleet``), or the files given. Three checks:
-
-* black 23.3.0 with Paddle's ``pyproject.toml`` settings: line length 80,
-  skip-string-normalization;
-* isort 5.12.0 with Paddle's settings: profile black, line length 80, ``paddle`` first party
-  (no other module is first party, as in a Paddle checkout for these files' imports);
-* the Apache-2.0 header in upstream's form (13 comment lines, ``Copyright (c) YEAR PaddlePaddle
-  Authors. All Rights Reserved.`` first) on every file the patch adds whole. ``--fix`` replaces
-  a leading comment block that mentions ``Copyright`` (keeping its year) or inserts the header.
-
-Usage::
-
-    bash tools/format.sh            # check (default); exit 1 and list the files that would change
-    bash tools/format.sh --fix      # rewrite them in place
-    python tools/paddle_format.py --check FILE...
-
-Exit codes: 0 clean (or fixed), 1 ``--check`` found files that would change, 2 black/isort
-missing or not the pinned version, or a file that does not parse.
+The files: ``make_patch.patch_source_files()``, or those given. black 23.3.0 and isort 5.12.0
+with Paddle's settings (line length 80, skip-string-normalization; isort profile black,
+``paddle`` first party), and upstream's Apache-2.0 header on every file the patch adds whole
+(``--fix`` replaces a leading comment block that mentions ``Copyright``, keeping its year, or
+inserts it). Usage: ``bash tools/format.sh [--check | --fix] [FILE...]``. Exit codes: 0 clean
+or fixed, 1 ``--check`` found files that would change, 2 black/isort missing or not the pinned
+version, or a file that does not parse.
 """
 
 import argparse

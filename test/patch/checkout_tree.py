@@ -54,3 +54,34 @@ def read_bytes(tree, rel):
 def snapshot(tree):
     """{path: bytes} of upstream's files the patch must not change."""
     return {rel: read_bytes(tree, rel) for rel in UPSTREAM_FILES}
+
+
+def build_patched_package(pkg_dir, patched_tree, out_dir):
+    """A ``paddle`` package at ``out_dir/paddle`` that is the installed one plus the patch.
+
+    Every file and folder links to ``pkg_dir`` (the installed package), except the folders on
+    the way to ``dygraph_optimizer``, which are real, and the files of ``dygraph_optimizer``
+    that ``patched_tree`` (a patched Paddle tree) has, which are copies. Put ``out_dir`` first
+    on PYTHONPATH to import it. Returns ``out_dir/paddle``.
+    """
+    rel_parts = make_patch.TREE_OPT_DIR.split("/")[2:]  # distributed/fleet/meta_optimizers/dygraph_optimizer
+    if os.path.lexists(out_dir):
+        shutil.rmtree(out_dir)
+    src, dst = pkg_dir, os.path.join(out_dir, "paddle")
+    chain = [None] + rel_parts
+    for depth, part in enumerate(chain):
+        if part is not None:
+            src, dst = os.path.join(src, part), os.path.join(dst, part)
+        os.makedirs(dst)
+        keep_real = chain[depth + 1] if depth + 1 < len(chain) else None
+        for entry in sorted(os.listdir(src)):
+            if entry == keep_real or entry == "__pycache__":
+                continue
+            os.symlink(os.path.join(src, entry), os.path.join(dst, entry))
+    tree_dir = os.path.join(patched_tree, make_patch.TREE_OPT_DIR)
+    for entry in sorted(os.listdir(tree_dir)):
+        path = os.path.join(dst, entry)
+        if os.path.lexists(path):
+            os.remove(path)
+        shutil.copyfile(os.path.join(tree_dir, entry), path)
+    return os.path.join(out_dir, "paddle")

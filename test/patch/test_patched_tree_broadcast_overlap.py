@@ -14,10 +14,13 @@ For the running Paddle's version (the runner runs this once per version) this te
 4. builds ``.test-out/patched-paddle-<version>/site/paddle`` (links to the installed package except
    the patched ``dygraph_optimizer`` files; next to it a ``paddle_overlay`` stub that fails on
    import) and checks that Paddle imports the patched modules;
-5. runs the tree's own driver ``test_dygraph_sharding_stage1_broadcast_overlap.py`` (from the
-   tree, through the ``TestMultipleGpus`` stand-in) for the launches that exercise the patched
-   code: overlap on vs off bitwise equal with the wait checker, and the forward order, hooks
-   and hybrid-optimizer syncs. The other launches test the same code the overlay run tests.
+5. runs the driver ``test_dygraph_sharding_stage1_broadcast_overlap.py`` from the tree (through
+   the ``TestMultipleGpus`` stand-in) for launches that exercise the patched code: overlap on vs
+   off bitwise equal with the wait checker, and the forward order, hooks and hybrid-optimizer
+   syncs. What those launches need that the patch does not carry (the driver and per-rank
+   scripts of the wider catalogue, the wait checker, the CPU shim for fused buffers on the CPU)
+   is brought from this project's ``test/collective/fleet`` into the tree, beside the patch's
+   own files, after the patch is applied; the patch's own drivers run there too.
 
 Not part of the patch: this checks the patch itself.
 """
@@ -95,8 +98,13 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         )
         if cls.apply.returncode != 0:
             raise AssertionError(f"apply_patch.sh failed:\n{cls.apply.stdout}\n{cls.apply.stderr}")
+        fleet = os.path.join(cls.tree, FLEET)
+        cls.brought = sorted(n for n in os.listdir(make_patch.TEST_DIR) if n.endswith(".py")
+                             and not os.path.exists(os.path.join(fleet, n)))
+        for name in cls.brought:  # from outside the patch: never part of it
+            shutil.copyfile(os.path.join(make_patch.TEST_DIR, name), os.path.join(fleet, name))
         cls.site = os.path.join(work, "site")
-        make_patch.build_patched_package(cls.pkg, cls.tree, cls.site)
+        checkout_tree.build_patched_package(cls.pkg, cls.tree, cls.site)
         os.makedirs(os.path.join(cls.site, "paddle_overlay"))
         with open(os.path.join(cls.site, "paddle_overlay", "__init__.py"), "w") as f:
             f.write(STUB)
@@ -155,12 +163,29 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
             self.assertFalse(os.path.islink(info[key]), f"{info[key]} must be a patched copy")
         self.assertTrue(info["origin_step"], "DygraphShardingOptimizer._origin_step missing: not the patched module")
 
-    def test_collective_launches_from_the_patched_tree(self):
-        driver_path = os.path.join(self.tree, FLEET, DRIVER + ".py")
-        spec = importlib.util.spec_from_file_location(f"patched_tree_{DRIVER}", driver_path)
+    def load_driver(self, name):
+        """The driver ``name`` (no ``.py``) of the tree's test folder, imported from there."""
+        spec = importlib.util.spec_from_file_location(f"patched_tree_{name}", os.path.join(self.tree, FLEET, name + ".py"))
         driver = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = driver  # the stand-in finds the per-rank scripts next to it
         spec.loader.exec_module(driver)
+        return driver
+
+    def run_patched(self, suite):
+        """Run ``suite`` with the ranks importing the patched package first, never the overlay."""
+        saved = dict(os.environ)
+        try:
+            os.environ["PYTHONPATH"] = os.pathsep.join([self.site] + [p for p in saved.get("PYTHONPATH", "").split(os.pathsep) if p])
+            os.environ["PADDLE_OVERLAY_MODE"] = "patched"
+            os.environ.pop("PADDLE_OVERLAY", None)
+            return unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def test_collective_launches_from_the_patched_tree(self):
+        self.assertIn(DRIVER + ".py", self.brought + make_patch.test_files())
+        driver = self.load_driver(DRIVER)
         names = [launch[0] for launch in driver.LAUNCHES]
         missing = [n for n in REPRESENTATIVE if n not in names]
         self.assertEqual(missing, [], f"{DRIVER}.LAUNCHES has no {missing}: update REPRESENTATIVE")
@@ -171,21 +196,19 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
             if any(m.endswith("_" + n) for n in REPRESENTATIVE)
         ]
         self.assertEqual(len(methods), len(REPRESENTATIVE), methods)
-        suite = unittest.TestSuite(driver.TestDygraphShardingStage1BroadcastOverlap(m) for m in methods)
-        saved = dict(os.environ)
-        try:
-            # Ranks import the patched package first; the overlay must not be applied there.
-            os.environ["PYTHONPATH"] = os.pathsep.join([self.site] + [p for p in saved.get("PYTHONPATH", "").split(os.pathsep) if p])
-            os.environ["PADDLE_OVERLAY_MODE"] = "patched"
-            os.environ.pop("PADDLE_OVERLAY", None)
-            result = unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        result = self.run_patched(unittest.TestSuite(driver.TestDygraphShardingStage1BroadcastOverlap(m) for m in methods))
         problems = [f"{t}: {tb}" for t, tb in result.failures + result.errors]
         problems += [f"{t}: skipped: {why}" for t, why in result.skipped]
         self.assertEqual(problems, [])
         self.assertEqual(result.testsRun, len(REPRESENTATIVE))
+
+    def test_the_patchs_own_drivers_run_from_the_tree(self):
+        drivers = [n[:-3] for n in make_patch.test_files() if n.startswith("test_")]
+        self.assertTrue(drivers)
+        suite = unittest.TestSuite(unittest.TestLoader().loadTestsFromModule(self.load_driver(n)) for n in drivers)
+        result = self.run_patched(suite)
+        self.assertEqual([f"{t}: {tb}" for t, tb in result.failures + result.errors], [])
+        self.assertGreater(result.testsRun, 0)  # skipped with its reason where it needs GPUs
 
 
 if __name__ == "__main__":

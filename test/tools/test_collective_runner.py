@@ -1,6 +1,9 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""tools/collective_runner.py and tools/run_collective_tests.sh without Paddle: the summary a
-person reads, selection, and the cheap commands that must answer without building a venv."""
+"""tools/collective_runner.py and tools/run_collective_tests.sh without Paddle: selection, the
+pytest plugin (requirements, per-test timeout, row envs, log folders), and the cheap commands
+that must answer without building a venv."""
+
+pytest_plugins = ["pytester"]
 
 import os
 import shutil
@@ -12,51 +15,84 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import collective_runner  # noqa: E402
-from testslist import parse_row  # noqa: E402
 
 SUPPORTED = "2.6.2 3.0.0 3.1.0 3.1.1 3.2.0 3.2.1 3.2.2 3.3.0 3.3.1"
 
 
-def row(name):
-    return parse_row([name, "", "", "60", "DIST", "x.sh", "2", "1", "", ""])
+HEADER = "name,os,arch,timeout,run_type,launcher,num_port,run_serial,envs,conditions\n"
 
 
-def test_failure_summary_is_one_short_line_then_the_log_folder(capsys):
-    reason = ("test_launch_0: collective launch of a.py failed: rank 1 failed first (sys.exit(3)); "
-              + "x" * 300 + "\nlogs: /somewhere\n----- rank 1 -----\nTraceback ...")
-    results = [
-        dict(label="test_a", paddle="3.3.1", outcome="FAIL", note=reason, out_dir="/runs/paddle-3.3.1/test_a"),
-        dict(label="test_b", paddle="3.3.1", outcome="PASS", note="2 passed", out_dir="/runs/paddle-3.3.1/test_b"),
-    ]
-    collective_runner.print_failures(results)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines == [
-        "",
-        "1 failed:",
-        "FAIL test_a (paddle 3.3.1): " + collective_runner.first_line(reason),
-        "     logs: /runs/paddle-3.3.1/test_a",
-    ]
-    assert len(collective_runner.first_line(reason)) == collective_runner.NOTE_WIDTH
-    assert collective_runner.first_line(reason).endswith("...")
-    assert collective_runner.first_line("\n  short reason  \nmore") == "short reason"
+def write_list(folder, *lines):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "testslist.csv").write_text(HEADER + "".join(line + "\n" for line in lines))
+    return str(folder / "testslist.csv")
 
 
-def test_select_rows_with_exclude():
-    rows = [row("test_a_overlap"), row("test_b_fault"), row("test_c_overlap")]
-    names = lambda rs: [r.name for r in rs]  # noqa: E731
-    assert names(collective_runner.select_rows(rows, "overlap")) == ["test_a_overlap", "test_c_overlap"]
-    assert names(collective_runner.select_rows(rows, None, "^test_b_fault$")) == ["test_a_overlap", "test_c_overlap"]
-    assert names(collective_runner.select_rows(rows, "test_", "_c_")) == ["test_a_overlap", "test_b_fault"]
+def test_select_with_exclude(tmp_path):
+    rows = collective_runner.read_rows([write_list(tmp_path, *(f"{n},,,60,DIST,x.sh,2,1,," for n in (
+        "test_a_overlap", "test_b_fault", "test_c_overlap")))])
+    names = lambda rs: [r.name for r in rs.values()]  # noqa: E731
+    assert names(collective_runner.select(rows, "overlap")) == ["test_a_overlap", "test_c_overlap"]
+    assert names(collective_runner.select(rows, None, "^test_b_fault$")) == ["test_a_overlap", "test_c_overlap"]
+    assert names(collective_runner.select(rows, "test_", "_c_")) == ["test_a_overlap", "test_b_fault"]
+    assert list(rows) == [str(tmp_path / f"{n}.py") for n in ("test_a_overlap", "test_b_fault", "test_c_overlap")]
 
 
 def test_a_name_in_two_lists_is_refused(tmp_path):
-    header = "name,os,arch,timeout,run_type,launcher,num_port,run_serial,envs,conditions\n"
-    line = "test_same,,,60,DIST,x.sh,2,1,,\n"
-    for folder in ("one", "two"):
-        (tmp_path / folder).mkdir()
-        (tmp_path / folder / "testslist.csv").write_text(header + line)
+    lists = [write_list(tmp_path / f, "test_same,,,60,DIST,x.sh,2,1,,") for f in ("one", "two")]
     with pytest.raises(ValueError, match="test_same is listed in both"):
-        collective_runner.read_rows([str(tmp_path / "one" / "testslist.csv"), str(tmp_path / "two" / "testslist.csv")])
+        collective_runner.read_rows(lists)
+
+
+DRIVERS = {
+    # (row cells after the name, driver body)
+    "test_fake_pass": (",,,5,DIST,x.sh,2,1,FAKE_ROW_ENV=set_by_row;PYTHONPATH=../..,", """
+        import os, unittest
+        class T(unittest.TestCase):
+            @classmethod
+            def setUpClass(cls):
+                cls.seen = os.environ.get("FAKE_ROW_ENV")
+            def test_row_env_and_log_folder(self):
+                assert self.seen == "set_by_row"
+                assert os.environ["PADDLE_OVERLAY_RUN_DIR"].endswith("test_fake_pass")
+                assert os.environ.get("PYTHONPATH") != "../.."
+    """),
+    "test_fake_gpu": (",,GPU,60,DIST,x.sh,2,1,,WITH_NCCL", """
+        def test_never_runs_here():
+            raise AssertionError("a GPU row ran on the CPU")
+    """),
+    "test_fake_hang": (",,,2,DIST,x.sh,2,1,,", """
+        import time
+        def test_hangs():
+            time.sleep(60)
+    """),
+}
+
+
+def test_plugin_skips_unmet_rows_times_out_per_test_and_sets_row_envs(tmp_path, pytester, monkeypatch):
+    import textwrap
+
+    rows = collective_runner.read_rows([write_list(tmp_path, *(name + cells for name, (cells, _) in DRIVERS.items()))])
+    for name, (_, body) in DRIVERS.items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    monkeypatch.delenv("FAKE_ROW_ENV", raising=False)
+    before = dict(os.environ)
+    plugin = collective_runner.CollectivePlugin(rows, "cpu", collective_runner.testslist.platform_facts(),
+                                                str(tmp_path / "runs"), "fake header")
+    import pytest as pt
+
+    monkeypatch.setattr(collective_runner.CollectivePlugin, "pytest_runtest_protocol",
+                        pt.hookimpl(tryfirst=True)(collective_runner.CollectivePlugin.pytest_runtest_protocol))
+    result = pytester.runpytest_inprocess("-v", "-rs", *rows, plugins=[plugin])
+    result.assert_outcomes(passed=1, skipped=1, failed=1)
+    out = result.stdout.str()
+    assert "fake header" in out
+    assert "needs arch GPU, running on cpu; condition WITH_NCCL is false here" in out
+    assert "Timeout (>2.0s) from pytest-timeout" in out
+    assert "test_fake_hang.py::test_hangs: Failed: Timeout (>2.0s) from pytest-timeout." in out
+    assert f"     logs: {tmp_path / 'runs' / 'test_fake_hang'}" in out
+    assert dict(os.environ) == before
+    assert not plugin.all_skipped
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +112,10 @@ def fresh_clone(tmp_path_factory):
     return dest
 
 
-def run_script(clone, *args, env=None):
+def run_script(clone, *args, env=None, timeout=120):
     full_env = dict(os.environ, PYTHON=sys.executable, **(env or {}))
     return subprocess.run(["bash", str(clone / "tools" / "run_collective_tests.sh"), *args],
-                          capture_output=True, text=True, env=full_env, timeout=120)
+                          capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
 @pytest.mark.parametrize(
@@ -92,14 +128,14 @@ def run_script(clone, *args, env=None):
         (["-k", "("], 2, "-k '(' is not a regular expression"),
         (["--paddle", "9.9.9"], 2, f"Paddle 9.9.9 is not a supported release; use one of: {SUPPORTED}"),
         (["--paddle", "3.3.1,2.6.1"], 2, "Paddle 2.6.1 is not a supported release"),
-        (["--paddle"], 2, "--paddle needs a version"),
+        (["--paddle"], 2, "argument --paddle: expected one argument"),
         (["--coverage", "--cov-fail-under"], 2, "expected one argument"),
     ],
 )
 def test_cheap_commands_answer_without_a_venv(fresh_clone, args, rc, expected):
     out = run_script(fresh_clone, *args)
     assert out.returncode == rc, out.stdout + out.stderr
-    assert expected in out.stdout + out.stderr
+    assert expected in " ".join((out.stdout + out.stderr).split())  # argparse wraps the help
     assert not (fresh_clone / ".venv-test").exists()
 
 
@@ -107,7 +143,7 @@ def test_failed_venv_build_leaves_nothing(fresh_clone):
     no_wheels = fresh_clone / "no-wheels"
     no_wheels.mkdir(exist_ok=True)
     env = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(no_wheels)}
-    out = run_script(fresh_clone, "--paddle", "3.0.0", "--venv-only", env=env)
+    out = run_script(fresh_clone, "--paddle", "3.0.0", "--venv-only", env=env, timeout=600)  # venv + pip: slow when loaded
     assert out.returncode != 0
     assert "pip could not install paddlepaddle==3.0.0 protobuf<6 for Paddle 3.0.0" in out.stderr
     assert "nothing was kept" in out.stderr

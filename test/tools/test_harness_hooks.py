@@ -1,6 +1,6 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """The per-rank hooks of tools/collective without Paddle: readiness once ``paddle`` is
-imported, exit records, the slow-start reproduction, and the legacy_test stand-in's choices."""
+imported, exit records, and the legacy_test stand-in's choices."""
 
 import os
 import subprocess
@@ -13,7 +13,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HARNESS = os.path.join(ROOT, "tools", "collective")
 sys.path.insert(0, HARNESS)
 import rank_signals  # noqa: E402
-import slow_start  # noqa: E402
 from legacy_test import test_parallel_dygraph_dataparallel as stand_in  # noqa: E402
 
 
@@ -50,6 +49,7 @@ def test_ready_after_paddle_import_and_exit_records(tmp_path):
     assert rank_signals.ready_ranks(signals) == [0, 1]
     order = [(rank, how) for _, rank, how in rank_signals.exit_order(signals)]
     assert order == [(1, "sys.exit(3)"), (0, "uncaught RuntimeError"), (2, "ended")]
+    assert rank_signals.first_failure(signals) == (1, "sys.exit(3)")
 
 
 def test_pth_line_is_inert_without_the_variables():
@@ -57,20 +57,6 @@ def test_pth_line_is_inert_without_the_variables():
     assert text.startswith("import os; os.environ.get('PADDLE_OVERLAY_RANK_SIGNAL_DIR') and ")
     assert text.count("\n") == 1
     exec(text, {})  # neither variable set here: runs nothing
-
-
-def test_slow_start_sitecustomize(tmp_path):
-    folder = slow_start.write_sitecustomize(str(tmp_path / "hook"), 0.5, "marker-" + str(os.getpid()))
-    probe = "import sys; print('sleep' if 'time' in sys.modules else 'no sleep')"
-    env = dict(os.environ, PYTHONPATH=folder)
-    matched = subprocess.run([sys.executable, "-c", probe, f"marker-{os.getpid()}"], env=env,
-                             capture_output=True, text=True)
-    other = subprocess.run([sys.executable, "-c", "import sitecustomize; print(sitecustomize.__file__)"],
-                           env=env, capture_output=True, text=True)
-    assert matched.returncode == 0 and other.returncode == 0, matched.stderr + other.stderr
-    assert other.stdout.strip() == os.path.join(folder, "sitecustomize.py")
-    with pytest.raises(ValueError, match="must be positive"):
-        slow_start.write_sitecustomize(str(tmp_path / "bad"), 0, "x")
 
 
 @pytest.mark.parametrize(
@@ -87,7 +73,7 @@ def test_stand_in_rank_env(monkeypatch, need_envs, outer, expected):
     monkeypatch.delenv("PADDLE_OVERLAY_MODE", raising=False)
     for k, v in outer.items():
         monkeypatch.setenv(k, v)
-    env = stand_in._rank_env("auto_growth", need_envs, "cpu")
+    env = stand_in.rank_env("auto_growth", need_envs)
     assert env == {"FLAGS_allocator_strategy": "auto_growth", **expected}
 
 
@@ -109,13 +95,5 @@ def test_stand_in_resolves_script_next_to_the_driver(tmp_path, monkeypatch):
     module = importlib.import_module("test_fake_driver")
     case = type("TestFake", (stand_in.TestMultipleGpus,), {"__module__": module.__name__})()
     monkeypatch.chdir(ROOT)
-    assert stand_in._script_path(case, "per_rank.py") == str(tmp_path / "per_rank.py")
-    assert stand_in._script_path(case, "elsewhere.py") == os.path.join(ROOT, "elsewhere.py")
-
-
-def test_stand_in_launch_timeout(monkeypatch):
-    monkeypatch.setenv("PADDLE_OVERLAY_LAUNCH_TIMEOUT", "45")
-    assert stand_in._launch_timeout() == 45.0
-    monkeypatch.setenv("PADDLE_OVERLAY_LAUNCH_TIMEOUT", "soon")
-    with pytest.raises(ValueError, match="PADDLE_OVERLAY_LAUNCH_TIMEOUT must be a positive number"):
-        stand_in._launch_timeout()
+    assert stand_in.script_path(case, "per_rank.py") == str(tmp_path / "per_rank.py")
+    assert stand_in.script_path(case, "elsewhere.py") == os.path.join(ROOT, "elsewhere.py")

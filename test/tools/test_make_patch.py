@@ -307,12 +307,14 @@ def test_patch_changes_python_only_and_adds_new_files(version):
         assert f"{make_patch.TREE_TEST_DIR}/{row.split(',')[0]}.py" in added
 
 
-def test_test_folder_holds_only_what_goes_upstream():
-    """Everything in test/collective/fleet goes into the patch: drivers in upstream's form
-    (Paddle's own multi-process base), per-rank scripts, the list and its CMakeLists."""
-    names = sorted(os.listdir(make_patch.TEST_DIR))
-    extra = [n for n in names if n not in make_patch.test_files() + ["testslist.csv", "CMakeLists.txt", "__pycache__"]]
-    assert extra == []
+def test_patch_carries_upstream_form_tests_only_and_leaves_nothing_dangling():
+    """The lists in make_patch.py name existing files; every carried file's sibling imports and
+    every per-rank script a carried driver names are carried too; the project's own test
+    tooling (the CPU shim, the wait checker) stays here; carried drivers launch through one of
+    Paddle's own multi-process bases."""
+    make_patch.check_selection()
+    for kept_here in ("hybrid_parallel_cpu_shim.py", "broadcast_overlap_checker.py"):
+        assert kept_here not in make_patch.test_files()
     bases = {  # Paddle's own multi-process bases: import, class, the call that launches
         "TestMultipleGpus": (
             "from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus",
@@ -323,12 +325,39 @@ def test_test_folder_holds_only_what_goes_upstream():
             "self.run_test_case(",
         ),
     }
-    for row in make_patch.testslist_rows():
+    rows = make_patch.testslist_rows()
+    assert sorted(r.split(",")[0] + ".py" for r in rows) == sorted(n for n in make_patch.test_files() if n.startswith("test_"))
+    for row in rows:
         name = row.split(",")[0]
         driver = make_patch._read(os.path.join(make_patch.TEST_DIR, name + ".py"))
         used = [b for b, (imp, call) in bases.items() if imp in driver and call in driver and b in driver]
         assert used, f"{name}.py does not launch through one of Paddle's bases {sorted(bases)}"
         assert "collective_launch" not in driver and "paddle_overlay" not in driver
+
+
+def test_dangling_names_what_a_carried_file_needs(tmp_path):
+    files = {
+        "test_drv.py": 'SCRIPT = "rank.py"\nOTHER = "not_here.py"\n',
+        "rank.py": "import helper\nfrom checker import Checker\ntry:\n    import shim\nexcept ImportError:\n    shim = None\n",
+        "helper.py": "import os\n", "checker.py": "", "shim.py": "",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert make_patch.dangling(str(tmp_path), ["test_drv.py"]) == {"test_drv.py": ["rank.py"]}
+    assert make_patch.dangling(str(tmp_path), ["test_drv.py", "rank.py"]) == {"rank.py": ["checker.py", "helper.py"]}
+    assert make_patch.dangling(str(tmp_path), ["test_drv.py", "rank.py", "helper.py", "checker.py"]) == {}
+    pkg = "paddle.distributed.fleet.meta_optimizers.dygraph_optimizer"
+    (tmp_path / "owner.py").write_text(f"from .helper import x\nfrom {pkg}.checker import y\nfrom paddle import z\n")
+    assert make_patch.dangling(str(tmp_path), ["owner.py"], pkg) == {"owner.py": ["checker.py", "helper.py"]}
+
+
+def test_a_selection_that_leaves_a_dependency_out_is_refused(monkeypatch):
+    monkeypatch.setattr(make_patch, "TEST_FILES", make_patch.TEST_FILES + ("dygraph_sharding_stage1_broadcast_overlap.py",))
+    with pytest.raises(PatchError, match="dygraph_sharding_stage1_broadcast_overlap.py needs broadcast_overlap_checker.py"):
+        make_patch.check_selection()
+    monkeypatch.setattr(make_patch, "NEW_MODULES", ("no_such_module.py",))
+    with pytest.raises(PatchError, match=r"not in paddle_overlay/.*\['no_such_module.py'\]"):
+        make_patch.check_selection()
 
 
 def test_upstream_bf16_names_are_not_taken():

@@ -1,31 +1,22 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Rank signals: each rank says when it is ready (Paddle imported) and how it exited.
 
-A loaded machine can take tens of seconds to start Python and import Paddle; a test whose
-verdict depends on that is a false alarm waiting to happen. So :mod:`collective_launch` times
-two phases separately: *start-up* (until every local rank has imported Paddle; a generous limit)
-and *behaviour* (the launch's timeout, counted from readiness).
-
-How a rank signals: ``paddle_overlay_rank_signals.pth`` (installed into the venv by
-:func:`install_pth`; ``tools/run_collective_tests.sh`` and :func:`collective_launch.launch_collective`
-do it) runs this file at interpreter start-up. In a process that has
-``PADDLE_OVERLAY_RANK_SIGNAL_DIR`` and ``PADDLE_TRAINER_ID`` (a rank started by Paddle's launcher,
-never the launcher itself) it starts a daemon thread that polls every 0.1 s until ``import
-paddle`` has finished, then writes ``<dir>/rank-<PADDLE_TRAINER_ID>`` and stops. It does not touch
-the import machinery, so the script under test runs unchanged. Elsewhere the line costs two
-``os.environ`` lookups.
-
-Exits: the same hook records, at interpreter exit (``atexit``), ``<dir>/exit-<rank>.<pid>``
-holding the wall-clock time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``,
-``ended``). A rank killed by a signal leaves none. Paddle's launcher blames whichever failed rank
-it polls first, often the peer that failed *because* another rank died; :func:`exit_order`
-tells who went first.
+``paddle_overlay_rank_signals.pth`` (put in the venv by :func:`install_pth`, which
+:func:`collective_launch.launch_collective` calls) runs this file at interpreter start-up. In a
+process with ``PADDLE_OVERLAY_RANK_SIGNAL_DIR`` and ``PADDLE_TRAINER_ID`` set (a rank started by
+Paddle's launcher) it starts a daemon thread that writes ``<dir>/rank-<id>`` once ``import paddle``
+has finished (the script under test runs unchanged), and at exit records ``<dir>/exit-<id>.<pid>``:
+the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``; a rank
+killed by a signal leaves none). Paddle's launcher blames whichever failed rank it polls first,
+often the peer that failed *because* another died; :func:`first_failure` tells who went first.
+Elsewhere the ``.pth`` line costs two ``os.environ`` lookups.
 """
 
 import atexit
 import os
 import re
 import sys
+import sysconfig
 import threading
 import time
 
@@ -47,13 +38,13 @@ def pth_text():
 
 
 def install_pth():
-    """Install the hook into this interpreter's site-packages (idempotent). Returns its path.
-
-    Raises OSError when site-packages is not writable (use a venv).
-    """
-    import site_pth
-
-    return site_pth.install(PTH_NAME, pth_text())
+    """Install the hook into this interpreter's site-packages (idempotent; a venv's, so that
+    every rank of it runs the hook). Returns its path; raises OSError if it is not writable."""
+    path = os.path.join(sysconfig.get_paths()["purelib"], PTH_NAME)
+    if not os.path.isfile(path) or open(path).read() != pth_text():
+        with open(path, "w") as f:
+            f.write(pth_text())
+    return path
 
 
 def ready_ranks(ready_dir):
@@ -89,6 +80,14 @@ def exit_order(signal_dir):
         if rank not in last or float(stamp) > last[rank][0]:
             last[rank] = (float(stamp), rank, how)
     return sorted(last.values())
+
+
+def first_failure(signal_dir):
+    """``(rank, how)`` of the earliest rank that exited abnormally by its own record, or None."""
+    for _, rank, how in exit_order(signal_dir):
+        if how not in ("ended", "sys.exit(0)", "sys.exit(None)"):
+            return rank, how
+    return None
 
 
 def _paddle_imported():
@@ -144,9 +143,3 @@ def _start():
 
 if __name__ == _HOOK_RUN_NAME:
     _start()
-elif __name__ == "__main__":
-    if sys.argv[1:] == ["install-pth"]:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        print(install_pth())
-    else:
-        sys.exit("usage: python tools/collective/rank_signals.py install-pth")
