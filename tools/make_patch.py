@@ -73,7 +73,13 @@ SPLICED = (
     ("hybrid_parallel_optimizer.py", "HybridParallelOptimizer"),
 )
 # Overlay modules added to Paddle's dygraph_optimizer folder as new files:
-NEW_MODULES = ("broadcast_overlap.py", "broadcast_buckets.py", "parameter_read_guard.py")
+NEW_MODULES = (
+    "broadcast_buckets.py",
+    "broadcast_overlap.py",
+    "comm_unit.py",
+    "read_interception.py",
+    "unit_plan.py",
+)
 # Files of test/collective/fleet in upstream's form added as new files: drivers (their
 # testslist.csv rows travel in the header) and the per-rank scripts they launch. The main
 # on/off driver joins once its per-rank script stops importing the wait checker and the
