@@ -174,7 +174,7 @@ class DygraphShardingOptimizer:
             strict,
             bucket_size_mb=bucket_size_mb,
             fused_storages=fused,
-            max_in_flight="all" if depth is None else depth,
+            max_in_flight=depth,
         )
         if current is not None:
             current.close()
@@ -294,7 +294,7 @@ class DygraphShardingOptimizerV2:
             layers,
             strict,
             comm_buffers=lambda: self._comm_buffer_list,
-            max_in_flight="all" if depth is None else depth,
+            max_in_flight=depth,
         )
         if current is not None:
             current.close()
