@@ -74,6 +74,7 @@ import zlib
 os.environ.setdefault("BROADCAST_OVERLAP_TOPOLOGY", "pp2_sharding2")
 
 import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid  # noqa: E402
+import dygraph_sharding_stage1_grad_comm_overlap as grad_comm_overlap  # noqa: E402
 import hybrid_parallel_cpu_shim  # noqa: E402
 from broadcast_overlap_checker import BroadcastWaitChecker  # noqa: E402
 from broadcast_overlap_training import (  # noqa: E402
@@ -107,28 +108,15 @@ def settings(split_param):
         pp.sharding_comm_overlap, sharding.split_param = saved
 
 
-class GradCommCounter:
-    """Counts ``paddle.distributed.reduce`` and ``reduce_scatter`` calls
-    (the pipeline's ``FusedCommBuffer._comm_grads``); ``calls``: running
-    total, ``at_update``: the total when each ``step()`` of the sharding
-    optimizer began."""
-
-    NAMES = ("reduce", "reduce_scatter")
+class GradCommCounter(grad_comm_overlap.GradCommCounter):
+    """The 2-rank script's counter of ``paddle.distributed.reduce`` and
+    ``reduce_scatter`` calls (here the pipeline's
+    ``FusedCommBuffer._comm_grads``), plus ``at_update``: the running total
+    when each ``step()`` of the sharding optimizer began."""
 
     def __enter__(self):
-        self.calls = 0
         self.at_update = []
-        self._saved = []
-        for name in self.NAMES:
-            original = getattr(paddle.distributed, name)
-            self._saved.append((name, original))
-
-            def counting(*args, _original=original, **kwargs):
-                self.calls += 1
-                return _original(*args, **kwargs)
-
-            setattr(paddle.distributed, name, counting)
-        return self
+        return super().__enter__()
 
     def watch_updates(self, opt):
         inner = opt._inner_opt  # V1 or V2, called by HybridParallelOptimizer
@@ -139,11 +127,6 @@ class GradCommCounter:
             return step(*args, **kwargs)
 
         inner.step = counted_step
-
-    def __exit__(self, *exc):
-        for name, original in self._saved:
-            setattr(paddle.distributed, name, original)
-        return False
 
 
 def cpu_buffers():
