@@ -709,7 +709,8 @@ def case_color_groups():
 def case_save_right_after_step_and_reload():
     """paddle.save(model.state_dict()) right after step(), with no
     synchronize, and reload into a fresh model: equal to overlap off."""
-    folder = tempfile.mkdtemp(prefix=f"allgather_overlap_r{rank()}_")
+    tmp = tempfile.TemporaryDirectory(prefix=f"allgather_overlap_r{rank()}_")
+    folder = tmp.name
     counter = [0]
 
     def save_and_reload(step, run):
@@ -720,7 +721,8 @@ def case_save_right_after_step_and_reload():
         fresh.set_state_dict(paddle.load(path))
         return snapshot(fresh).values()
 
-    compare(LM, after_step=save_and_reload)
+    with tmp:
+        compare(LM, after_step=save_and_reload)
 
 
 def case_eval_between_steps():
@@ -755,7 +757,8 @@ def rank0_only_save(max_in_flight):
     """``if rank == 0: paddle.save(net.state_dict())`` right after step(),
     the other ranks going straight to the next forward: no hang, and rank
     0's file equal to overlap off's."""
-    folder = tempfile.mkdtemp(prefix=f"allgather_overlap_r{rank()}_")
+    tmp = tempfile.TemporaryDirectory(prefix=f"allgather_overlap_r{rank()}_")
+    folder = tmp.name
     counter = [0]
 
     def save_on_rank0(step, run):
@@ -766,7 +769,8 @@ def rank0_only_save(max_in_flight):
         paddle.save(run.raw.state_dict(), path)
         return [v.numpy() for v in paddle.load(path).values()]
 
-    compare(LM, after_step=save_on_rank0, max_in_flight=max_in_flight)
+    with tmp:
+        compare(LM, after_step=save_on_rank0, max_in_flight=max_in_flight)
 
 
 def case_rank0_only_save_depth_1():
