@@ -15,7 +15,7 @@ Before anything is patched, :func:`apply` checks the installed Paddle:
   wrapped method exists on the class itself; the call paths the overlay
   relies on are still in the source (:data:`CALL_PATHS`); the Paddle internals
   the read interception relies on are in place
-  (``read_interception.REQUIRED_INTERNALS``: ``Layer.__getattr__`` reading
+  (:data:`REQUIRED_INTERNALS`: ``Layer.__getattr__`` reading
   ``_parameters``, ``named_parameters``/``state_dict`` iterating it,
   ``StaticFunction.__call__``, SOT's skip files); and no method the
   overlay *adds* (anything not wrapped and not in
@@ -37,6 +37,7 @@ __all__ = [
     "OVERLAY_MODULES",
     "PaddleInternalsChanged",
     "REPLACES_UPSTREAM",
+    "REQUIRED_INTERNALS",
     "SUPPORTED_PADDLE",
     "TESTED_PADDLE",
     "UnsupportedPaddleVersion",
@@ -57,7 +58,7 @@ OVERLAY_MODULES = (
 )
 
 # Every release the package index serves that the collective tests pass on
-# (tools/run_release_matrix.sh); oldest first.
+# (tools/run_collective_tests.sh --matrix); oldest first.
 TESTED_PADDLE = (
     "2.6.2",
     "3.0.0",
@@ -202,6 +203,68 @@ def _check_call_paths(classes):
     return problems
 
 
+def _layer_source_mentions(name, needle):
+    def check():
+        import paddle
+
+        text = _source(vars(paddle.nn.Layer)[name])
+        if text is None:
+            return "its source cannot be read"
+        return None if needle in text else f"it no longer mentions {needle}"
+
+    return check
+
+
+def _static_call_defined():
+    from .distributed.fleet.meta_optimizers.dygraph_optimizer import read_interception
+
+    if "__call__" not in vars(read_interception.static_function_class()):
+        return "StaticFunction defines no __call__ of its own"
+    return None
+
+
+def _sot_skip_list():
+    from .distributed.fleet.meta_optimizers.dygraph_optimizer import read_interception
+
+    skip_files = read_interception.sot_skip_files()
+    if skip_files is None:
+        return None  # no SOT in this Paddle: nothing to skip
+    names = ("skip_file_names", "skip_file_name_re", "setup_skip_files")
+    missing = [n for n in names if not hasattr(skip_files, n)]
+    if missing or not isinstance(skip_files.skip_file_names, set):
+        return f"skip_files lacks {missing or ['a set skip_file_names']}"
+    return None
+
+
+# The Paddle internals the read interception (read_interception.py) relies on:
+# (what, why, check() -> None or the problem).
+REQUIRED_INTERNALS = (
+    ("paddle.nn.Layer.__getattr__", "attribute reads of a parameter go through _parameters[name]",
+     _layer_source_mentions("__getattr__", "_parameters[")),
+    ("paddle.nn.Layer.named_parameters", "parameters()/named_parameters() iterate _parameters.items()",
+     _layer_source_mentions("named_parameters", "_parameters.items()")),
+    ("paddle.nn.Layer.parameters", "parameters() goes through named_parameters()",
+     _layer_source_mentions("parameters", "named_parameters")),
+    ("paddle.nn.Layer._state_dict_impl", "state_dict() iterates _parameters.items()",
+     _layer_source_mentions("_state_dict_impl", "_parameters.items()")),
+    ("paddle.jit StaticFunction.__call__", "every compiled program runs through it", _static_call_defined),
+    ("paddle.jit.sot skip_files", "the owner's hooks must run untraced by SOT", _sot_skip_list),
+)
+
+
+def _check_internals():
+    """Problems (list of str) with :data:`REQUIRED_INTERNALS`."""
+    problems = []
+    for what, why, check in REQUIRED_INTERNALS:
+        try:
+            problem = check()
+        except (AttributeError, KeyError, ImportError) as error:
+            problem = f"it is missing ({error!r})"
+        if problem:
+            problems.append(f"{what}: {problem} (relied on because {why})")
+    return problems
+
+
 def _check_methods(target, overlay_module, overlay_cls):
     """Problems (list of str) with wrapped and added methods of one class."""
     problems = []
@@ -240,11 +303,8 @@ def _targets():
 
 def _check_structure(version, targets):
     """Raise :class:`PaddleInternalsChanged` listing every problem found, if any."""
-    from .distributed.fleet.meta_optimizers.dygraph_optimizer import read_interception
-
     problems = _check_call_paths({t.__name__: t for t, _, _ in targets})
-    # the Paddle internals every read wait relies on (read_interception.py)
-    problems += read_interception.check_internals()
+    problems += _check_internals()
     for target, overlay_module, overlay_cls in targets:
         problems += _check_methods(target, overlay_module, overlay_cls)
     if problems:

@@ -196,7 +196,7 @@ class TestStructureChecks(unittest.TestCase):
 
 class TestReadInterceptionInternals(unittest.TestCase):
     """A Paddle that moved an internal the read waits rely on is refused by
-    name (read_interception.REQUIRED_INTERNALS), before anything changes."""
+    name (_patching.REQUIRED_INTERNALS), before anything changes."""
 
     tearDown = TestStructureChecks.tearDown
     assert_refused = TestStructureChecks.assert_refused

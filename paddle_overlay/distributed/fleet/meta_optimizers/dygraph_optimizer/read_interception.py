@@ -39,16 +39,13 @@ open and taken off by the last :func:`release` (everything restored):
   directory joins SOT's skip list, as Paddle's own directory is.
 
 The pending state is not kept here: :data:`comm_unit.PENDING` maps each
-parameter to its unit, whose owner waits. :data:`REQUIRED_INTERNALS` lists
-the Paddle internals these pieces rely on; ``paddle_overlay.apply()``
-refuses a Paddle where one moved (:func:`check_internals`).
+parameter to its unit, whose owner waits.
 
 Not seen here: a tensor reference (or a view) taken before ``step()`` and
 read after it, and layers outside ``layers``.
 """
 
 import functools
-import inspect
 import os
 import re
 import weakref
@@ -58,9 +55,7 @@ from .comm_unit import PENDING
 
 __all__ = [
     "GuardedParameters",
-    "REQUIRED_INTERNALS",
     "acquire",
-    "check_internals",
     "guard_layer",
     "is_installed",
     "release",
@@ -186,13 +181,15 @@ _HOLDERS = {}
 _RESTORE = []
 
 
-def _static_function_class():
+def static_function_class():
+    """``paddle.jit``'s ``StaticFunction`` (every compiled program)."""
     from paddle.jit.dy2static.program_translator import StaticFunction
 
     return StaticFunction
 
 
-def _sot_skip_files():
+def sot_skip_files():
+    """SOT's ``skip_files`` module, or None in a Paddle without SOT."""
     try:
         from paddle.jit.sot.opcode_translator import skip_files
     except ImportError:
@@ -206,7 +203,7 @@ def _wait_everything_pending():
 
 
 def _install():
-    cls = _static_function_class()
+    cls = static_function_class()
     original = cls.__call__
 
     @functools.wraps(original)
@@ -218,7 +215,7 @@ def _install():
     cls.__call__ = __call__
     _RESTORE.append(lambda: setattr(cls, "__call__", original))
 
-    skip_files = _sot_skip_files()
+    skip_files = sot_skip_files()
     names = getattr(skip_files, "skip_file_names", None)
     here = os.path.dirname(os.path.abspath(__file__)) + os.sep
     if isinstance(names, set) and not any(here.startswith(n) for n in names):
@@ -281,98 +278,3 @@ def release(owner, layers):
 def is_installed():
     """bool: whether the compiled-program wait is in place."""
     return bool(_RESTORE)
-
-
-# ----------------------------------------------------------------------
-# what this module relies on, checked by paddle_overlay.apply()
-def _source_mentions(get, needle):
-    def check():
-        obj = get()
-        try:
-            text = inspect.getsource(obj)
-        except (OSError, TypeError):
-            return f"the source of {obj!r} cannot be read"
-        if needle not in text:
-            return f"it no longer mentions {needle}"
-        return None
-
-    return check
-
-
-def _layer(name):
-    def get():
-        import paddle
-
-        return vars(paddle.nn.Layer)[name]
-
-    return get
-
-
-def _has_static_call():
-    cls = _static_function_class()
-    if "__call__" not in vars(cls):
-        return "StaticFunction defines no __call__ of its own"
-    return None
-
-
-def _sot_skip_list():
-    skip_files = _sot_skip_files()
-    if skip_files is None:
-        return None  # no SOT in this Paddle: nothing to skip
-    missing = [
-        n
-        for n in ("skip_file_names", "skip_file_name_re", "setup_skip_files")
-        if not hasattr(skip_files, n)
-    ]
-    if missing or not isinstance(skip_files.skip_file_names, set):
-        return f"skip_files lacks {missing or ['a set skip_file_names']}"
-    return None
-
-
-# (what, why, check() -> None or the problem)
-REQUIRED_INTERNALS = (
-    (
-        "paddle.nn.Layer.__getattr__",
-        "attribute reads of a parameter go through _parameters[name]",
-        _source_mentions(_layer("__getattr__"), "_parameters["),
-    ),
-    (
-        "paddle.nn.Layer.named_parameters",
-        "parameters()/named_parameters() iterate _parameters.items()",
-        _source_mentions(_layer("named_parameters"), "_parameters.items()"),
-    ),
-    (
-        "paddle.nn.Layer.parameters",
-        "parameters() goes through named_parameters()",
-        _source_mentions(_layer("parameters"), "named_parameters"),
-    ),
-    (
-        "paddle.nn.Layer._state_dict_impl",
-        "state_dict() iterates _parameters.items()",
-        _source_mentions(_layer("_state_dict_impl"), "_parameters.items()"),
-    ),
-    (
-        "paddle.jit StaticFunction.__call__",
-        "every compiled program runs through it",
-        _has_static_call,
-    ),
-    (
-        "paddle.jit.sot skip_files",
-        "the owner's hooks must run untraced by SOT",
-        _sot_skip_list,
-    ),
-)
-
-
-def check_internals():
-    """list[str]: one line per relied-on internal that moved (empty: all
-    in place)."""
-    problems = []
-    for what, why, check in REQUIRED_INTERNALS:
-        try:
-            problem = check()
-        except (AttributeError, KeyError, ImportError) as error:
-            problem = f"it is missing ({error!r})"
-        if problem:
-            problems.append(f"{what}: {problem} (relied on because {why})")
-    return problems
