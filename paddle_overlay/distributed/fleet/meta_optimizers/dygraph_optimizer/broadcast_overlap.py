@@ -16,72 +16,50 @@
 forward (V1 broadcast, V2 all-gather), with one owner.
 
 NOTE [broadcast overlap]
-In sharding stage 1 (ZeRO-1, https://arxiv.org/abs/1910.02054) each rank of
-the sharding process group updates only its share of the parameters; then
-the parameters are synced: V1 (``DygraphShardingOptimizer``) broadcasts
-each parameter from its owner, V2 (``DygraphShardingOptimizerV2``,
-``split_param``) all-gathers each comm buffer (every rank owns a slice).
-Upstream Paddle overlaps that sync with the next forward (PR #63945 for V1,
-``_set_all_gather_overlap_forward`` for V2): collectives launched with
-``sync_op=False``, forward pre-hooks waiting just before a layer runs.
-``StageOneBroadcastOverlap`` does the same job for both and differs from
-upstream in these ways:
+In sharding stage 1 (ZeRO-1, https://arxiv.org/abs/1910.02054) each rank
+updates only its share of the parameters, which are then synced: V1
+(``DygraphShardingOptimizer``) broadcasts each from its owner, V2
+(``split_param``) all-gathers each comm buffer. Upstream overlaps that sync
+with the next forward (PR #63945 for V1, ``_set_all_gather_overlap_forward``
+for V2): collectives with ``sync_op=False``, forward pre-hooks waiting.
+:class:`StageOneBroadcastOverlap` does it for both, and differs in:
 
-* Units. A :class:`~.comm_unit.CommUnit` is one collective with its task:
-  a parameter, a bucket (NOTE [broadcast buckets] in
-  ``broadcast_buckets.py``), a slice of Paddle's fused buffer
-  (``tensor_fusion`` or ``comm_overlap``), or one of V2's comm buffers,
-  kept exactly as Paddle lays it out. ``unit_plan.plan_units`` builds them
-  for every mode; this owner never touches a task itself.
-* Order. Units are started in the order forward first uses their
-  parameters, recorded by the forward pre-hooks between enabling and the
-  first update. Rank 0 of the sharding group broadcasts its recorded order
-  once, as positions in the optimizer's parameter list, so every rank
-  issues the same collectives in the same order. Upstream V1 sorts by the
-  integer in ``param.name``; upstream V2 starts the first buffer at the
-  step and then the next not-yet-synced one in buffer-list order (sorted by
-  dtype, so fp32 norms come last), and a layer whose buffer is not next
-  starts it in its own hook, in the iteration order of a Python ``set``:
-  two ranks can gather different buffers at once (gloo aborts, NCCL hangs).
-* Depth. ``max_in_flight`` units in flight at once (None: all at the step,
-  V1's default; V2 defaults to 1 like upstream, Paddle PR #73406: gathers
-  queued at once delayed the forward's own communication); the next one
-  starts, in the agreed order, as a wait completes. Whatever triggers a
-  start (the step, a hook, a read, a compiled program), a unit not yet
-  started first starts every unit before it in that order, so a read on
-  one rank alone (``if rank == 0: paddle.save(model.state_dict())``)
-  neither hangs nor reads stale values.
-* Waits on every read. Each layer that owns managed parameters directly
-  gets a forward pre-hook (placed before any other pre-hook of that layer)
-  that waits for that layer's own units. Every Python path to a parameter
-  (attribute, ``parameters()``, ``state_dict()``/``set_state_dict()``,
-  ``to()``, ``copy.deepcopy``, pickle) waits for its own unit, and every
-  ``paddle.jit.to_static`` program waits for everything before it runs
-  (``read_interception.py``, the one module that intercepts reads). The
-  optimizer's ``state_dict()`` and the next ``step()`` wait for whatever is
-  pending, so no synchronize is needed before ``paddle.save``. Upstream V2's
-  ``state_dict()`` right after ``step()`` reads buffers whose gather was
-  never started. Not intercepted: a tensor reference (or a view) taken
-  before ``step()`` and read after it, and layers outside ``layers``.
-* Hooks. Registered once when overlap is enabled (on every layer that owns
-  parameters, the root included), kept in a dict keyed by layer, removed
-  together when it is disabled; upstream V1 registers them every step and
-  ``minimize()`` never removes them, upstream V2 keeps no handle.
+* Units. A ``comm_unit.CommUnit`` is one collective with its task (a
+  parameter, a bucket of ``broadcast_buckets.py``, a slice of Paddle's fused
+  buffer, or a V2 comm buffer in Paddle's exact layout), planned by
+  ``unit_plan.plan_units``; this owner never touches a task itself.
+* Order. Units start in the order forward first uses their parameters,
+  recorded by the pre-hooks before the first update; rank 0 of the group
+  broadcasts its order once, so every rank issues the same collectives in
+  the same order. Upstream V1 sorts by the integer in ``param.name``;
+  upstream V2 starts buffers from hooks in ``set`` order, so two ranks can
+  gather different buffers at once (gloo aborts, NCCL hangs).
+* Depth. ``max_in_flight`` units in flight (None: all at the step, V1's
+  default; V2 keeps 1 like upstream, Paddle PR #73406); the next starts as a
+  wait completes. Whatever starts a unit (step, hook, read, compiled
+  program) first starts every unit before it, so a read on one rank alone
+  (``if rank == 0: paddle.save(...)``) neither hangs nor reads stale values.
+* Waits on every read. Each layer owning managed parameters gets a pre-hook
+  (first in its hook order) waiting for its own units; every Python path to
+  a parameter and every ``paddle.jit.to_static`` program waits too
+  (``read_interception.py``), as do the optimizer's ``state_dict()`` and the
+  next ``step()``: no synchronize before ``paddle.save``. Not intercepted: a
+  tensor reference taken before ``step()`` and read after it, and layers
+  outside ``layers``.
+* Hooks. Registered once, kept per layer, removed together on disable
+  (upstream V1 registers them every step and never removes them).
 * Say what happens. The first training forward after a step that uses the
-  units in another order than the agreed one warns once, naming the layer
-  (Megatron-LM warns on the same mismatch); launch and every wait are
-  ``paddle.profiler.RecordEvent`` spans (``paddle_overlay::launch``,
-  ``paddle_overlay::wait <unit>``).
-* Replaced memory. In bucket modes a rank that finds a parameter's memory
-  replaced (``model.to(dtype=...)``, a loader sharing new memory) cannot
-  change its plan alone: one int64 [1] max-reduce per launch over the group
-  tells every rank, and all plan again.
+  units out of the agreed order warns once, naming the layer (as Megatron-LM
+  does); launch and waits are ``paddle.profiler.RecordEvent`` spans
+  (``paddle_overlay::launch``, ``paddle_overlay::wait <unit>``).
+* Replaced memory. In bucket modes one int64 [1] max-reduce per launch tells
+  every rank whether any rank's parameter memory was replaced
+  (``model.to(dtype=...)``); then all plan again.
 
-Every wait is safe to call again: it returns at once when nothing is pending.
-On GPUs ``task.wait()`` makes the compute stream wait for the comm stream; it
-does not block the host. A garbage-collection finalizer never waits: an
-optimizer collected with overlap on is waited and unhooked at the next
-explicit call.
+Waits are safe to call again. On GPUs ``task.wait()`` makes the compute
+stream wait for the comm stream without blocking the host. A garbage-
+collection finalizer never waits: a collected optimizer's overlap is waited
+and unhooked at the next explicit call.
 """
 
 import collections
@@ -111,37 +89,31 @@ __all__ = [
     "wait_then",
 ]
 
-# Environment variable read when max_in_flight is not passed (PaddleFormers
-# calls _set_all_gather_overlap_forward(True, model) with two arguments).
+# Read when max_in_flight is not passed (PaddleFormers calls
+# _set_all_gather_overlap_forward(True, model) with two arguments).
 MAX_IN_FLIGHT_ENV = "PADDLE_OVERLAY_MAX_IN_FLIGHT"
+# The attribute of a sharding optimizer that holds its owner.
+_OWNER_ATTR = "_broadcast_overlap_impl"
 
 
-def check_broadcast_overlap_flag(broadcast_overlap):
-    """Raise ``TypeError`` unless ``broadcast_overlap`` is a Python bool."""
-    if not isinstance(broadcast_overlap, bool):
+def check_broadcast_overlap_flag(flag):
+    """Raise ``TypeError`` unless ``flag`` is a Python bool."""
+    if not isinstance(flag, bool):
+        kind = type(flag)
         raise TypeError(
-            "broadcast_overlap must be a Python bool, got "
-            f"{broadcast_overlap!r} of type "
-            f"{type(broadcast_overlap).__module__}."
-            f"{type(broadcast_overlap).__qualname__}."
+            f"broadcast_overlap must be a Python bool, got {flag!r} of type "
+            f"{kind.__module__}.{kind.__qualname__}."
         )
 
 
 def check_max_in_flight(max_in_flight, default):
-    """The launch depth: ``max_in_flight`` if given, else the environment
-    variable :data:`MAX_IN_FLIGHT_ENV`, else ``default``.
-
-    Args:
-        max_in_flight (int | str | None): collectives in flight at once
-            (>= 1), ``"all"`` (every unit at the step), or None.
-        default (int | None): None means all.
-
-    Returns:
-        int | None: the depth, None for all.
+    """The launch depth (int, or None for all): ``max_in_flight`` (an int
+    >= 1 or ``"all"``) if given, else :data:`MAX_IN_FLIGHT_ENV`, else
+    ``default``.
 
     Raises:
-        TypeError / ValueError: not an int >= 1 or ``"all"`` (names where
-            the value came from).
+        TypeError / ValueError: not an int >= 1 or ``"all"`` (the message
+            names where the value came from).
     """
     where = "max_in_flight"
     if max_in_flight is None:
@@ -165,29 +137,15 @@ def check_max_in_flight(max_in_flight, default):
     return max_in_flight
 
 
-# The attribute of a sharding optimizer that holds its owner; read and
-# written only through get_broadcast_overlap / set_broadcast_overlap_owner.
-_OWNER_ATTR = "_broadcast_overlap_impl"
-
-
 def get_broadcast_overlap(optimizer):
-    """The :class:`StageOneBroadcastOverlap` of ``optimizer``, or None.
-
-    Args:
-        optimizer: a ``DygraphShardingOptimizer`` (V1) or
-            ``DygraphShardingOptimizerV2``, or a ``HybridParallelOptimizer``
-            (or any wrapper with ``_inner_opt``) around one.
-
-    Returns:
-        StageOneBroadcastOverlap | None: None when overlap is off.
-    """
-    seen = 0
-    while optimizer is not None and seen < 8:
+    """The :class:`StageOneBroadcastOverlap` of ``optimizer`` (V1, V2, or a
+    ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around
+    one), or None when overlap is off."""
+    while optimizer is not None:
         owner = vars(optimizer).get(_OWNER_ATTR)
         if owner is not None:
             return owner
         optimizer = vars(optimizer).get("_inner_opt")
-        seen += 1
     return None
 
 
@@ -207,9 +165,9 @@ def launch_or_sync(optimizer, blocking_sync):
 
 
 def wait_then(optimizer, reason, call, *args):
-    """Wait for every pending unit of ``optimizer`` (counted under
-    ``reason``: ``"waited_before_update"`` before ``step()``/``minimize()``,
-    ``"waited_on_demand"`` before ``state_dict()``), then ``call(*args)``."""
+    """Wait for every pending unit of ``optimizer`` (counted under the
+    :attr:`~StageOneBroadcastOverlap.stats` key ``reason``), then return
+    ``call(*args)``."""
     overlap = get_broadcast_overlap(optimizer)
     if overlap is not None:
         overlap.wait_all(reason)
@@ -219,19 +177,14 @@ def wait_then(optimizer, reason, call, *args):
 class BroadcastOverlapState(enum.Enum):
     """Life cycle of :class:`StageOneBroadcastOverlap`."""
 
-    # Hooks installed; forward pre-hooks record the first-use order.
-    # No collective is in flight yet.
-    RECORDING = "recording"
-    # The order is agreed across the group; after each update the units
-    # are marked due and started in that order, waited by hooks and reads.
-    ORDERED = "ordered"
-    # Nothing pending; hooks are no-ops and are (or will be) removed.
-    CLOSED = "closed"
+    RECORDING = "recording"  # hooks record the first-use order
+    ORDERED = "ordered"  # order agreed; units launched after each update
+    CLOSED = "closed"  # nothing pending; hooks removed (or to be)
 
 
 class _Hook:
-    """A hook function that a ``copy.deepcopy`` or pickle of the model
-    drops: the copy gets a no-op instead of a reference to this overlap."""
+    """A hook that a ``copy.deepcopy`` or pickle of the model turns into a
+    no-op, instead of a reference to this overlap."""
 
     def __init__(self, fn):
         self._fn = fn
@@ -240,47 +193,30 @@ class _Hook:
         return self._fn(*args)
 
     def __deepcopy__(self, memo):
-        return _noop_hook
+        return _noop
 
     def __reduce__(self):
-        return (_make_noop_hook, ())
+        return (_make_noop, ())
 
 
-def _noop_hook(*_args):
+def _noop(*_args):
     return None
 
 
-def _make_noop_hook():
-    return _noop_hook
+def _make_noop():
+    return _noop
 
 
 _HAS_PREPEND = (
     "prepend"
     in inspect.signature(paddle.nn.Layer.register_forward_pre_hook).parameters
 )
-
-
-def _span(name):
-    """A ``paddle.profiler`` span (shows on the profiler timeline; costs
-    one flag test when no profiler runs)."""
-    return paddle.profiler.RecordEvent(name)
-
-
-def _waiting_layer(layer, parent_of, root):
-    """The layer whose pre-hook waits for ``layer``'s own parameters: a
-    container without ``forward`` (``ParameterList``) never runs, so its
-    nearest ancestor with a ``forward`` waits."""
-    while layer is not root and type(layer).forward is paddle.nn.Layer.forward:
-        layer = parent_of.get(id(layer), root)
-    return layer
-
-
 # Every owner between open() and close(); paddle_overlay.remove() checks it.
 _OPEN = weakref.WeakSet()
-# Owners whose optimizer was garbage-collected with overlap on: marked
-# closed by the finalizer (which never waits on a collective), waited and
-# unhooked at the next explicit call (removing hooks inside garbage
-# collection could mutate a hook dict while Paddle iterates it).
+# Owners whose optimizer was collected with overlap on: closed by the
+# finalizer (which never waits), waited and unhooked at the next explicit
+# call (unhooking inside garbage collection could mutate a hook dict that
+# Paddle is iterating).
 _ABANDONED = []
 
 
@@ -300,42 +236,45 @@ def open_overlaps():
     return list(_OPEN)
 
 
+def _waiting_layer(layer, parent_of, root):
+    """The layer whose pre-hook waits for ``layer``'s own parameters: a
+    container without ``forward`` (``ParameterList``) never runs, so its
+    nearest ancestor with a ``forward`` waits."""
+    while layer is not root and type(layer).forward is paddle.nn.Layer.forward:
+        layer = parent_of.get(id(layer), root)
+    return layer
+
+
 class StageOneBroadcastOverlap:
     """Owns the order, the units, the launch depth and the hook handles.
 
-    The units own their collectives and tasks (``comm_unit.py``); this
-    object decides when each starts and who waits for it: the optimizer
-    methods call :meth:`launch` after an update and
-    :meth:`wait_before_update` before one; forward pre-hooks, parameter
-    reads (``read_interception.py``) and compiled programs call
-    :meth:`wait`. See NOTE [broadcast overlap] in this module.
+    The units own their collectives (``comm_unit.py``); this object decides
+    when each starts and who waits for it: the optimizers call
+    :meth:`launch` after an update and :meth:`wait_all` before one; forward
+    pre-hooks, parameter reads and compiled programs call :meth:`wait`.
 
     Args:
-        params (list[paddle.Tensor]): the optimizer's full parameter list, in
-            the same order on every rank of the group.
-        src_ranks (list[int] | None): global owner rank of each parameter
-            (V1); None with ``comm_buffers`` (V2: every rank owns a slice).
-        group: the sharding process group (``.ranks``: its global ranks).
+        params (list[paddle.Tensor]): the optimizer's parameter list, the
+            same on every rank of the group.
+        src_ranks (list[int] | None): V1: owner global rank of each
+            parameter; None with ``comm_buffers``.
+        group: the sharding process group (``.ranks``: global ranks).
         layers (paddle.nn.Layer): the model that runs the forward.
-        strict (bool): the first hooked layer to run in a forward waits for
+        strict (bool): the first hooked layer of a forward waits for
             everything (no overlap).
-        comm: the collectives (``comm_unit.PaddleComm``'s methods); unit
-            tests pass a recording fake.
-        bucket_size_mb (int | float): V1: 0 for one broadcast per
-            parameter; above 0, buckets planned in windows of this many MB
-            (``broadcast_buckets.py``).
+        comm: the collectives (``comm_unit.PaddleComm``); tests pass a fake.
+        bucket_size_mb (int | float): V1: 0 for one broadcast per parameter,
+            else the bucket window in MB (``broadcast_buckets.py``).
         fused_storages (list[paddle.Tensor] | None): V1: Paddle's fused 1-D
-            buffers the parameters live in; buckets are slices of them.
-        comm_buffers (list | callable | None): V2: Paddle's comm buffers
-            (``FusedCommBuffer``), or a callable returning them at the
-            first launch; one all-gather per buffer.
-        max_in_flight (int | None): collectives in flight at once; None
-            starts every unit at the step. With a depth k the first k units
-            start at the step, and each wait that completes starts the next
-            in the agreed order.
+            buffers holding the parameters; buckets are slices of them.
+        comm_buffers (list | callable | None): V2: Paddle's
+            ``FusedCommBuffer`` list, or a callable giving it at the first
+            launch; one all-gather each.
+        max_in_flight (int | None): units in flight at once; None starts
+            all at the step.
 
     Raises:
-        TypeError / ValueError: bad arguments (before anything changes).
+        TypeError / ValueError: bad arguments, before anything changes.
     """
 
     def __init__(
@@ -366,10 +305,40 @@ class StageOneBroadcastOverlap:
         self._group = group
         self._index_of = {id(p): i for i, p in enumerate(self._params)}
         self._map_waiting_layers(layers, strict)
-        self._init_life_cycle()
+        self._state = BroadcastOverlapState.RECORDING
+        self._recorded = {}  # first-use order while RECORDING (dict as set)
+        self._order = self._plan = None
+        self._use_units([])
+        # units before _next_start are started (or not due); _in_flight of
+        # them are not waited; the order check looks from _first_unsynced
+        self._next_start = self._in_flight = self._first_unsynced = 0
+        # order warning: armed at launch for the first training forward of
+        # the root, shown once
+        self._order_check_armed = self._in_root_forward = False
+        self._warned_order = False
+        self._pre_hook_handles = {}  # id(layer) -> handle
+        self._post_hook_handle = self._finalizer = None
+        self._defer_depth, self._launch_deferred = 0, False
+        # Counts for tests, benchmarks and users: collectives started; units
+        # waited, by who waited; waits of a unit while an earlier one was
+        # not synced (forward order differs from the agreed one: less
+        # overlap, same results); plans rebuilt after replaced memory.
+        self.stats = dict.fromkeys(
+            (
+                "launched",
+                "waited_in_forward",
+                "waited_before_update",
+                "waited_unreachable",
+                "waited_on_read",
+                "waited_on_demand",
+                "waited_out_of_order",
+                "replanned",
+            ),
+            0,
+        )
+        # waited_on_read by path ("attribute", "iteration", "launch")
+        self.read_paths = collections.Counter()
 
-    # ------------------------------------------------------------------
-    # construction, in named steps
     @staticmethod
     def _check_arguments(params, src_ranks, layers, strict, comm_buffers):
         if layers is None:
@@ -388,113 +357,51 @@ class StageOneBroadcastOverlap:
             raise TypeError(
                 f"strict must be a bool, got {type(strict).__name__}."
             )
-        if comm_buffers is None and (
-            src_ranks is None or len(params) != len(src_ranks)
-        ):
+        n_src = None if src_ranks is None else len(src_ranks)
+        if comm_buffers is None and n_src != len(params):
             raise ValueError(
-                f"got {len(params)} parameters but "
-                f"{None if src_ranks is None else len(src_ranks)} source "
-                "ranks."
+                f"got {len(params)} parameters but {n_src} source ranks."
             )
 
     def _map_waiting_layers(self, layers, strict):
-        # Where each parameter is waited: every layer that owns managed
-        # parameters directly; tied parameters under each owner.
-        self._layers = layers
-        self._strict = strict
+        """Which hooked layer waits for which positions: every layer owning
+        managed parameters directly (tied ones under each owner)."""
+        self._layers, self._strict = layers, strict
         all_layers = layers.sublayers(include_self=True)
         parent_of = {}
         for layer in all_layers:
             for child in layer.children():
                 parent_of.setdefault(id(child), layer)
-        waiting = {}  # id(waiting layer) -> (layer, [indices])
-        # Layers whose _parameters hold managed parameters: guarded reads.
-        self._owning_layers = []
+        waiting = {}  # id(waiting layer) -> (layer, {index: None})
+        self._owning_layers = []  # their _parameters get guarded reads
         for layer in all_layers:
+            own = layer.parameters(include_sublayers=False)
             indices = [
-                self._index_of[id(p)]
-                for p in layer.parameters(include_sublayers=False)
-                if id(p) in self._index_of
+                self._index_of[id(p)] for p in own if id(p) in self._index_of
             ]
             if indices:
                 self._owning_layers.append(layer)
                 waiter = _waiting_layer(layer, parent_of, layers)
-                waiting.setdefault(id(waiter), (waiter, []))[1].extend(indices)
-        # id(layer) -> tuple of indices its pre-hook waits for / records.
-        self._indices_of_layer = {
-            key: tuple(dict.fromkeys(indices))
-            for key, (_, indices) in waiting.items()
-        }
+                waiting.setdefault(id(waiter), (waiter, {}))[1].update(
+                    dict.fromkeys(indices)
+                )
+        self._indices_of_layer = {k: tuple(v) for k, (_, v) in waiting.items()}
+        # the root always gets a pre-hook: strict mode, the order check and
+        # the order of root-owned parameters run there
         self._hooked_layers = [layer for layer, _ in waiting.values()]
-        if all(layer is not layers for layer in self._hooked_layers):
-            # The root always gets a pre-hook: strict mode, the order check
-            # and order recording of root-owned parameters run there.
+        if id(layers) not in waiting:
             self._hooked_layers.insert(0, layers)
-        reachable = {
-            i for indices in self._indices_of_layer.values() for i in indices
-        }
+        reachable = {i for v in self._indices_of_layer.values() for i in v}
         if not reachable:
             raise ValueError(
                 f"layers ({type(layers).__name__}) owns none of the "
                 f"{len(self._params)} parameters of this optimizer: pass the "
                 "model whose parameters() were given to the optimizer."
             )
-        # Parameters no hook or guarded read will see: waited after launch.
+        # no hook or guarded read sees these: waited right after launch
         self._unreachable = tuple(
             i for i in range(len(self._params)) if i not in reachable
         )
-
-    def _init_life_cycle(self):
-        self._state = BroadcastOverlapState.RECORDING
-        # The order: recorded from forward while RECORDING, then agreed.
-        self._recorded, self._recorded_set = [], set()
-        self._order = None
-        # The plan (unit_plan.plan_units) and its units in launch order,
-        # with the tables built from them: each unit's position, the units
-        # each hooked layer waits for, the units of unreachable parameters.
-        self._plan = None
-        self._units = []
-        self._position_of = {}
-        self._units_of_layer = {}
-        self._unreachable_units = ()
-        # Launch progress: units before _next_start are started (or not
-        # due); _in_flight of them are not waited; _first_unsynced is where
-        # the order check looks first.
-        self._next_start = 0
-        self._in_flight = 0
-        self._first_unsynced = 0
-        # The order check: armed at launch, for the first training forward
-        # of the root; warned once per owner.
-        self._order_check_armed = False
-        self._in_root_forward = False
-        self._warned_order = False
-        # Hook handles, paired: removed together in close().
-        self._pre_hook_handles = {}  # id(layer) -> handle
-        self._post_hook_handle = None
-        self._finalizer = None  # see close_with
-        # Launch deferred while the hybrid optimizer still syncs parameters
-        # after the update (see deferred_launch).
-        self._defer_depth = 0
-        self._launch_deferred = False
-        # Counts, for tests, benchmarks and users' checks.
-        self.stats = {
-            # collectives started
-            "launched": 0,
-            # units waited, by who waited
-            "waited_in_forward": 0,
-            "waited_before_update": 0,
-            "waited_unreachable": 0,
-            "waited_on_read": 0,
-            "waited_on_demand": 0,
-            # forward waited for a unit while an earlier one in the agreed
-            # order was not synced: forward order differs from the agreed
-            # order on this rank (less overlap; results are not affected).
-            "waited_out_of_order": 0,
-            # plans rebuilt after a rank's parameter memory was replaced
-            "replanned": 0,
-        }
-        # waited_on_read by path ("attribute", "iteration", ...).
-        self.read_paths = collections.Counter()
 
     # ------------------------------------------------------------------
     # read-only views
@@ -505,8 +412,8 @@ class StageOneBroadcastOverlap:
 
     @property
     def order(self):
-        """list[int] | None: agreed order (positions in the optimizer's
-        parameter list), None while still recording."""
+        """list[int] | None: the agreed order (positions in the optimizer's
+        parameter list), None while recording."""
         return None if self._order is None else list(self._order)
 
     @property
@@ -521,18 +428,17 @@ class StageOneBroadcastOverlap:
 
     @property
     def num_pending(self):
-        """int: units due or in flight (not yet waited)."""
+        """int: units due or in flight."""
         return sum(u.state is not UnitState.SYNCED for u in self._units)
 
     @property
     def num_hooks(self):
-        """int: forward pre-hook handles currently held."""
+        """int: forward pre-hook handles held."""
         return len(self._pre_hook_handles)
 
     @property
     def bucket_storage(self):
-        """broadcast_buckets.BucketStorage | None: the bucket (or fused
-        slice) storage in bucket mode, else None."""
+        """broadcast_buckets.BucketStorage | None: in bucket modes."""
         return getattr(self._plan, "storage", None)
 
     def units_of(self, index):
@@ -542,9 +448,9 @@ class StageOneBroadcastOverlap:
     # ------------------------------------------------------------------
     # life cycle
     def open(self):
-        """Install the forward pre-hooks and the read interception (once;
-        they stay until :meth:`close`). Pre-hooks go first in each layer's
-        hook order, so a user's own pre-hook reads waited parameters.
+        """Install the pre-hooks (first in each layer's hook order, so a
+        user's pre-hook reads waited parameters) and the read interception,
+        once; they stay until :meth:`close`.
 
         Raises:
             RuntimeError: the owner is not freshly constructed.
@@ -566,22 +472,27 @@ class StageOneBroadcastOverlap:
         _OPEN.add(self)
         read_interception.acquire(self, self._owning_layers)
         for layer in self._hooked_layers:
-            self._add_pre_hook(layer)
+            hook = _Hook(self._on_forward_pre)
+            if _HAS_PREPEND:
+                handle = layer.register_forward_pre_hook(hook, prepend=True)
+            else:  # Paddle 2.6: the same move of the hook dict's entry
+                handle = layer.register_forward_pre_hook(hook)
+                layer._forward_pre_hooks.move_to_end(handle._hook_id, False)
+            self._pre_hook_handles[id(layer)] = handle
         self._post_hook_handle = self._layers.register_forward_post_hook(
             _Hook(self._on_root_forward_post)
         )
 
     def close_with(self, owner):
-        """Mark this overlap closed when ``owner`` (the optimizer) is
-        garbage-collected; its units are waited and its hooks removed at
-        the next explicit call (:func:`open_overlaps`, :meth:`open`,
-        :meth:`close` of any overlap, ``_set_broadcast_overlap``), never
-        from inside garbage collection."""
+        """Close this overlap when ``owner`` (the optimizer) is collected:
+        marked closed then, waited and unhooked at the next explicit call
+        (:func:`open_overlaps`, :meth:`open` or :meth:`close` of any
+        overlap), never inside garbage collection."""
         self._finalizer = weakref.finalize(owner, self._abandon)
         self._finalizer.atexit = False
 
     def _abandon(self):
-        # runs inside garbage collection: no collective, no hook change
+        # inside garbage collection: no collective, no hook change
         if self._state is not BroadcastOverlapState.CLOSED:
             self._state = BroadcastOverlapState.CLOSED
             _OPEN.discard(self)
@@ -589,7 +500,7 @@ class StageOneBroadcastOverlap:
 
     def close(self):
         """Wait for every pending unit and remove every hook and guard.
-        Idempotent; the object is closed even if a step of it fails."""
+        Idempotent; closed even if a step of it fails."""
         sweep_abandoned()
         if self._state is BroadcastOverlapState.CLOSED:
             return
@@ -610,44 +521,40 @@ class StageOneBroadcastOverlap:
             self._post_hook_handle.remove()
             self._post_hook_handle = None
         read_interception.release(self, self._owning_layers)
-        self._recorded, self._recorded_set = [], set()
+        self._recorded = {}
 
     # ------------------------------------------------------------------
     # launching
     @contextlib.contextmanager
     def deferred_launch(self):
-        """Hold :meth:`launch` back until the block ends.
+        """Hold :meth:`launch` back until the block ends (even if it raised
+        after the update: the blocking order had synced by then).
 
         ``HybridParallelOptimizer._step`` syncs some parameters across the
         model- and pipeline-parallel groups right after the sharding update
-        (``mp_configs.sync_param``, on by default in Paddle 3.x); they must
-        not be read while a sharding collective may be writing them on
-        another stream. Launching after those syncs gives the same values as
-        the blocking order.
+        (``mp_configs.sync_param``, on by default in Paddle 3.x); launching
+        after those syncs gives the blocking order's values.
         """
         self._defer_depth += 1
         try:
             yield
         finally:
-            # Launch even if the block raised after the update: the blocking
-            # order had synced by then.
             self._defer_depth -= 1
             if self._defer_depth == 0 and self._launch_deferred:
                 self._launch_deferred = False
                 self.launch()
 
     def launch(self):
-        """Mark every unit due after an update and start them in the agreed
-        order (all, or the first ``max_in_flight``), async.
-
-        The first call agrees the order across the group
-        (:meth:`_agree_order`). Units whose parameters are all frozen are
-        skipped. Units of parameters no layer owns are waited at once.
+        """Mark the units due after an update and start them in the agreed
+        order (all, or the first ``max_in_flight``), async. The first call
+        agrees the order across the group (:meth:`_agree_order`). Units
+        whose parameters are all frozen are skipped; units of parameters no
+        layer owns are waited at once.
 
         Raises:
-            RuntimeError (a broken invariant; names the rank): the owner is
-                closed, a unit of the previous launch was never waited, or
-                the ranks disagree on the optimizer's parameter list.
+            RuntimeError (names the rank): the owner is closed, a unit of
+                the previous launch was never waited, or the ranks disagree
+                on the optimizer's parameter list.
         """
         self._check_state(
             BroadcastOverlapState.RECORDING, BroadcastOverlapState.ORDERED
@@ -656,7 +563,10 @@ class StageOneBroadcastOverlap:
             self._launch_deferred = True
             return
         if self._state is BroadcastOverlapState.RECORDING:
-            self._adopt_order(self._agree_order())
+            self._order = self._agree_order()
+            self._recorded = {}
+            self._plan = self._make_plan()
+            self._state = BroadcastOverlapState.ORDERED
         elif self._plan.can_go_stale:
             self._replan_if_replaced()
         if self.num_pending:
@@ -669,7 +579,7 @@ class StageOneBroadcastOverlap:
         units = self._plan.units()
         if units is not self._units:
             self._use_units(units)
-        with _span("paddle_overlay::launch"):
+        with paddle.profiler.RecordEvent("paddle_overlay::launch"):
             for unit in self._units:
                 if unit.needs_sync():
                     unit.mark_due(self)
@@ -679,17 +589,14 @@ class StageOneBroadcastOverlap:
         self.wait(self._unreachable_units, "waited_unreachable")
 
     def _agree_order(self):
-        """Rank 0 of the group decides; every rank adopts its order.
-
-        Two blocking broadcasts from the group's first rank, once: the
-        parameter count (int64 [1]), checked on every rank before the
-        order (int64 [n]) is sent, so ranks with different lists stop with
-        an error instead of pairing the wrong tensors.
+        """Rank 0 of the group decides; every rank adopts its order: two
+        blocking broadcasts, once: the parameter count (int64 [1]), checked
+        before the order (int64 [n]) is sent, so ranks with different lists
+        stop with an error instead of pairing the wrong tensors.
 
         Raises:
-            RuntimeError: this rank's parameter count differs from the
-                group's first rank, or the received order is not a
-                permutation of the positions (names this rank).
+            RuntimeError: the count differs from the group's first rank, or
+                the order received is not a permutation (names this rank).
         """
         n = len(self._params)
         first_rank = self._group.ranks[0]
@@ -701,8 +608,8 @@ class StageOneBroadcastOverlap:
                 f"{count[0]} on the group's first rank {first_rank}); every "
                 "rank must build the same model and optimizer."
             )
-        seen = self._recorded_set
-        proposal = self._recorded + [i for i in range(n) if i not in seen]
+        proposal = list(self._recorded)
+        proposal += [i for i in range(n) if i not in self._recorded]
         agreed = self._broadcast_int64(proposal, first_rank)
         if sorted(agreed) != list(range(n)):
             raise RuntimeError(
@@ -717,9 +624,9 @@ class StageOneBroadcastOverlap:
         return [int(v) for v in message.numpy().tolist()]
 
     def _make_plan(self):
+        """The units of the agreed order (bucket mode moves the parameters
+        into contiguous storage now)."""
         buffers = self._comm_buffers
-        if callable(buffers):
-            buffers = buffers()
         return plan_units(
             self._order,
             self._params,
@@ -727,27 +634,14 @@ class StageOneBroadcastOverlap:
             self._group,
             cap_bytes=self._bucket_cap,
             fused_storages=self._fused_storages,
-            comm_buffers=buffers,
+            comm_buffers=buffers() if callable(buffers) else buffers,
             alone=self._unreachable,
         )
 
-    def _adopt_order(self, order):
-        """Plan the units from the agreed order (in bucket mode the
-        parameters move into contiguous storage now, once)."""
-        self._order = order
-        self._recorded, self._recorded_set = [], set()
-        self._plan = self._make_plan()
-        self._state = BroadcastOverlapState.ORDERED
-
     def _replan_if_replaced(self):
-        """Plan again when any rank's parameter memory was replaced.
-
-        A replacement (``model.to(dtype=...)``, a loader sharing new
-        memory) is seen per rank by a pointer check, but a plan must be the
-        same on every rank: one blocking int64 [1] max-reduce per launch
-        over the group says whether any rank saw one, and then every rank
-        plans again from its parameters' current memory.
-        """
+        """Plan again when any rank's parameter memory was replaced: seen
+        per rank by a pointer check, agreed by one blocking int64 [1]
+        max-reduce per launch, so every rank plans again together."""
         replaced = self._plan.replaced()
         (anywhere,) = self._comm.all_reduce_max([len(replaced)], self._group)
         if not anywhere:
@@ -767,33 +661,33 @@ class StageOneBroadcastOverlap:
         """Adopt ``units`` (launch order) and index them."""
         self._units = units
         self._position_of = {id(u): k for k, u in enumerate(units)}
-        unit_of = collections.defaultdict(list)
+        unit_of = collections.defaultdict(dict)  # index -> {id: unit}
         for unit in units:
             for i in unit.indices:
-                unit_of[i].append(unit)
+                unit_of[i][id(unit)] = unit
+
+        def units_for(indices):
+            found = {}
+            for i in indices:
+                found.update(unit_of.get(i, {}))
+            return tuple(found.values())
+
         self._units_of_layer = {
-            key: tuple(
-                {id(u): u for i in indices for u in unit_of.get(i, ())}.values()
-            )
+            key: units_for(indices)
             for key, indices in self._indices_of_layer.items()
         }
-        self._unreachable_units = tuple(
-            {
-                id(u): u for i in self._unreachable for u in unit_of.get(i, ())
-            }.values()
-        )
+        self._unreachable_units = units_for(self._unreachable)
 
     def _start_more(self, through=-1):
         """Start due units in the agreed order: every one up to position
         ``through``, then more while fewer than the depth are in flight."""
-        units, comm, depth = self._units, self._comm, self._max_in_flight
+        units, depth = self._units, self._max_in_flight
         while self._next_start < len(units) and (
             self._next_start <= through
             or depth is None
             or self._in_flight < depth
         ):
-            unit = units[self._next_start]
-            started = unit.start(comm)  # may raise: then retried next time
+            started = units[self._next_start].start(self._comm)  # may raise
             self._next_start += 1
             if started:
                 self._in_flight += 1
@@ -802,15 +696,11 @@ class StageOneBroadcastOverlap:
     # ------------------------------------------------------------------
     # waiting: safe to call again
     def wait(self, units, reason, path=None):
-        """Finish ``units`` (each waited at most once; a due unit first
-        starts every unit before it in the agreed order, so all ranks start
-        the same collectives in the same order whatever triggers a start),
-        then start more up to the depth.
-
-        Args:
-            units (iterable[CommUnit]): units of this owner.
-            reason (str): the :attr:`stats` key to count them under.
-            path (str | None): the read path, counted in :attr:`read_paths`.
+        """Finish ``units`` (iterable[CommUnit]); a due one first starts
+        every unit before it in the agreed order, so all ranks start the
+        same collectives in the same order whatever triggers a start. Then
+        start more up to the depth. Counted under :attr:`stats` key
+        ``reason`` and :attr:`read_paths` key ``path`` (if given).
 
         Returns:
             int: units waited now.
@@ -821,7 +711,9 @@ class StageOneBroadcastOverlap:
                 continue
             if unit.state is UnitState.DUE:
                 self._start_more(self._position_of[id(unit)])
-            with _span(f"paddle_overlay::wait {unit.label}"):
+            with paddle.profiler.RecordEvent(
+                f"paddle_overlay::wait {unit.label}"
+            ):
                 unit.finish()
             self._in_flight -= 1
             waited += 1
@@ -833,51 +725,30 @@ class StageOneBroadcastOverlap:
         return waited
 
     def wait_all(self, reason="waited_on_demand"):
-        """Wait for every pending unit, in launch order.
-
-        Returns:
-            int: how many were waited.
-        """
+        """Wait for every pending unit, in launch order; returns how many."""
         return self.wait(self._units, reason)
 
     def wait_before_update(self):
-        """Called by ``step()``/``minimize()`` before anything is updated."""
+        """``wait_all("waited_before_update")``: before ``step()``."""
         self.wait_all("waited_before_update")
-
-    def wait_on_demand(self):
-        """Wait for everything before a read of the whole model's state
-        (the optimizer's ``state_dict()``, say)."""
-        self.wait_all("waited_on_demand")
 
     # ------------------------------------------------------------------
     # hooks
-    def _add_pre_hook(self, layer):
-        # First in the layer's hook order, so user pre-hooks read waited
-        # parameters: prepend=True where Paddle has it (3.x), the same
-        # move of the hook dict's entry otherwise (2.6).
-        hook = _Hook(self._on_forward_pre)
-        if _HAS_PREPEND:
-            handle = layer.register_forward_pre_hook(hook, prepend=True)
-        else:
-            handle = layer.register_forward_pre_hook(hook)
-            layer._forward_pre_hooks.move_to_end(handle._hook_id, last=False)
-        self._pre_hook_handles[id(layer)] = handle
-
     def _on_forward_pre(self, layer, _inputs):
-        """Forward pre-hook of every hooked layer: record the first-use
-        order while RECORDING; afterwards wait for the layer's own units
-        (everything in strict mode)."""
+        """Pre-hook of every hooked layer: record the first-use order while
+        RECORDING; afterwards wait for the layer's own units (everything in
+        strict mode, at the first hooked layer to run)."""
         state = self._state
         if state is BroadcastOverlapState.RECORDING:
-            self._record(self._indices_of_layer.get(id(layer), ()))
+            self._recorded.update(
+                dict.fromkeys(self._indices_of_layer.get(id(layer), ()))
+            )
             return
         if layer is self._layers:
             self._in_root_forward = True
         if not PENDING or state is not BroadcastOverlapState.ORDERED:
             return
         if self._strict:
-            # The first hooked layer to run waits for everything, whether
-            # or not the forward goes through the root.
             self.wait_all("waited_in_forward")
             return
         units = self._units_of_layer.get(id(layer), ())
@@ -888,14 +759,12 @@ class StageOneBroadcastOverlap:
     def _on_root_forward_post(self, layer, _inputs, _outputs):
         # the first root forward after a launch is over: later ones
         # (micro-batches, recompute, eval) are not checked
-        self._in_root_forward = False
-        self._order_check_armed = False
+        self._in_root_forward = self._order_check_armed = False
 
     def _check_order(self, layer, units):
         """Count (and warn once, for a training forward) a layer that needs
         a unit while an earlier one in the agreed order is not synced."""
-        all_units = self._units
-        cursor = self._first_unsynced
+        cursor, all_units = self._first_unsynced, self._units
         while (
             cursor < len(all_units)
             and all_units[cursor].state is UnitState.SYNCED
@@ -905,9 +774,8 @@ class StageOneBroadcastOverlap:
         if cursor == len(all_units):
             return
         first = all_units[cursor]
-        if any(u is first for u in units) or all(
-            u.state is UnitState.SYNCED for u in units
-        ):
+        pending = [u for u in units if u.state is not UnitState.SYNCED]
+        if not pending or any(u is first for u in units):
             return
         self.stats["waited_out_of_order"] += 1
         if (
@@ -918,24 +786,16 @@ class StageOneBroadcastOverlap:
             and paddle.is_grad_enabled()
         ):
             self._warned_order = True
-            needed = next(u for u in units if u.state is not UnitState.SYNCED)
             warnings.warn(
                 f"parameter sync overlap: {type(layer).__name__} "
                 f"({getattr(layer, '_full_name', '')}) needs "
-                f"{needed.label} while {first.label}, earlier in the order "
-                "agreed at the first step, is not synced yet: this forward "
-                "uses the parameters in another order than the first one "
-                "did, so some overlap is lost (results are not affected). "
-                "Shown once.",
+                f"{pending[0].label} while {first.label}, earlier in the "
+                "order agreed at the first step, is not synced yet: this "
+                "forward uses the parameters in another order than the first "
+                "one did, so some overlap is lost (results are not "
+                "affected). Shown once.",
                 stacklevel=2,
             )
-
-    def _record(self, indices):
-        seen = self._recorded_set
-        for i in indices:
-            if i not in seen:
-                seen.add(i)
-                self._recorded.append(i)
 
     def _check_state(self, *allowed):
         if self._state not in allowed:
