@@ -485,7 +485,7 @@ def test_get_broadcast_overlap_follows_inner_optimizers():
     inner, outer = Opt(), Opt()
     outer._inner_opt = inner
     assert bo.get_broadcast_overlap(outer) is None
-    bo.set_broadcast_overlap_owner(inner, "owner")
+    vars(inner)[bo._OWNER_ATTR] = "owner"
     assert bo.get_broadcast_overlap(outer) == "owner"
 
 

@@ -149,9 +149,18 @@ def get_broadcast_overlap(optimizer):
     return None
 
 
-def set_broadcast_overlap_owner(optimizer, owner):
-    """Store ``owner`` (or None) on a sharding optimizer."""
-    vars(optimizer)[_OWNER_ATTR] = owner
+def switch_owner(optimizer, new):
+    """Close the owner of a sharding ``optimizer`` (if any; and any owner
+    abandoned since), then open ``new`` (a :class:`StageOneBroadcastOverlap`
+    tied to the optimizer's lifetime) or leave overlap off (None)."""
+    sweep_abandoned()
+    current = vars(optimizer).get(_OWNER_ATTR)
+    if current is not None:
+        current.close()
+    if new is not None:
+        new.open()
+        new.close_with(optimizer)
+    vars(optimizer)[_OWNER_ATTR] = new
 
 
 def launch_or_sync(optimizer, blocking_sync):

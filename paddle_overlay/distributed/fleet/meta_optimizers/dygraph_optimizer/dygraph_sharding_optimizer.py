@@ -32,10 +32,8 @@ from .broadcast_overlap import (
     StageOneBroadcastOverlap,
     check_broadcast_overlap_flag,
     check_max_in_flight,
-    get_broadcast_overlap,
     launch_or_sync,
-    set_broadcast_overlap_owner,
-    sweep_abandoned,
+    switch_owner,
     wait_then,
 )
 
@@ -65,61 +63,46 @@ class DygraphShardingOptimizer:
     ):
         """Overlap the post-update parameter broadcast with the next forward.
 
-        When on, after each ``step()``/``minimize()`` every owner rank
-        broadcasts its updated parameters with ``sync_op=False`` in the order
-        forward first uses them (recorded before the first update and agreed
-        across the sharding group), and a forward pre-hook on each layer that
-        owns parameters waits only for that layer's own tasks. Every Python
-        read of a parameter through its layer (attribute access,
-        ``parameters()``, ``state_dict``/``set_state_dict``, ``to``) and
-        the optimizer's ``state_dict`` wait first, so no manual
-        ``paddle.device.synchronize()`` is needed before ``paddle.save``.
-        Same entry point as upstream Paddle PR #63945; see NOTE [broadcast
-        overlap] in ``broadcast_overlap.py`` for what differs.
+        When on, after each ``step()``/``minimize()`` the owner ranks
+        broadcast the updated parameters with ``sync_op=False`` in the order
+        forward first uses them (agreed across the sharding group at the
+        first update), and each layer's forward pre-hook waits for its own
+        broadcasts only. Every read of a parameter through its layer and the
+        optimizer's ``state_dict()`` wait first: no synchronize is needed
+        before ``paddle.save``. The entry point of upstream PR #63945; NOTE
+        [broadcast overlap] in ``broadcast_overlap.py`` says what differs.
 
         Args:
-            broadcast_overlap (bool): True to turn overlap on, False to turn
-                it off (waits for pending tasks and removes every hook).
+            broadcast_overlap (bool): on, or off (waits for pending
+                broadcasts and removes every hook).
             layers (paddle.nn.Layer): the model that runs the forward;
-                required when turning overlap on.
-            strict (bool): the first hooked layer to run in each forward
-                waits for every pending task (safe, no overlap); only needed
-                when the model keeps tensor references to parameters across
-                ``step()`` and reads them in forward (every read through a
-                layer waits anyway). Default False.
-            bucket_size_mb (int | float): broadcast buckets: at the first
-                update the parameters move into contiguous buffers, one per
-                (window of this many MB in the agreed order, owner rank,
-                dtype), and each launch issues one broadcast per bucket
-                (NOTE [broadcast buckets] in ``broadcast_buckets.py``, which
-                says why the default is 256). 0: one broadcast per parameter.
+                required to turn it on.
+            strict (bool): the first hooked layer of each forward waits for
+                everything (safe, no overlap); only for models that read a
+                tensor reference to a parameter kept across ``step()``.
+            bucket_size_mb (int | float): at the first update the parameters
+                move into one contiguous buffer per (window of this many MB
+                in the agreed order, owner rank, dtype), one broadcast each
+                (NOTE [broadcast buckets] in ``broadcast_buckets.py``); with
+                ``tensor_fusion``/``comm_overlap`` the buckets are slices of
+                Paddle's fused buffers. 0: one broadcast per parameter.
             max_in_flight (int | str | None): broadcasts in flight at once
                 (>= 1) or ``"all"``; None reads ``PADDLE_OVERLAY_MAX_IN_FLIGHT``
-                and defaults to all at the step (NOTE [broadcast overlap]).
+                and defaults to all at the step.
 
         Raises:
-            TypeError: ``broadcast_overlap`` or ``strict`` is not a bool,
-                ``layers`` is not a ``paddle.nn.Layer``, or
-                ``bucket_size_mb`` is not a number.
-            ValueError: ``layers`` is None or owns none of the optimizer's
-                parameters; ``bucket_size_mb`` is negative or not finite;
-                sharding degree is 1; ``pp_configs.sharding_comm_overlap``
-                together with ``tensor_fusion`` or ``comm_overlap`` (Paddle's
-                own limit). (``tensor_fusion`` and ``comm_overlap`` are
-                supported: buckets are
-                slices of its fused buffers.)
-            Nothing is changed when an error is raised.
+            TypeError: a flag is not a bool, ``layers`` is not a
+                ``paddle.nn.Layer``, ``bucket_size_mb`` is not a number.
+            ValueError: ``layers`` is None or owns none of the parameters;
+                ``bucket_size_mb`` or ``max_in_flight`` out of range;
+                sharding degree 1; ``pp_configs.sharding_comm_overlap`` with
+                ``tensor_fusion`` or ``comm_overlap`` (Paddle's own limit).
+            Nothing changes when an error is raised.
         """
         check_broadcast_overlap_flag(broadcast_overlap)
-        current = get_broadcast_overlap(self)
         if not broadcast_overlap:
-            sweep_abandoned()
-            if current is not None:
-                current.close()
-            set_broadcast_overlap_owner(self, None)
             self._broadcast_overlap = False
-            return
-
+            return switch_owner(self, None)
         depth = check_max_in_flight(max_in_flight, None)
         if self._sharding_world_size < 2:
             raise ValueError(
@@ -129,21 +112,13 @@ class DygraphShardingOptimizer:
                 "['sharding_degree'] to the number of sharding ranks."
             )
         strategy = fleet.fleet._user_defined_strategy
+        pp = None if strategy is None else strategy.hybrid_configs["pp_configs"]
         fused_by_paddle = getattr(self, "tensor_fusion", False) or getattr(
             self, "comm_overlap", False
         )
-        if (
-            fused_by_paddle
-            and strategy is not None
-            and getattr(
-                strategy.hybrid_configs["pp_configs"],
-                "sharding_comm_overlap",
-                False,
-            )
-        ):
-            # Paddle refuses this when it builds the optimizer ("Can not
-            # enable pp's sharding_comm_overlap and sharding's tensor_fusion
-            # at the same time."); reachable only if the strategy changed
+        if fused_by_paddle and getattr(pp, "sharding_comm_overlap", False):
+            # Paddle refuses this when it builds the optimizer; reachable
+            # only if the strategy changed since
             raise ValueError(
                 "Paddle cannot combine pp_configs.sharding_comm_overlap with "
                 "sharding_configs.tensor_fusion or comm_overlap (its own "
@@ -160,9 +135,8 @@ class DygraphShardingOptimizer:
         params = list(self._origin_parameter_list)
         fused = None
         if fused_by_paddle and getattr(self, "_rank2fused", None):
-            # Paddle fused the parameters into per-rank buffers (for
-            # tensor_fusion, and for comm_overlap alone): send slices of
-            # them, never move a parameter out of Paddle's storage
+            # tensor_fusion (or comm_overlap alone) placed the parameters in
+            # per-rank fused buffers: send slices of them, never move them
             fused = [
                 t for r in sorted(self._rank2fused) for t in self._rank2fused[r]
             ]
@@ -176,11 +150,7 @@ class DygraphShardingOptimizer:
             fused_storages=fused,
             max_in_flight=depth,
         )
-        if current is not None:
-            current.close()
-        new.open()
-        new.close_with(self)
-        set_broadcast_overlap_owner(self, new)
+        switch_owner(self, new)
         self._broadcast_overlap = True
 
     def _sharding_sync_parameters(self):
@@ -229,56 +199,44 @@ class DygraphShardingOptimizerV2:
     ):
         """Overlap the post-update parameter all-gather with the next forward.
 
-        V2 keeps each parameter's optimizer slice in Paddle's comm buffers
-        (``FusedCommBuffer``, ``sharding_configs.comm_buffer_size_MB`` MB
-        each on 3.x, 256 MB on 2.6.2); after each ``step()`` every buffer is
-        all-gathered. When on, the all-gathers start asynchronously in the
-        order forward first uses the buffers (recorded before the first
-        update and agreed across the sharding group), at most
-        ``max_in_flight`` at a time; a forward pre-hook on each layer that
-        owns parameters waits for that layer's buffers, and every Python
-        read of a parameter (attribute, ``parameters()``, ``state_dict``,
-        compiled programs) waits for its own buffer, so no synchronize is
-        needed before ``paddle.save``. Paddle's buffer layout is kept
-        exactly. Same entry point as Paddle 3.x's own (PaddleFormers
-        ``--stage1_allgather_overlap``); upstream's faults are listed in
-        NOTE [broadcast overlap] of ``broadcast_overlap.py``.
+        V2 keeps each rank's slice of the parameters in Paddle's comm
+        buffers (``FusedCommBuffer``, ``comm_buffer_size_MB`` each); after
+        each ``step()`` every buffer is all-gathered. When on, the gathers
+        start asynchronously in the order forward first uses the buffers
+        (agreed across the group at the first update), at most
+        ``max_in_flight`` at a time; each layer's pre-hook waits for its
+        buffers and every read of a parameter (attribute, ``parameters()``,
+        ``state_dict``, compiled programs) for its own, so no synchronize is
+        needed before ``paddle.save``. Paddle's buffer layout is kept. The
+        entry point of Paddle 3.x's own (PaddleFormers
+        ``--stage1_allgather_overlap``); NOTE [broadcast overlap] in
+        ``broadcast_overlap.py`` lists upstream's faults.
 
         Args:
-            all_gather_overlap_forward (bool): True to turn it on, False to
-                wait for pending gathers and remove every hook.
-            layers (paddle.nn.Layer): the model that runs the forward;
-                required when turning it on.
-            strict (bool): the first hooked layer of each forward waits for
-                everything (safe, no overlap). Default False.
-            max_in_flight (int | str | None): all-gathers in flight at once
+            all_gather_overlap_forward (bool): on, or off (waits for pending
+                gathers and removes every hook).
+            layers (paddle.nn.Layer): the model that runs the forward.
+            strict (bool): as in V1's ``_set_broadcast_overlap``.
+            max_in_flight (int | str | None): gathers in flight at once
                 (>= 1) or ``"all"``; None reads ``PADDLE_OVERLAY_MAX_IN_FLIGHT``
-                and defaults to 1, as upstream keeps one (Paddle PR #73406:
-                gathers queued all at once delayed the forward's own
-                communication).
+                and defaults to 1, as upstream (Paddle PR #73406: gathers
+                queued at once delayed the forward's own communication).
 
         Raises:
             TypeError: a flag is not a bool, ``layers`` is not a Layer,
                 ``max_in_flight`` is not an int or ``"all"``.
             ValueError: ``layers`` is None or owns none of the parameters;
-                sharding degree is 1; ``max_in_flight`` < 1; or a setting
-                this overlap is not tested with is on (named in the message:
-                one that moves gradient or optimizer-state storage, e.g.
-                ``release_gradients``). ``comm_overlap`` (reduce-scatter
-                hooks in backward) and ``pp_configs.sharding_comm_overlap``
-                (the pipeline's comm buffers, collected at the first step)
-                are supported: the units are planned at the first launch
-                from whatever buffers V2 then holds.
-            Nothing is changed when an error is raised.
+                sharding degree 1; ``max_in_flight`` < 1; a setting that
+                moves gradient or optimizer-state storage is on (named:
+                ``release_gradients``, ``free_grads_in_comm``,
+                ``enable_fuse_optimizer_states``). ``comm_overlap`` and
+                ``pp_configs.sharding_comm_overlap`` are supported: units
+                are planned at the first launch from V2's buffers then.
+            Nothing changes when an error is raised.
         """
         check_broadcast_overlap_flag(all_gather_overlap_forward)
-        current = get_broadcast_overlap(self)
         if not all_gather_overlap_forward:
-            sweep_abandoned()
-            if current is not None:
-                current.close()
-            set_broadcast_overlap_owner(self, None)
-            return
+            return switch_owner(self, None)
         depth = check_max_in_flight(max_in_flight, 1)
         if self._sharding_world_size < 2:
             raise ValueError(
@@ -296,14 +254,10 @@ class DygraphShardingOptimizerV2:
             comm_buffers=lambda: self._comm_buffer_list,
             max_in_flight=depth,
         )
-        if current is not None:
-            current.close()
-        # Paddle 3.x's own overlap path stays off: step() then calls
-        # _sharding_sync_parameters, which launches the owner's units.
+        # Paddle 3.x's own overlap stays off: step() then calls
+        # _sharding_sync_parameters, which launches the owner's units
         self._all_gather_overlap_forward = False
-        new.open()
-        new.close_with(self)
-        set_broadcast_overlap_owner(self, new)
+        switch_owner(self, new)
 
     def _set_broadcast_overlap(self, broadcast_overlap, layers=None, **kwargs):
         """Refused: V2 syncs parameters by all-gather, not broadcast.
@@ -338,36 +292,21 @@ class DygraphShardingOptimizerV2:
         return wait_then(self, "waited_on_demand", self._inner_opt.state_dict)
 
     def _check_all_gather_overlap_settings(self):
-        """Raise ``ValueError`` for a V2 setting the all-gather overlap is
-        not tested with, naming it (before anything changes)."""
-        # settings that move gradient or optimizer-state storage, not yet
-        # covered by a collective test with this overlap
-        untested = (
-            (
-                "sharding_configs",
-                "release_gradients",
-                "frees gradient storage after each step",
-            ),
-            (
-                "pp_configs",
-                "release_gradients",
-                "frees gradient storage after each step",
-            ),
-            (
-                "sharding_configs",
-                "free_grads_in_comm",
-                "frees gradients inside the reduce",
-            ),
-            (
-                "sharding_configs",
-                "enable_fuse_optimizer_states",
-                "fuses optimizer states into one storage",
-            ),
-        )
+        """Raise ``ValueError`` naming a V2 setting that moves gradient or
+        optimizer-state storage: not covered by a test with this overlap."""
         strategy = fleet.fleet._user_defined_strategy
         if strategy is None:
             return
-        for section, name, what in untested:
+        for section, name, what in (
+            ("sharding_configs", "release_gradients", "frees gradients"),
+            ("pp_configs", "release_gradients", "frees gradients"),
+            ("sharding_configs", "free_grads_in_comm", "frees gradients"),
+            (
+                "sharding_configs",
+                "enable_fuse_optimizer_states",
+                "fuses optimizer states",
+            ),
+        ):
             if getattr(strategy.hybrid_configs[section], name, 0):
                 raise ValueError(
                     f"the all-gather overlap is not tested with {section}."
