@@ -236,7 +236,7 @@ def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
     Raises:
         ValueError: a bucketable parameter lies in no buffer of its dtype.
     """
-    bounds = [(t.data_ptr(), _end_ptr(t)) for t in storages]
+    bounds = [(t.data_ptr(), end_ptr(t)) for t in storages]
     windows = _windows(order, params, src_ranks, cap_bytes, alone)
     where = {}  # position -> (storage index, element offset)
     for i in (i for window in windows for i in window):
@@ -276,7 +276,8 @@ def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
     return plan
 
 
-def _end_ptr(tensor):
+def end_ptr(tensor):
+    """int: the address one past ``tensor``'s last byte."""
     return tensor.data_ptr() + int(tensor._numel()) * itemsize(tensor.dtype)
 
 

@@ -15,24 +15,18 @@
 """One communication unit of the post-update parameter sync, and the one
 registry of parameters whose sync is not finished.
 
-A :class:`CommUnit` is one collective that brings some parameters up to
-date after an optimizer update: a broadcast from the owner rank (sharding
-stage 1 V1: one parameter, one bucket of ``broadcast_buckets.py`` or a
-slice of Paddle's fused buffer) or an all-gather of one of Paddle's V2 comm
-buffers (``FusedCommBuffer.param_storage``: every rank contributes its own
-slice). The unit owns its task: :meth:`CommUnit.start` launches the
-collective with ``sync_op=False`` and :meth:`CommUnit.finish` waits for it;
-both are safe to call again (Megatron-LM's bucket group
-``start_param_sync``/``finish_param_sync``, PyTorch FSDP2's
-``unshard``/``wait_for_unshard``).
-
-Life cycle of a unit (:class:`UnitState`): ``SYNCED`` -> ``DUE`` (the
-update changed its source; :meth:`CommUnit.mark_due`) -> ``IN_FLIGHT``
-(collective started) -> ``SYNCED`` (task waited). From ``DUE`` on, each of
-its parameters is in :data:`PENDING`, the only record of pending syncs: a
-read of a parameter (``read_interception.py``) looks it up there and asks
-the unit's owner to wait for exactly that unit. A read with nothing pending
-costs one truth test of an empty dict.
+A :class:`CommUnit` is one collective that brings some parameters up to date
+after an update: a broadcast from the owner rank (V1: a parameter, a bucket
+of ``broadcast_buckets.py`` or a slice of Paddle's fused buffer) or an
+all-gather of a V2 comm buffer (``FusedCommBuffer.param_storage``). It owns
+its task: :meth:`~CommUnit.start` launches with ``sync_op=False`` and
+:meth:`~CommUnit.finish` waits, both safe to call again (Megatron-LM's
+``start_param_sync``/``finish_param_sync``, FSDP2's
+``unshard``/``wait_for_unshard``). States (:class:`UnitState`): ``SYNCED``
+-> ``DUE`` (:meth:`~CommUnit.mark_due`) -> ``IN_FLIGHT`` -> ``SYNCED``. From
+``DUE`` on, its parameters are in :data:`PENDING`, the only record of
+pending syncs, where a read (``read_interception.py``) finds the unit to
+wait for; with nothing pending a read costs one truth test of an empty dict.
 """
 
 import enum
@@ -49,13 +43,9 @@ PENDING = {}
 class UnitState(enum.Enum):
     """Where a :class:`CommUnit` is in one update's sync."""
 
-    # The parameters hold the latest values on this rank.
-    SYNCED = "synced"
-    # Updated on the source rank(s); the collective is not started yet
-    # (it waits for its turn in the agreed order, see the owner's depth).
-    DUE = "due"
-    # The collective is launched; its task is not waited yet.
-    IN_FLIGHT = "in_flight"
+    SYNCED = "synced"  # the parameters hold the latest values here
+    DUE = "due"  # updated at the source; waiting for its turn to start
+    IN_FLIGHT = "in_flight"  # launched; its task is not waited yet
 
 
 class PaddleComm:
@@ -96,45 +86,24 @@ class CommUnit:
     """One collective of the parameter sync, with its task.
 
     Args:
-        kind (str): ``"broadcast"`` (``tensor`` from global rank ``src``)
-            or ``"all_gather"`` (every rank's ``shard``, a slice of
-            ``tensor``, gathered into ``tensor``).
-        tensor (paddle.Tensor): what the collective writes: a parameter, a
-            1-D bucket buffer or slice (any dtype), or a V2 comm buffer's
-            1-D ``param_storage``.
-        indices (tuple[int]): positions (in the optimizer's parameter list)
-            of the parameters whose values it delivers; a layer waits for
-            every unit holding one of its positions.
-        params (list[paddle.Tensor]): those parameters (registered in
-            :data:`PENDING` while the sync is not finished).
-        group: the process group (``.ranks``, global ranks).
-        src (int | None): global source rank of a broadcast.
+        kind (str): ``"broadcast"`` (``tensor`` from global rank ``src``) or
+            ``"all_gather"`` (every rank's slice ``shard_range`` of
+            ``tensor`` gathered into ``tensor``).
+        tensor (paddle.Tensor): what it writes: a parameter, a 1-D bucket
+            buffer or slice, or a V2 buffer's 1-D ``param_storage``.
+        indices (tuple[int]): positions in the optimizer's parameter list of
+            the parameters it delivers.
+        params (list[paddle.Tensor]): those parameters.
+        group: the process group (``.ranks``: global ranks).
+        src (int | None): a broadcast's global source rank.
         shard_range (tuple[int, int] | None): ``[begin, end)`` elements of
-            ``tensor`` that are this rank's contribution to an all-gather
-            (the slice is taken at :meth:`start`, so storage Paddle reset
-            in between is sliced afresh).
-        always (bool): sync even when every parameter is frozen now (a
-            bucket or comm buffer: its storage is sent whole). A unit of
-            one parameter, or of a V2 buffer, is skipped while all its
-            parameters are frozen (no rank changes them; Paddle's V2 skips
-            such a buffer too, ``need_reduce_scale_sync``).
+            ``tensor`` this rank contributes to an all-gather (sliced at
+            :meth:`start`, so storage Paddle reset meanwhile is fresh).
+        always (bool): sync even when every parameter is frozen (a bucket is
+            sent whole); otherwise skipped while all are frozen (as Paddle's
+            V2 skips such a buffer, ``need_reduce_scale_sync``).
         label (str): a short name for profiler spans and messages.
     """
-
-    __slots__ = (
-        "kind",
-        "tensor",
-        "indices",
-        "params",
-        "group",
-        "src",
-        "shard_range",
-        "always",
-        "label",
-        "owner",
-        "state",
-        "_task",
-    )
 
     def __init__(
         self,
@@ -150,16 +119,11 @@ class CommUnit:
     ):
         if kind not in ("broadcast", "all_gather"):
             raise ValueError(f"unknown collective kind {kind!r}")
-        self.kind = kind
-        self.tensor = tensor
-        self.indices = tuple(indices)
-        self.params = list(params)
-        self.group = group
-        self.src = src
-        self.shard_range = shard_range
-        self.always = always
-        self.label = label
-        self.owner = None  # set by the owner that launches it
+        self.kind, self.tensor, self.group = kind, tensor, group
+        self.indices, self.params = tuple(indices), list(params)
+        self.src, self.shard_range = src, shard_range
+        self.always, self.label = always, label
+        self.owner = None  # the owner that launches it (set at mark_due)
         self.state = UnitState.SYNCED
         self._task = None
 

@@ -13,34 +13,23 @@
 # limitations under the License.
 
 """The one planner: the communication units of every mode, from the agreed
-order.
+order (positions in the optimizer's parameter list, in forward first use).
 
-:func:`plan_units` turns the agreed order (positions in the optimizer's
-parameter list, the order forward first uses them) into a plan whose
-:meth:`units` are the :class:`~.comm_unit.CommUnit` s of one launch, in that
-order:
-
-* one broadcast per parameter (``bucket_size_mb=0``; upstream PR #63945's
-  unit);
-* one broadcast per bucket of parameters moved into contiguous storage
-  (``broadcast_buckets.py``), or per slice of Paddle's fused buffers when
-  ``sharding_configs.tensor_fusion`` (or ``comm_overlap``) already placed
-  the parameters there;
-* one all-gather per comm buffer of sharding stage 1 V2
-  (``DygraphShardingOptimizerV2._comm_buffer_list``, Paddle's
-  ``FusedCommBuffer``). Paddle's layout is kept exactly (it fixes each
-  rank's slice, the optimizer state and the checkpoints): only the order and
-  the time of the gathers change. A buffer is first used when forward first
-  uses any of its parameters.
-
-A plan never communicates. :meth:`replaced` says which parameters of this
-rank no longer live where the plan put them (bucket modes only); the owner
-agrees across the group before it plans again.
+:func:`plan_units` returns a plan whose ``units()`` are one launch's
+``CommUnit`` s in that order: one broadcast per parameter
+(``bucket_size_mb=0``, upstream PR #63945's unit), per bucket of parameters
+moved into contiguous storage (``broadcast_buckets.py``), or per slice of
+Paddle's fused buffers (``tensor_fusion``/``comm_overlap``); or, for sharding
+stage 1 V2, one all-gather per ``FusedCommBuffer`` in Paddle's exact layout
+(only the order and time of the gathers change), first used when forward
+first uses any of its parameters. A plan never communicates; ``replaced()``
+lists this rank's parameters whose memory moved (bucket modes), which the
+owner agrees across the group before it plans again.
 """
 
 from .broadcast_buckets import (
     BucketStorage,
-    itemsize,
+    end_ptr,
     plan_buckets,
     plan_fused_slices,
 )
@@ -65,28 +54,38 @@ def plan_units(
         order (list[int]): the agreed order, a permutation of
             ``range(len(params))``.
         params (list[paddle.Tensor]): the optimizer's parameter list.
-        src_ranks (list[int] | None): owner rank of each parameter
-            (broadcast modes; None with ``comm_buffers``).
+        src_ranks (list[int] | None): owner rank of each (None for V2).
         group: the sharding process group.
         cap_bytes (int): bucket window in bytes; 0: one unit per parameter.
         fused_storages (list[paddle.Tensor] | None): Paddle's fused 1-D
-            buffers the parameters live in (send slices, never move).
-        comm_buffers (list | None): V2's ``FusedCommBuffer`` list (one
-            all-gather each); excludes the other arguments' modes.
-        alone (iterable[int]): positions never bucketed (no layer waits
-            for them).
+            buffers the parameters live in (slices are sent, nothing moves).
+        comm_buffers (list | None): V2's ``FusedCommBuffer`` list.
+        alone (iterable[int]): positions never bucketed.
 
     Returns:
-        a plan with ``units()`` (list[CommUnit], the same list while nothing
-        changed), ``replaced()`` (list[int]) and ``can_go_stale`` (bool).
+        a plan: ``units()`` (list[CommUnit], the same list while nothing
+        changed), ``replaced()`` (list[int]), ``can_go_stale`` (bool).
 
     Raises:
-        ValueError: from the bucket planners (see ``broadcast_buckets.py``).
+        ValueError: from the bucket planners (``broadcast_buckets.py``).
     """
     if comm_buffers is not None:
-        return _CommBufferPlan(order, params, comm_buffers)
+        return _FixedPlan(_comm_buffer_units(order, params, comm_buffers))
     if not cap_bytes:
-        return _ParameterPlan(order, params, src_ranks, group)
+        return _FixedPlan(
+            [
+                CommUnit(
+                    "broadcast",
+                    params[i],
+                    (i,),
+                    [params[i]],
+                    group,
+                    src=src_ranks[i],
+                    label=params[i].name,
+                )
+                for i in order
+            ]
+        )
     if fused_storages is not None:
         outside = _outside(fused_storages, params)
         plan = plan_fused_slices(
@@ -116,10 +115,7 @@ def plan_units(
 def _outside(storages, params):
     """set[int]: trainable positions whose memory lies in none of
     ``storages`` (replaced since Paddle fused them): sent on their own."""
-    bounds = [
-        (t.data_ptr(), t.data_ptr() + int(t._numel()) * itemsize(t.dtype))
-        for t in storages
-    ]
+    bounds = [(t.data_ptr(), end_ptr(t)) for t in storages]
     return {
         i
         for i, p in enumerate(params)
@@ -129,24 +125,40 @@ def _outside(storages, params):
     }
 
 
-class _ParameterPlan:
-    """One broadcast per parameter, in the agreed order."""
+def _comm_buffer_units(order, params, buffers):
+    """One all-gather per V2 comm buffer (of >= 2 ranks, holding managed
+    parameters), ordered by its first parameter in ``order``."""
+    index_of = {id(p): i for i, p in enumerate(params)}
+    rank_of = {i: k for k, i in enumerate(order)}
+    ranked = []
+    for b, buffer in enumerate(buffers):
+        group = buffer._comm_group
+        indices = [index_of[id(p)] for p in buffer._params if id(p) in index_of]
+        if group.nranks <= 1 or not indices:
+            continue
+        full = buffer.param_storage
+        shard = int(full._numel()) // group.nranks
+        begin = shard * max(group.rank, 0)
+        unit = CommUnit(
+            "all_gather",
+            full,
+            indices,
+            [params[i] for i in indices],
+            group,
+            shard_range=(begin, begin + shard),
+            label=f"comm_buffer{b}",
+        )
+        ranked.append((min(rank_of[i] for i in indices), b, unit))
+    return [unit for *_, unit in sorted(ranked, key=lambda r: r[:2])]
+
+
+class _FixedPlan:
+    """Units that never change: per parameter, or per V2 comm buffer."""
 
     can_go_stale = False
 
-    def __init__(self, order, params, src_ranks, group):
-        self._units = [
-            CommUnit(
-                "broadcast",
-                params[i],
-                (i,),
-                [params[i]],
-                group,
-                src=src_ranks[i],
-                label=params[i].name,
-            )
-            for i in order
-        ]
+    def __init__(self, units):
+        self._units = units
 
     def units(self):
         return self._units
@@ -169,42 +181,3 @@ class _BucketPlan:
 
     def replaced(self):
         return self.storage.replaced()
-
-
-class _CommBufferPlan:
-    """One all-gather per V2 comm buffer, ordered by first use."""
-
-    can_go_stale = False
-
-    def __init__(self, order, params, buffers):
-        index_of = {id(p): i for i, p in enumerate(params)}
-        rank_of = {i: k for k, i in enumerate(order)}
-        ranked = []
-        for b, buffer in enumerate(buffers):
-            group = buffer._comm_group
-            indices = [
-                index_of[id(p)] for p in buffer._params if id(p) in index_of
-            ]
-            if group.nranks <= 1 or not indices:
-                continue
-            full = buffer.param_storage
-            shard = int(full._numel()) // group.nranks
-            begin = shard * max(group.rank, 0)
-            unit = CommUnit(
-                "all_gather",
-                full,
-                indices,
-                [params[i] for i in indices],
-                group,
-                shard_range=(begin, begin + shard),
-                label=f"comm_buffer{b}",
-            )
-            ranked.append((min(rank_of[i] for i in indices), b, unit))
-        ranked.sort(key=lambda item: item[:2])
-        self._units = [unit for _, _, unit in ranked]
-
-    def units(self):
-        return self._units
-
-    def replaced(self):
-        return []
