@@ -54,15 +54,7 @@ import paddle
 
 from .comm_unit import CommUnit
 
-__all__ = [
-    "ALIGN_BYTES",
-    "DEFAULT_BUCKET_SIZE_MB",
-    "BucketSpec",
-    "BucketStorage",
-    "check_bucket_size_mb",
-    "plan_buckets",
-    "plan_fused_slices",
-]
+__all__ = []
 
 DEFAULT_BUCKET_SIZE_MB = 256
 ALIGN_BYTES = 256

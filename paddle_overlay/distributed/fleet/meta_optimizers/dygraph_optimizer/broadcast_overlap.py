@@ -77,17 +77,7 @@ from .broadcast_buckets import check_bucket_size_mb
 from .comm_unit import PENDING, PaddleComm, UnitState
 from .unit_plan import plan_units
 
-__all__ = [
-    "BroadcastOverlapState",
-    "MAX_IN_FLIGHT_ENV",
-    "StageOneBroadcastOverlap",
-    "check_broadcast_overlap_flag",
-    "check_max_in_flight",
-    "get_broadcast_overlap",
-    "launch_or_sync",
-    "open_overlaps",
-    "wait_then",
-]
+__all__ = []
 
 # Read when max_in_flight is not passed (PaddleFormers calls
 # _set_all_gather_overlap_forward(True, model) with two arguments).

@@ -33,7 +33,7 @@ import enum
 
 import paddle
 
-__all__ = ["CommUnit", "PENDING", "UnitState", "PaddleComm"]
+__all__ = []
 
 # id(parameter) -> the CommUnit whose sync of it is due or in flight.
 # Filled by CommUnit.mark_due, emptied by CommUnit.finish.

@@ -53,14 +53,7 @@ from collections import OrderedDict
 
 from .comm_unit import PENDING
 
-__all__ = [
-    "GuardedParameters",
-    "acquire",
-    "guard_layer",
-    "is_installed",
-    "release",
-    "unguard_layer",
-]
+__all__ = []
 
 _odict_getitem = OrderedDict.__getitem__
 _odict_get = OrderedDict.get

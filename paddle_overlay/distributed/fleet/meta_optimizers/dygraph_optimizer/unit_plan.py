@@ -35,7 +35,7 @@ from .broadcast_buckets import (
 )
 from .comm_unit import CommUnit
 
-__all__ = ["plan_units"]
+__all__ = []
 
 
 def plan_units(
