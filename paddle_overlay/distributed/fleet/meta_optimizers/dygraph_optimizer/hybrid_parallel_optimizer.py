@@ -44,35 +44,14 @@ class HybridParallelOptimizer:
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
         max_in_flight=None,
     ):
-        """Turn broadcast overlap on or off for the wrapped sharding optimizer.
-
-        The object ``fleet.distributed_optimizer`` returns delegates to its
-        ``DygraphShardingOptimizer``; arguments, behaviour and errors are
-        those of ``DygraphShardingOptimizer._set_broadcast_overlap``.
-
-        Raises:
-            TypeError: ``broadcast_overlap`` is not a bool (and see above).
-            ValueError: turning overlap on while the wrapped optimizer is not
-                sharding stage 1 V1 (``sharding_degree`` 1, or
-                ``sharding_configs.split_param = True`` which selects V2).
-        """
-        check_broadcast_overlap_flag(broadcast_overlap)
-        inner = self._inner_opt
-        if not isinstance(inner, DygraphShardingOptimizer):
-            if broadcast_overlap and isinstance(
-                inner, DygraphShardingOptimizerV2
-            ):
-                inner._set_broadcast_overlap(True)  # names the V2 method
-            if broadcast_overlap:
-                raise ValueError(
-                    "broadcast overlap needs sharding stage 1 (V1): set "
-                    "strategy.hybrid_configs['sharding_degree'] >= 2 and keep "
-                    "sharding_configs.split_param = False; the wrapped "
-                    f"optimizer is a {type(inner).__name__}."
-                )
-            self._broadcast_overlap = False
-            return
-        inner._set_broadcast_overlap(
+        """Turn broadcast overlap on or off for the wrapped V1 sharding
+        optimizer: arguments, behaviour and errors are those of
+        ``DygraphShardingOptimizer._set_broadcast_overlap``; turning it on
+        around another optimizer raises ``ValueError`` naming what to set
+        (V2: ``_set_all_gather_overlap_forward``)."""
+        self._set_overlap_of_inner(
+            DygraphShardingOptimizer,
+            "_set_broadcast_overlap",
             broadcast_overlap,
             layers,
             strict=strict,
@@ -80,7 +59,6 @@ class HybridParallelOptimizer:
             max_in_flight=max_in_flight,
         )
         self._broadcast_overlap = broadcast_overlap
-        self._layers = layers if broadcast_overlap else None
 
     def _set_all_gather_overlap_forward(
         self,
@@ -89,42 +67,44 @@ class HybridParallelOptimizer:
         strict=False,
         max_in_flight=None,
     ):
-        """Turn the all-gather overlap of sharding stage 1 V2 on or off.
-
-        Delegates to ``DygraphShardingOptimizerV2._set_all_gather_overlap_forward``
-        (arguments, behaviour and errors are its own); PaddleFormers calls
-        this with two arguments for ``--stage1_allgather_overlap``.
-
-        Raises:
-            TypeError: ``all_gather_overlap_forward`` is not a bool.
-            ValueError: turning it on while the wrapped optimizer is not V2
-                (``sharding_configs.split_param = False`` selects V1, whose
-                overlap is ``_set_broadcast_overlap``).
-        """
-        check_broadcast_overlap_flag(all_gather_overlap_forward)
-        inner = self._inner_opt
-        if not isinstance(inner, DygraphShardingOptimizerV2):
-            if all_gather_overlap_forward:
-                raise ValueError(
-                    "the all-gather overlap needs sharding stage 1 V2 "
-                    "(sharding_configs.split_param = True, sharding_degree >= "
-                    f"2); the wrapped optimizer is a {type(inner).__name__}"
-                    + (
-                        ": use _set_broadcast_overlap(True, layers=model)."
-                        if isinstance(inner, DygraphShardingOptimizer)
-                        else "."
-                    )
-                )
-            self._all_gather_overlap_forward = False
-            return
-        inner._set_all_gather_overlap_forward(
+        """Turn the all-gather overlap of the wrapped V2 sharding optimizer
+        on or off (PaddleFormers calls this with two arguments for
+        ``--stage1_allgather_overlap``): arguments, behaviour and errors are
+        those of ``DygraphShardingOptimizerV2._set_all_gather_overlap_forward``;
+        turning it on around another optimizer raises ``ValueError`` naming
+        what to set (V1: ``_set_broadcast_overlap``)."""
+        self._set_overlap_of_inner(
+            DygraphShardingOptimizerV2,
+            "_set_all_gather_overlap_forward",
             all_gather_overlap_forward,
             layers,
             strict=strict,
             max_in_flight=max_in_flight,
         )
         self._all_gather_overlap_forward = all_gather_overlap_forward
-        self._layers = layers if all_gather_overlap_forward else None
+
+    def _set_overlap_of_inner(self, kind, method, flag, layers, **kwargs):
+        """Call ``method`` of the wrapped optimizer if it is a ``kind``;
+        refuse turning on around any other (``TypeError`` for a non-bool
+        ``flag``, ``ValueError`` naming the setting or method to use)."""
+        check_broadcast_overlap_flag(flag)
+        inner = self._inner_opt
+        if isinstance(inner, kind):
+            getattr(inner, method)(flag, layers, **kwargs)
+        elif flag:
+            if isinstance(inner, DygraphShardingOptimizerV2):
+                inner._set_broadcast_overlap(True)  # names the V2 method
+            hint = "."
+            if isinstance(inner, DygraphShardingOptimizer):
+                hint = ": use _set_broadcast_overlap(True, layers=model)."
+            v2 = kind is DygraphShardingOptimizerV2
+            raise ValueError(
+                f"{method} needs sharding stage 1 {'V2' if v2 else 'V1'}: "
+                "set strategy.hybrid_configs['sharding_degree'] >= 2 and "
+                f"sharding_configs.split_param = {v2}; the wrapped "
+                f"optimizer is a {type(inner).__name__}{hint}"
+            )
+        self._layers = layers if flag else None
 
     def _step(self, parameters_list):
         """Paddle's ``_step``, with the sharding broadcast launched only after

@@ -1,0 +1,82 @@
+"""HybridParallelOptimizer's overlap methods: delegation to the wrapped sharding
+optimizer, and the refusals that name what to set (one process, no ranks)."""
+
+import types
+
+import pytest
+
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+    DygraphShardingOptimizer,
+    DygraphShardingOptimizerV2,
+)
+from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+    dygraph_sharding_optimizer as sharding_overlay,
+)
+from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+    HybridParallelOptimizer,
+)
+
+
+def fake(cls, calls):
+    """An instance of ``cls`` (V1, V2 or a plain class) built without Paddle's
+    constructor, whose overlay methods record their calls."""
+    inner = cls.__new__(cls)
+    inner._set_broadcast_overlap = lambda *a, **k: calls.append(("broadcast", a, k))
+    inner._set_all_gather_overlap_forward = lambda *a, **k: calls.append(("all_gather", a, k))
+    return inner
+
+
+def hybrid(inner):
+    opt = HybridParallelOptimizer.__new__(HybridParallelOptimizer)
+    opt._inner_opt = inner
+    return opt
+
+
+def test_each_method_reaches_its_kind_with_every_argument():
+    calls = []
+    opt = hybrid(fake(DygraphShardingOptimizer, calls))
+    HybridParallelOptimizer._set_broadcast_overlap(opt, True, "model", strict=True, bucket_size_mb=0, max_in_flight=2)
+    assert calls == [("broadcast", (True, "model"), dict(strict=True, bucket_size_mb=0, max_in_flight=2))]
+    assert opt._broadcast_overlap is True and opt._layers == "model"
+    calls.clear()
+    opt = hybrid(fake(DygraphShardingOptimizerV2, calls))
+    HybridParallelOptimizer._set_all_gather_overlap_forward(opt, True, "model")
+    assert calls == [("all_gather", (True, "model"), dict(strict=False, max_in_flight=None))]
+    HybridParallelOptimizer._set_all_gather_overlap_forward(opt, False)
+    assert opt._all_gather_overlap_forward is False and opt._layers is None
+
+
+@pytest.mark.parametrize(
+    "inner_cls, method, expected",
+    [
+        (DygraphShardingOptimizer, "_set_all_gather_overlap_forward",
+         "needs sharding stage 1 V2: set strategy.hybrid_configs['sharding_degree'] >= 2 and "
+         "sharding_configs.split_param = True; the wrapped optimizer is a DygraphShardingOptimizer: "
+         "use _set_broadcast_overlap(True, layers=model)."),
+        (object, "_set_broadcast_overlap",
+         "needs sharding stage 1 V1: set strategy.hybrid_configs['sharding_degree'] >= 2 and "
+         "sharding_configs.split_param = False; the wrapped optimizer is a object."),
+    ],
+)
+def test_turning_on_around_another_kind_is_refused_by_name(inner_cls, method, expected):
+    calls = []
+    inner = inner_cls() if inner_cls is object else fake(inner_cls, calls)
+    opt = hybrid(inner)
+    with pytest.raises(ValueError) as error:
+        getattr(HybridParallelOptimizer, method)(opt, True, "model")
+    assert str(error.value) == method + " " + expected
+    assert calls == [] and not hasattr(opt, "_layers")
+    getattr(HybridParallelOptimizer, method)(opt, False)  # off: a no-op
+
+
+def test_v1_method_around_v2_names_the_v2_method():
+    inner = DygraphShardingOptimizerV2.__new__(DygraphShardingOptimizerV2)
+    inner._set_broadcast_overlap = types.MethodType(
+        sharding_overlay.DygraphShardingOptimizerV2._set_broadcast_overlap, inner)
+    with pytest.raises(ValueError, match=r"_set_all_gather_overlap_forward\(True, model\)"):
+        HybridParallelOptimizer._set_broadcast_overlap(hybrid(inner), True, "model")
+
+
+def test_flag_must_be_a_bool():
+    with pytest.raises(TypeError, match="must be a Python bool"):
+        HybridParallelOptimizer._set_broadcast_overlap(hybrid(object()), 1, "model")
