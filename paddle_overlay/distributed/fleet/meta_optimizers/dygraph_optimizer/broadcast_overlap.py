@@ -24,37 +24,34 @@ with the next forward (PR #63945 for V1, ``_set_all_gather_overlap_forward``
 for V2): collectives with ``sync_op=False``, forward pre-hooks waiting.
 :class:`StageOneBroadcastOverlap` does it for both, and differs in:
 
-* Units. A ``comm_unit.CommUnit`` is one collective with its task (a
-  parameter, a bucket of ``broadcast_buckets.py``, a slice of Paddle's fused
-  buffer, or a V2 comm buffer in Paddle's exact layout), planned by
-  ``unit_plan.plan_units``; this owner never touches a task itself.
-* Order. Units start in the order forward first uses their parameters,
-  recorded by the pre-hooks before the first update; rank 0 of the group
-  broadcasts its order once, so every rank issues the same collectives in
-  the same order. Upstream V1 sorts by the integer in ``param.name``;
-  upstream V2 starts buffers from hooks in ``set`` order, so two ranks can
-  gather different buffers at once (gloo aborts, NCCL hangs).
-* Depth. ``max_in_flight`` units in flight (None: all at the step, V1's
-  default; V2 keeps 1 like upstream, Paddle PR #73406); the next starts as a
-  wait completes. Whatever starts a unit (step, hook, read, compiled
-  program) first starts every unit before it, so a read on one rank alone
-  (``if rank == 0: paddle.save(...)``) neither hangs nor reads stale values.
-* Waits on every read. Each layer owning managed parameters gets a pre-hook
-  (first in its hook order) waiting for its own units; every Python path to
-  a parameter and every ``paddle.jit.to_static`` program waits too
-  (``read_interception.py``), as do the optimizer's ``state_dict()`` and the
-  next ``step()``: no synchronize before ``paddle.save``. Not intercepted: a
-  tensor reference taken before ``step()`` and read after it, and layers
-  outside ``layers``.
-* Hooks. Registered once, kept per layer, removed together on disable
-  (upstream V1 registers them every step and never removes them).
-* Say what happens. The first training forward after a step that uses the
-  units out of the agreed order warns once, naming the layer (as Megatron-LM
-  does); launch and waits are ``paddle.profiler.RecordEvent`` spans
-  (``paddle_overlay::launch``, ``paddle_overlay::wait <unit>``).
-* Replaced memory. In bucket modes one int64 [1] max-reduce per launch tells
-  every rank whether any rank's parameter memory was replaced
-  (``model.to(dtype=...)``); then all plan again.
+* Units: ``comm_unit.CommUnit`` s planned by ``unit_plan.plan_units`` (a
+  parameter, a bucket, a slice of Paddle's fused buffer, or a V2 comm buffer
+  in Paddle's exact layout); this owner never touches a task itself.
+* Order: the order forward first uses the parameters, recorded by the
+  pre-hooks before the first update and broadcast once from rank 0 of the
+  group, so every rank issues the same collectives in the same order.
+  Upstream V1 sorts by the integer in ``param.name``; upstream V2 starts
+  buffers from hooks in ``set`` order, so two ranks can gather different
+  buffers at once (gloo aborts, NCCL hangs).
+* Depth: ``max_in_flight`` units in flight (None: all at the step, V1's
+  default; V2 keeps 1 like upstream, Paddle PR #73406). Whatever starts a
+  unit (step, hook, read, compiled program) starts every unit before it
+  first, so a read on one rank alone (``if rank == 0: paddle.save(...)``)
+  neither hangs nor reads stale values.
+* Waits on every read: a pre-hook (first in its layer's hook order) per
+  layer owning managed parameters, every Python read of a parameter and
+  every compiled program (``read_interception.py``), the optimizer's
+  ``state_dict()`` and the next ``step()``: no synchronize before
+  ``paddle.save``. Not seen: a tensor reference taken before ``step()``.
+* Hooks: registered once and removed together on disable (upstream V1
+  registers them every step and never removes them).
+* Said: a training forward that uses the units out of the agreed order
+  warns once, naming the layer (as Megatron-LM does); launch and waits are
+  ``paddle.profiler.RecordEvent`` spans (``paddle_overlay::launch``,
+  ``paddle_overlay::wait <unit>``).
+* Replaced memory (bucket modes): one int64 [1] max-reduce per launch tells
+  every rank whether any rank's parameter memory was replaced; then all
+  plan again.
 
 Waits are safe to call again. On GPUs ``task.wait()`` makes the compute
 stream wait for the comm stream without blocking the host. A garbage-

@@ -13,36 +13,27 @@
 # limitations under the License.
 
 """Every read of a parameter waits for its own pending sync: the one place
-where reads are intercepted.
+where reads are intercepted. Installed by :func:`acquire` while an overlap is
+open; the last :func:`release` restores everything.
 
-Three pieces, installed by :func:`acquire` while at least one overlap is
-open and taken off by the last :func:`release` (everything restored):
+* Layer reads. Every Python path to a parameter goes through its layer's
+  ``_parameters`` dict: attributes (``Layer.__getattr__``, so also
+  ``F.linear(x, self.proj.weight)`` or a direct ``sub.forward(x)``) and
+  ``parameters()``/``state_dict()``/``set_state_dict()``/``to()``/
+  ``copy.deepcopy`` (``_parameters.items()``/``values()``). A
+  :class:`GuardedParameters` in its place waits for the unit of each
+  parameter it hands out, and only that unit.
+* Compiled programs. ``paddle.jit.to_static`` programs read parameters
+  without Python: ``StaticFunction.__call__`` waits for everything first.
+* SOT (``to_static``'s default in 3.x) simulates every function a compiled
+  forward calls, the owner's hooks too (on 3.3.1 they failed with
+  ``InnerError: ObjectVariable(_Hook) has no attribute _state``; on 2.6.2
+  they recorded a wrong order): this directory joins SOT's skip list, as
+  Paddle's own is.
 
-* **Layer reads.** Every Python path to a parameter of a
-  ``paddle.nn.Layer`` goes through the layer's ``_parameters`` dict:
-  attribute access (``layer.weight``: ``Layer.__getattr__`` ->
-  ``_parameters[name]``, so also ``F.linear(x, self.proj.weight)``, a direct
-  ``sub.forward(x)``, a pipeline ``SharedLayerDesc`` forward_func), and
-  ``parameters()``/``named_parameters()``/``state_dict()``/
-  ``set_state_dict()``/``to()``/``copy.deepcopy`` (``_parameters.items()``
-  or ``values()``). Each layer owning managed parameters gets a
-  :class:`GuardedParameters` in place of that dict, whose read methods
-  wait for the unit of each parameter they hand out, and only that unit.
-* **Compiled programs.** A ``paddle.jit.to_static`` program reads
-  parameters without Python; ``StaticFunction.__call__`` (every compiled
-  forward, method or function goes through it) waits for everything
-  pending first.
-* **SOT.** SOT (the default ``to_static`` mode of Paddle 3.x) simulates the
-  bytecode of every function a compiled forward calls; simulated, the
-  owner's hooks failed on 3.3.1 (``InnerError: ObjectVariable(_Hook) has no
-  attribute _state``) and recorded a wrong order on 2.6.2. This package's
-  directory joins SOT's skip list, as Paddle's own directory is.
-
-The pending state is not kept here: :data:`comm_unit.PENDING` maps each
-parameter to its unit, whose owner waits.
-
-Not seen here: a tensor reference (or a view) taken before ``step()`` and
-read after it, and layers outside ``layers``.
+Pending state lives in :data:`comm_unit.PENDING`. Not seen: a tensor
+reference taken before ``step()`` and read after it, and layers outside
+``layers``.
 """
 
 import functools
