@@ -189,18 +189,18 @@ class _Hook:
         return self._fn(*args)
 
     def __deepcopy__(self, memo):
-        return _noop
+        return _noop_hook
 
     def __reduce__(self):
-        return (_make_noop, ())
+        return (_make_noop_hook, ())
 
 
-def _noop(*_args):
+def _noop_hook(*_args):
     return None
 
 
-def _make_noop():
-    return _noop
+def _make_noop_hook():
+    return _noop_hook
 
 
 _HAS_PREPEND = (
