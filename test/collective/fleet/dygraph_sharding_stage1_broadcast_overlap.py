@@ -11,130 +11,232 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
+"""Per-rank script: sharding stage 1 (V1) with the parameter broadcast
+overlapped with the next forward (``_set_broadcast_overlap``).
 
-"""Per-rank script: sharding stage 1 with broadcast overlap on vs off.
-
-Run under ``python -m paddle.distributed.launch --nproc_per_node 2``. Cases
-are chosen with env ``BROADCAST_OVERLAP_CASES`` (comma list; all by default);
-several run in one launch to save Paddle start-up. Each case trains the same
-model from identical initial weights and data with overlap off and on and
-asserts bitwise-equal losses and final parameters (numpy copies taken after
-each run), and that the wait checker saw every task waited before use. The
-script exits non-zero if any case fails.
-
-Env ``PADDLE_OVERLAY_MODE``: ``overlay`` (default) applies paddle_overlay;
-``patched`` runs against a Paddle whose sources carry the patch.
+Run on 2 ranks under ``python -m paddle.distributed.launch``. Every case runs
+in both modes, one broadcast per parameter (``bucket_size_mb=0``) and small
+buckets (2 KB: bucket boundaries fall inside layers), and checks the
+overlap's public counters (``get_broadcast_overlap(optimizer)``); env
+``BROADCAST_OVERLAP_BUCKET_MB`` is ignored. Env ``BROADCAST_OVERLAP_CASES``
+picks cases (comma list; empty: all). A rank exits non-zero at its first
+failed case; the launcher then stops the others, so none is left waiting in
+a collective.
 """
 
+import importlib
+import os
 import sys
+import traceback
 
-from broadcast_overlap_checker import BroadcastWaitChecker
-from broadcast_overlap_training import (
-    STEPS,
-    TinyLM,
-    all_ranks_equal,
-    batch,
-    cases_of,
-    compare_on_off,
-    overlap_impl,
-    per_parameter,
-    run_cases,
-    total_forward_pre_hooks,
-    train,
+import numpy as np
+
+import paddle
+import paddle.distributed as dist
+import paddle.nn.functional as F
+from paddle import nn
+from paddle.distributed import collective, fleet
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+    DygraphShardingOptimizer,
 )
 
+# From the package of _set_broadcast_overlap: Paddle's, or paddle_overlay's
+# when the overlay was applied at start-up (PADDLE_OVERLAY=1).
+_package = DygraphShardingOptimizer._set_broadcast_overlap.__module__
+get_broadcast_overlap = importlib.import_module(
+    _package.rpartition(".")[0] + ".broadcast_overlap"
+).get_broadcast_overlap
 
-def case_equal_acc1():
-    checker, info = compare_on_off(acc_steps=1)
-    # one async broadcast per trainable parameter (or bucket) after every update
-    n_trainable = len(list(info["model"].parameters()))
-    if not per_parameter(info["opt"]):
-        n_trainable = len(overlap_impl(info["opt"])._units)
-    assert checker.counts["launched"] == STEPS * n_trainable, checker.counts
-    assert (
-        checker.counts["waited"] == checker.counts["launched"]
-    ), checker.counts
-    # forward uses the parameters exactly in broadcast order
-    stats = overlap_impl(info["opt"]).stats
-    assert stats["waited_out_of_order"] == 0, stats
-    assert stats["waited_in_forward"] == (STEPS - 1) * n_trainable, stats
+VOCAB, HIDDEN, SEQ, BATCH, STEPS = 32, 16, 6, 4, 4
+MODES = {"per_parameter": 0, "buckets": 0.002}  # bucket_size_mb
 
 
-def case_equal_acc2():
-    compare_on_off(acc_steps=2)
+class TinyLM(nn.Layer):
+    """Embedding -> 2 x (LayerNorm, Linear) -> head, built head first:
+    parameters() order is not the order forward uses them."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(HIDDEN, VOCAB)
+        self.norms = nn.LayerList([nn.LayerNorm(HIDDEN) for _ in range(2)])
+        self.fcs = nn.LayerList([nn.Linear(HIDDEN, HIDDEN) for _ in range(2)])
+        self.embed = nn.Embedding(VOCAB, HIDDEN)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for norm, fc in zip(self.norms, self.fcs):
+            x = x + F.gelu(fc(norm(x)))
+        return self.head(x)
 
 
-def case_equal_minimize():
-    compare_on_off(acc_steps=1, use_minimize=True)
+def batch(step, micro):
+    rng = np.random.RandomState(1000 * step + 10 * micro + dist.get_rank())
+    tokens, labels = rng.randint(0, VOCAB, size=(2, BATCH, SEQ)).astype("int64")
+    return paddle.to_tensor(tokens), paddle.to_tensor(labels)
 
 
-def case_forward_order_recorded():
-    """The agreed order is the forward first-use order, the same on every rank."""
-    _, _, info = train(TinyLM, overlap=True, steps=1)
-    opt, model = info["opt"], info["model"]
-    impl = overlap_impl(opt)
-    params = list(opt._inner_opt._origin_parameter_list)
-    forward_names = []
+def train(mb, acc=1, minimize=False, steps=STEPS, on_step=None):
+    """Train TinyLM (overlap off when ``mb`` is None, else on with
+    ``bucket_size_mb=mb``); returns numpy copies of the losses and final
+    parameters, the model, the optimizer and its parameter list."""
+    paddle.seed(2026)  # the same initial weights on every rank and run
+    model = TinyLM()
+    params = model.parameters()
+    opt = fleet.distributed_optimizer(
+        paddle.optimizer.AdamW(0.01, parameters=params, weight_decay=0.01)
+    )
+    model = fleet.distributed_model(model)
+    if mb is not None:
+        opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=mb)
+    losses = []
+    for step in range(steps):
+        for micro in range(acc):
+            tokens, labels = batch(step, micro)
+            loss = F.cross_entropy(model(tokens), labels).mean()
+            (loss / acc).backward()
+            losses.append(loss.numpy().copy())
+        if minimize:
+            opt.minimize(loss)
+        else:
+            opt.step()
+        opt.clear_grad()
+        if on_step is not None:
+            on_step(model, opt)
+    final = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    return losses, final, model, opt, params
+
+
+def case_on_off_bitwise(mb):
+    """Losses and final parameters equal overlap off bit for bit: gradient
+    accumulation 1 and 2 with step(), and minimize()."""
+    for acc, minimize in ((1, False), (2, False), (1, True)):
+        off_losses, off_params, *_ = train(None, acc, minimize)
+        on_losses, on_params, *_ = train(mb, acc, minimize)
+        what = f"acc={acc} minimize={minimize}"
+        for i, (a, b) in enumerate(zip(off_losses, on_losses)):
+            assert a.tobytes() == b.tobytes(), f"{what}: loss {i}: {a} {b}"
+        for k, a in off_params.items():
+            assert a.tobytes() == on_params[k].tobytes(), f"{what}: {k}"
+
+
+def case_order_is_forward_first_use(mb):
+    """The agreed order is the order forward first uses the parameters (not
+    the parameter list's), the same on every rank."""
+    *_, model, opt, params = train(mb, steps=1)
+    order = get_broadcast_overlap(opt).order
+    names = []  # parameter names in the order forward's layers start
 
     def record(layer, _inputs):
-        forward_names.extend(
-            p.name for p in layer.parameters(include_sublayers=False)
-        )
+        names.extend(p.name for p in layer.parameters(False))
 
-    handles = [
-        l.register_forward_pre_hook(record)
-        for l in model.sublayers(include_self=True)
+    hooks = [
+        layer.register_forward_pre_hook(record)
+        for layer in model.sublayers(True)
     ]
-    model(batch(0)[0])
-    for h in handles:
-        h.remove()
+    model(batch(0, 0)[0])
+    for hook in hooks:
+        hook.remove()
+    gathered = []
+    dist.all_gather(gathered, paddle.to_tensor(order, dtype="int64"))
+    assert all(g.numpy().tolist() == order for g in gathered), gathered
+    first_use = list(dict.fromkeys(names))
+    assert [params[i].name for i in order] == first_use, (order, first_use)
+
+
+def case_units_and_waits(mb):
+    """One unit per parameter (or per bucket: fewer, a bucket boundary inside
+    a layer); each launched every step, waited once, by forward, in order."""
+    *_, model, opt, params = train(mb)
+    overlap = get_broadcast_overlap(opt)
+    stats, units = overlap.stats, overlap.units
+    indices = sorted(i for u in units for i in u.indices)
+    assert indices == list(range(len(params))), indices  # each one, once
+    if mb == 0:
+        assert all(len(u.indices) == 1 for u in units), units
+    else:
+        assert len(units) < len(params), units
+        src_of = {id(u): u.src for u in units}
+        unit_of = {id(params[i]): id(u) for u in units for i in u.indices}
+        split = 0  # layers with two parameters of one rank in two buckets
+        for layer in model.sublayers():
+            own = {unit_of[id(p)] for p in layer.parameters(False)}
+            split += len(own) > len({src_of[u] for u in own})
+        assert split > 0, units
+    waits = {k: v for k, v in stats.items() if k.startswith("waited_")}
+    waits.pop("waited_out_of_order")  # counts layers out of order, not waits
+    assert stats["launched"] == STEPS * len(units), stats
+    assert sum(waits.values()) == stats["launched"], stats
+    # forward after each step but the last; then the final state_dict()
+    assert stats["waited_in_forward"] == (STEPS - 1) * len(units), stats
+    assert stats["waited_on_read"] == len(units), stats
+    assert sum(overlap.read_paths.values()) == len(units), overlap.read_paths
+    assert stats["waited_out_of_order"] == 0, stats
+
+
+def num_pre_hooks(model):
+    return sum(len(m._forward_pre_hooks) for m in model.sublayers(True))
+
+
+def case_hooks_constant_and_removed(mb):
+    """Hooks registered once; turning overlap off right after a step waits
+    for its broadcasts and removes every hook."""
+    plain = num_pre_hooks(train(None, steps=1)[2])
     seen = []
-    for name in forward_names:
-        if name not in seen:
-            seen.append(name)
-    assert [params[i].name for i in impl.order] == seen, (
-        [params[i].name for i in impl.order],
-        seen,
-    )
-    assert all_ranks_equal(impl.order)
+
+    def check(model, opt):
+        overlap = get_broadcast_overlap(opt)
+        seen.append((num_pre_hooks(model) - plain, overlap.num_hooks))
+        assert seen[-1] == seen[0], seen  # the same at every step
+        assert seen[0][0] == seen[0][1] > 0, seen  # each one the overlap's
+        if len(seen) == STEPS:
+            assert overlap.num_pending > 0, "the step's broadcasts are pending"
+            opt._set_broadcast_overlap(False)
+            assert overlap.num_pending == overlap.num_hooks == 0
+            assert overlap.state.value == "closed", overlap.state
+            assert num_pre_hooks(model) == plain, num_pre_hooks(model)
+            assert get_broadcast_overlap(opt) is None
+
+    train(mb, on_step=check)
 
 
-def case_hooks_constant_and_removed():
-    counts = []
+def init_fleet():
+    if not paddle.is_compiled_with_cuda():
+        # gloo: a second world-sized context (fleet's sharding and check
+        # groups) can read the global one's keys and fail at random
+        new_group = dist.new_group
 
-    def on_step(step, model, opt):
-        counts.append(
-            (total_forward_pre_hooks(model), overlap_impl(opt).num_hooks)
-        )
+        def reuse_world(ranks=None, *args, **kwargs):
+            if ranks is not None and len(set(ranks)) == dist.get_world_size():
+                return collective._get_default_group()
+            return new_group(ranks, *args, **kwargs)
 
-    _, _, info = train(TinyLM, overlap=True, steps=10, on_step=on_step)
-    assert len(counts) == 10 and len(set(counts)) == 1, counts
-    model, opt = info["model"], info["opt"]
-    _, _, plain = train(TinyLM, overlap=False, steps=1)
-    base = total_forward_pre_hooks(plain["model"])
-    assert counts[0][0] > base, counts
-    impl = overlap_impl(opt)
-    opt._set_broadcast_overlap(False)
-    assert impl.num_pending == 0 and impl.num_hooks == 0
-    assert total_forward_pre_hooks(model) == base
+        dist.new_group = reuse_world
+    strategy = fleet.DistributedStrategy()
+    degrees = dict(dp_degree=1, mp_degree=1, pp_degree=1, sharding_degree=2)
+    strategy.hybrid_configs = degrees
+    fleet.init(is_collective=True, strategy=strategy)
 
 
-def case_checker_catches_missing_wait():
-    """Negative control: with the overlap's pre-hooks removed, the checker
-    must report violations (it would otherwise prove nothing)."""
-    with BroadcastWaitChecker() as checker:
-
-        def drop_hooks(step, model, opt):
-            if step == 0:
-                for handle in overlap_impl(opt)._pre_hook_handles.values():
-                    handle.remove()
-
-        train(
-            TinyLM, overlap=True, steps=2, checker=checker, on_step=drop_hooks
-        )
-    assert checker.violations, "checker failed to see unwaited broadcasts"
-    assert any(w.startswith("forward:") for w, _ in checker.violations)
+def main():
+    cases = {k[5:]: f for k, f in globals().items() if k.startswith("case_")}
+    wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
+    names = [n for n in wanted.split(",") if n] or list(cases)
+    if not set(names) <= set(cases):
+        print(f"unknown cases {names}; known: {list(cases)}", flush=True)
+        return 2
+    init_fleet()
+    for name in names:
+        for mode, mb in MODES.items():
+            try:
+                cases[name](mb)
+            except Exception:
+                print(f"CASE {name} [{mode}] FAIL", flush=True)
+                traceback.print_exc()
+                return 1  # at the first failure (see the docstring)
+            print(f"CASE {name} [{mode}] PASS", flush=True)
+    print(f"{len(names) * len(MODES)} passed", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_cases(cases_of(globals())))
+    sys.exit(main())

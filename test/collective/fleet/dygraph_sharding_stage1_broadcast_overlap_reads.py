@@ -18,9 +18,9 @@ Each case reads parameters the way user code does outside ``model(...)``
 logging, a loop over ``model.parameters()``), with overlap on and off:
 bitwise-equal results, and the wait checker (which checks at the read:
 ``F.linear``, ``paddle.linalg.norm``, ``Tensor.set_value``, ...) sees no
-read of a parameter whose broadcast is pending. A negative control removes
-the read guard and must show violations. Cases are chosen with env
-``BROADCAST_OVERLAP_CASES``.
+read of a parameter whose broadcast is pending. Two negative controls
+remove the read guard and the forward pre-hooks and must show violations.
+Cases are chosen with env ``BROADCAST_OVERLAP_CASES``.
 """
 
 import sys
@@ -28,6 +28,7 @@ import sys
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
+    TinyLM,
     assert_bitwise_equal,
     cases_of,
     overlap_impl,
@@ -188,6 +189,23 @@ def case_held_reference_is_documented_limit():
     with BroadcastWaitChecker() as checker:
         run_with_reads(weight_norm, checker=checker)  # re-read: waited
     assert checker.violations == []
+
+
+def case_checker_catches_missing_wait():
+    """Negative control: with the overlap's pre-hooks removed, the checker
+    must report violations (it would otherwise prove nothing)."""
+    with BroadcastWaitChecker() as checker:
+
+        def drop_hooks(step, model, opt):
+            if step == 0:
+                for handle in overlap_impl(opt)._pre_hook_handles.values():
+                    handle.remove()
+
+        train(
+            TinyLM, overlap=True, steps=2, checker=checker, on_step=drop_hooks
+        )
+    assert checker.violations, "checker failed to see unwaited broadcasts"
+    assert any(w.startswith("forward:") for w, _ in checker.violations)
 
 
 if __name__ == "__main__":
