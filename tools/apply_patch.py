@@ -49,8 +49,7 @@ class Tree:
     def fits(self, patch, *options):
         return self.git("apply", "--check", *options, patch).returncode == 0
 
-    def describe(self):
-        """What the tree looks like, one line per clue."""
+    def describe(self):  # one line per clue
         out = []
         try:
             out.append(f"  Paddle {make_patch.wheel_version(os.path.join(self.src, 'python', 'paddle'))[0]} "
@@ -63,16 +62,14 @@ class Tree:
         dso = os.path.join(self.src, TREE_OPT_DIR, "dygraph_sharding_optimizer.py")
         text = make_patch._read(dso) if os.path.isfile(dso) else None
         if text is None:
-            out.append(f"  no {TREE_OPT_DIR}/dygraph_sharding_optimizer.py: not a Paddle 2.6+ tree")
-        elif os.path.isfile(os.path.join(self.src, TREE_OPT_DIR, "broadcast_overlap.py")) or "_origin_step" in text:
-            out.append(f"  already patched: has {TREE_OPT_DIR}/broadcast_overlap.py or "
-                       "DygraphShardingOptimizer._origin_step")
-        elif "_broadcast_order_params" in text:
-            out.append("  Paddle 3.x: dygraph_sharding_optimizer.py has upstream's broadcast overlap "
-                       "(PR #63945, _broadcast_order_params)")
-        else:
-            out.append("  Paddle 2.6: dygraph_sharding_optimizer.py has no upstream broadcast overlap")
-        return out
+            return out + [f"  no {TREE_OPT_DIR}/dygraph_sharding_optimizer.py: not a Paddle 2.6+ tree"]
+        if os.path.isfile(os.path.join(self.src, TREE_OPT_DIR, "broadcast_overlap.py")) or "_origin_step" in text:
+            return out + [f"  already patched: has {TREE_OPT_DIR}/broadcast_overlap.py or "
+                          "DygraphShardingOptimizer._origin_step"]
+        if "_broadcast_order_params" in text:
+            return out + ["  Paddle 3.x: dygraph_sharding_optimizer.py has upstream's broadcast overlap (PR #63945, "
+                          "_broadcast_order_params)"]
+        return out + ["  Paddle 2.6: dygraph_sharding_optimizer.py has no upstream broadcast overlap"]
 
     def new_rows(self, patch):
         """The header rows of ``patch`` whose test is not in the tree's testslist.csv yet."""

@@ -16,6 +16,7 @@ import argparse
 import ast
 import builtins
 import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -28,9 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import testslist  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OVERLAY_DIR = os.path.join(
-    ROOT, "paddle_overlay", "distributed", "fleet", "meta_optimizers", "dygraph_optimizer"
-)
+OVERLAY_DIR = os.path.join(ROOT, "paddle_overlay", "distributed", "fleet", "meta_optimizers", "dygraph_optimizer")
 TEST_DIR = os.path.join(ROOT, "test", "collective", "fleet")
 PATCH_DIR = os.path.join(ROOT, "patches")
 
@@ -107,17 +106,6 @@ def _first_line(node, lines):
     return start
 
 
-def _resolve(module, level, package):
-    """Absolute module name of ``from <level dots><module> import``, as seen from ``package``."""
-    if not level:
-        return module
-    parts = package.split(".")
-    if level - 1 > len(parts) - 1:
-        raise PatchError(f"relative import with {level} dots goes above {package}")
-    base = parts[: len(parts) - (level - 1)]
-    return ".".join(base + ([module] if module else []))
-
-
 def _top_level_bindings(module_node, package):
     """name -> ('import', absolute source, imported name) or ('def', kind) for top-level names."""
     bound = {}
@@ -130,7 +118,7 @@ def _top_level_bindings(module_node, package):
                     top = a.name.split(".")[0]
                     bound[top] = ("import", top, None)
         elif isinstance(node, ast.ImportFrom):
-            source = _resolve(node.module or "", node.level, package)
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
             for a in node.names:
                 bound[a.asname or a.name] = ("import", source, a.name)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -186,14 +174,10 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     """Target module text with the overlay class's methods spliced into ``class_name``; raises
     :class:`PatchError` when that cannot be done faithfully (wrapped method missing, tree patched
     already, a module-level name the patch cannot carry, an import bound otherwise in the target)."""
-    overlay_mod = ast.parse(overlay_text, overlay_name)
-    target_mod = ast.parse(target_text, target_name)
-    o_lines = overlay_text.splitlines()
-    t_lines = target_text.splitlines()
-    o_cls = _find_class(overlay_mod, class_name, overlay_name)
+    overlay_mod, target_mod = ast.parse(overlay_text, overlay_name), ast.parse(target_text, target_name)
+    o_lines, t_lines = overlay_text.splitlines(), target_text.splitlines()
     t_cls = _find_class(target_mod, class_name, target_name)
-    o_methods = _methods(o_cls)
-    t_methods = _methods(t_cls)
+    o_methods, t_methods = _methods(_find_class(overlay_mod, class_name, overlay_name)), _methods(t_cls)
     wraps = _overlay_wraps(overlay_mod, overlay_name, class_name)
     for name in wraps:
         if name not in o_methods:
@@ -216,24 +200,19 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
                     continue
                 raise PatchError(f"{overlay_name}: {class_name}.{method} reads {name}, which is neither imported nor builtin")
             if how[0] != "import":
-                raise PatchError(
-                    f"{overlay_name}: {class_name}.{method} reads module-level {name} ({how[1]}); "
-                    "the patch carries methods only: import it from a Paddle module instead"
-                )
+                raise PatchError(f"{overlay_name}: {class_name}.{method} reads module-level {name} ({how[1]}); "
+                                 "the patch carries methods only: import it from a Paddle module instead")
             if how[1].split(".")[0] == "paddle_overlay":
                 raise PatchError(f"{overlay_name}: {class_name}.{method} uses {name} from {how[1]}, absent in Paddle")
             there = t_bound.get(name)
             if there is None:
                 if how[2] is None:
                     raise PatchError(f"{overlay_name}: plain 'import' of {name} is not supported; use 'from ... import'")
-                missing.setdefault(how[1], [])
-                if how[2] not in missing[how[1]]:
+                if how[2] not in missing.setdefault(how[1], []):
                     missing[how[1]].append(how[2])
             elif there != how:
-                raise PatchError(
-                    f"{target_name}: {name} is bound to {there[1:]} but {class_name}.{method} "
-                    f"expects {how[1:]} (from {overlay_name})"
-                )
+                raise PatchError(f"{target_name}: {name} is bound to {there[1:]} but {class_name}.{method} "
+                                 f"expects {how[1:]} (from {overlay_name})")
 
     # Method edits, as (first line, last line, new lines) on the target; 1-based, inclusive.
     edits = []
@@ -281,9 +260,7 @@ def _overlay_wraps(overlay_mod, overlay_name, class_name=None):
     """The names ``class_name`` wraps: a module-level ``OVERLAY_WRAPS`` tuple, or its
     entry in an ``OVERLAY_WRAPS`` dict keyed by class name."""
     for node in overlay_mod.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "OVERLAY_WRAPS" for t in node.targets
-        ):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OVERLAY_WRAPS" for t in node.targets):
             value = ast.literal_eval(node.value)
             if isinstance(value, dict):
                 value = tuple(value.get(class_name, ()))
@@ -332,9 +309,8 @@ def _optional(tree):
     """Import nodes inside ``try: ... except ImportError`` (may name modules the patch lacks)."""
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and any(
-            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
-        ):
+        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id in (
+                "ImportError", "ModuleNotFoundError") for h in node.handlers):
             out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     return out
 
@@ -378,10 +354,9 @@ def check_selection():
     problems = dangling(OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules(), TARGET_PACKAGE)
     problems.update(dangling(TEST_DIR, test_files()))
     if problems:
-        raise PatchError(
-            "files the patch carries need files it leaves out (add them to the lists in tools/make_patch.py, "
-            "or make the import optional): " + "; ".join(f"{k} needs {', '.join(v)}" for k, v in sorted(problems.items()))
-        )
+        raise PatchError("files the patch carries need files it leaves out (add them to the lists in tools/make_patch.py, "
+                         "or make the import optional): "
+                         + "; ".join(f"{k} needs {', '.join(v)}" for k, v in sorted(problems.items())))
 
 
 def testslist_rows():
@@ -411,26 +386,16 @@ def patched_files(tree):
         target_path = os.path.join(opt_dir, filename)
         if not os.path.isfile(target_path):
             raise PatchError(f"{target_path} not found: is {tree} a Paddle tree (python/paddle/...)?")
-        overlay_path = os.path.join(OVERLAY_DIR, filename)
         key = f"{TREE_OPT_DIR}/{filename}"
-        out[key] = splice(
-            out[key] if key in out else _read(target_path),
-            _read(overlay_path),
-            class_name,
-            target_name=f"{TREE_OPT_DIR}/{filename}",
-            overlay_name=os.path.relpath(overlay_path, ROOT),
-        )
+        out[key] = splice(out[key] if key in out else _read(target_path), _read(os.path.join(OVERLAY_DIR, filename)),
+                          class_name, key, os.path.relpath(os.path.join(OVERLAY_DIR, filename), ROOT))
     added = {f"{TREE_OPT_DIR}/{n}": os.path.join(OVERLAY_DIR, n) for n in new_modules()}
     added.update({f"{TREE_TEST_DIR}/{n}": os.path.join(TEST_DIR, n) for n in test_files()})
     for rel, src in sorted(added.items()):
         if os.path.lexists(os.path.join(tree, rel)):
-            raise PatchError(
-                f"{rel} exists in {tree}: the patch adds new files only (is the tree patched already, "
-                "or does upstream have a file of that name? rename ours)"
-            )
-        out[rel] = _read(src)
-        if rel.startswith(TREE_TEST_DIR + "/"):
-            out[rel] = adapt_test_base(tree, out[rel])
+            raise PatchError(f"{rel} exists in {tree}: the patch adds new files only (is the tree patched already, "
+                             "or does upstream have a file of that name? rename ours)")
+        out[rel] = adapt_test_base(tree, _read(src)) if rel.startswith(TREE_TEST_DIR + "/") else _read(src)
     return out
 
 
