@@ -1,22 +1,13 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Run the collective tests listed in ``testslist.csv`` files, in one pytest session per Paddle.
+"""Run the collective tests listed in ``testslist.csv`` files, one pytest session per Paddle (docs/harness.md).
 
-``bash tools/run_collective_tests.sh [--paddle V[,V] | --matrix] [options]`` starts this file with
-any python3: it answers ``--help``, ``--list`` and bad arguments at once, makes or reuses the venv
-``.venv-test/paddle-V`` (``paddlepaddle==V``, the pins that release needs, this project with its
-``[test]`` extra; built in a temporary folder and moved into place, reused while its stamp
-matches) and runs itself again with that venv's python; several releases run one after the
-other and end with a table. Started directly (ctest does), it runs with its own interpreter.
-
-The lists: ``test/collective/fleet/testslist.csv`` (what goes upstream) and the project's own
-``test/*/testslist.csv``; a row's driver ``<name>.py`` lies next to its list. The selected
-drivers go to pytest in list order with a plugin that skips a row whose arch/os/conditions do not
-hold here (with the reason), gives each test the row's timeout (pytest-timeout; rank start-up is
-not counted, see ``collective_launch``), sets the row's ``envs`` while its tests run and keeps its
-launch logs under ``<run-dir>/paddle-<version>/<row>/``. pytest does the rest: reports,
-``--junit-xml``, ``--repeat`` (each driver given N times), exit codes. ``--coverage`` measures this
-process and, through coverage's ``patch = subprocess``, every launcher and rank (``tools/coveragerc``).
+``bash tools/run_collective_tests.sh`` starts this file with any python3 (``--bootstrap``): it answers
+``--help``, ``--list`` and bad arguments at once, makes or reuses ``.venv-test/paddle-V`` and runs
+itself again with that venv's python (several releases: one after the other, then a table).
+Started directly (ctest does), it runs with its own interpreter: the selected drivers go to pytest
+with :class:`CollectivePlugin` (row requirements as skips, the row's timeout through pytest-timeout,
+the row's ``envs``, log folders, one line per failure).
 """
 
 import argparse
@@ -49,13 +40,9 @@ with open("/proc/self/cmdline", "rb") as f:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
-        prog="run_collective_tests.sh", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Run the collective (multi-rank) tests of paddle_overlay under Paddle's launcher.",
-        epilog="Pins per release: 2.6.2: protobuf==3.20.3 numpy<2; 3.0.0 to 3.3.0: protobuf<6 (protobuf 6+ breaks\n"
-               "their DistributedStrategy); 3.3.1: none. Environment: PYTHON (python3 that makes the venvs),\n"
-               "PIP_INDEX_URL / PIP_FIND_LINKS (where pip finds wheels).\n\nexamples:\n  run_collective_tests.sh --list\n  run_collective_tests.sh -k broadcast_overlap --repeat 5\n"
-               "  run_collective_tests.sh --paddle 3.3.1,2.6.2 --coverage --junit-xml .test-out/junit-{paddle}.xml\n"
-               "  run_collective_tests.sh --device gpu --nproc 8 --master 10.0.0.1:8090 --nnodes 2 --rank 0")
+        prog="run_collective_tests.sh", description="Run the collective (multi-rank) tests of paddle_overlay "
+        "under Paddle's launcher.", epilog="Environment: PYTHON (the python3 that makes the venvs), PIP_INDEX_URL, "
+        "PIP_FIND_LINKS (where pip finds wheels). docs/harness.md says more.")
     p.add_argument("--paddle", action="append", metavar="VERSION[,VERSION]",
                    help=f"tested release(s) to run, one of: {' '.join(TESTED_PADDLE)} (default {TESTED_PADDLE[-1]}); "
                         "several run one after the other and end with a table")
@@ -84,9 +71,8 @@ def parse_args(argv=None):
     p.add_argument("--bootstrap", action="store_true", help=argparse.SUPPRESS)  # run_collective_tests.sh
     args = p.parse_args(argv)
     args.versions = TESTED_PADDLE if args.matrix else [v for a in args.paddle or [] for v in a.split(",") if v]
-    for v in args.versions:
-        if v not in TESTED_PADDLE:
-            p.error(f"Paddle {v} is not a supported release; use one of: {' '.join(TESTED_PADDLE)}")
+    for v in set(args.versions) - set(TESTED_PADDLE):
+        p.error(f"Paddle {v} is not a supported release; use one of: {' '.join(TESTED_PADDLE)}")
     if len(args.versions) > 1 and args.junit_xml and "{paddle}" not in args.junit_xml:
         p.error("with several --paddle versions, put {paddle} in the --junit-xml path")
     if args.repeat < 1 or args.nproc < 1:
@@ -138,25 +124,22 @@ class CollectivePlugin:
         self.rows, self.device, self.facts, self.run_dir, self.header = rows, device, facts, run_dir, header
         self.by_nodeid = {}
 
-    def row(self, item):
-        return self.rows[str(item.path)]
-
     def pytest_report_header(self):
         return self.header
 
     def pytest_collection_modifyitems(self, items):
-        import pytest
+        import pytest  # not at the top: the bootstrap runs with any python3
 
         for item in items:
-            row = self.by_nodeid[item.nodeid] = self.row(item)
+            row = self.by_nodeid[item.nodeid] = self.rows[str(item.path)]
             unmet = testslist.unmet_requirements(row, self.device, self.facts)
             if unmet:
                 item.add_marker(pytest.mark.skip(reason="; ".join(unmet)))
             if not item.get_closest_marker("timeout"):
                 item.add_marker(pytest.mark.timeout(row.timeout_seconds, method="signal"))
 
-    def pytest_runtest_protocol(self, item):
-        row = self.row(item)
+    def pytest_runtest_logstart(self, nodeid):  # before setup: unittest's setUpClass sees the row's envs
+        row = self.by_nodeid[nodeid]
         os.environ.update({k: v for k, v in row.env_dict().items() if k != "PYTHONPATH"})
         os.environ["PADDLE_OVERLAY_RUN_DIR"] = os.path.join(self.run_dir, row.name)
         os.makedirs(os.environ["PADDLE_OVERLAY_RUN_DIR"], exist_ok=True)
@@ -166,7 +149,7 @@ class CollectivePlugin:
         os.environ.update(self.environ)
 
     def pytest_sessionstart(self):
-        self.environ = dict(os.environ)
+        self.environ = dict(os.environ)  # put back after each test
 
     def pytest_report_teststatus(self, report):
         if hasattr(report, "wasxfail"):
@@ -189,6 +172,11 @@ class CollectivePlugin:
         terminalreporter.write_line(f"logs: {self.run_dir}")
 
 
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
 def pins(version):
     """What pip must install for ``version`` to work (numpy/protobuf pins in one resolve)."""
     extra = [] if version == "3.3.1" else ["protobuf==3.20.3", "numpy<2"] if version.startswith("2.") else ["protobuf<6"]
@@ -200,9 +188,8 @@ def ensure_venv(version, rebuild=False):
     of a build that failed or was interrupted). Raises SystemExit(1) when pip fails."""
     venv = os.path.join(ROOT, ".venv-test", f"paddle-{version}")
     py, stamp = os.path.join(venv, "bin", "python"), os.path.join(venv, ".paddle-overlay-stamp")
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        want = f"{' '.join(pins(version))} | {hashlib.sha256(f.read()).hexdigest()[:16]}"
-    if not rebuild and os.access(py, os.X_OK) and os.path.isfile(stamp) and open(stamp).read() == want:
+    want = f"{' '.join(pins(version))} | {hashlib.sha256(_read(os.path.join(ROOT, 'pyproject.toml')).encode()).hexdigest()[:16]}"
+    if not rebuild and os.access(py, os.X_OK) and os.path.isfile(stamp) and _read(stamp) == want:
         print(f"venv: reusing {venv}", file=sys.stderr)
         return py
     tmp = os.path.join(ROOT, ".venv-test", f".paddle-{version}.partial-{os.getpid()}")
@@ -257,15 +244,14 @@ def run_releases(args, argv):
         status = status or int(proc.returncode != 0)
         table.append((version, "FAIL" if proc.returncode else "PASS", last or f"no summary (rc {proc.returncode})",
                       f"{time.monotonic() - start:.0f}s", log))
-    if table:
-        widths = [max(len(str(r[i])) for r in table + [("paddle", "result", "tests", "time", "log")]) for i in range(5)]
-        for r in [("paddle", "result", "tests", "time", "log")] + table:
-            print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    table = [("paddle", "result", "tests", "time", "log")] + table if table else []
+    for r in table:
+        print("  ".join(str(c).ljust(max(len(str(t[i])) for t in table)) for i, c in enumerate(r)).rstrip())
     return status
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")  # a launch in progress kills its tree on the way out
+def _interrupt(signum, frame):  # a launch in progress kills its tree on the way out
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv=None):
@@ -328,8 +314,6 @@ def main(argv=None):
     cuda = paddle.is_compiled_with_cuda()
     header = (f"Paddle {version} ({'CUDA' if cuda else 'CPU build'}), device {device}, "
               f"{args.nproc} ranks per node, logs in {run_dir}")
-    # The row's envs must be in place before unittest's setUpClass runs (the first item's setup).
-    CollectivePlugin.pytest_runtest_protocol = pytest.hookimpl(tryfirst=True)(CollectivePlugin.pytest_runtest_protocol)
     plugin = CollectivePlugin(rows, device, testslist.platform_facts(cuda=cuda), run_dir, header)
     pytest_args = ["-v", "-rfEs", "-p", "no:cacheprovider", "--rootdir", ROOT, "--tb=short",
                    "-o", f"junit_suite_name=collective.paddle-{version}", "--keep-duplicates"]
@@ -341,12 +325,12 @@ def main(argv=None):
         cov.stop()
         cov.save()
         cov.combine(keep=True)
-        with open(os.path.join(run_dir, "coverage-report.txt"), "w") as f:
+        report = os.path.join(run_dir, "coverage-report.txt")
+        with open(report, "w") as f:
             percent = cov.report(file=f)
         cov.xml_report(outfile=os.path.join(run_dir, "coverage.xml"))
-        with open(os.path.join(run_dir, "coverage-report.txt")) as f:
-            print(f"\nCoverage of paddle_overlay across all ranks (Paddle {version}):\n{f.read()}")
-        print(f"coverage report: {os.path.join(run_dir, 'coverage-report.txt')}")
+        print(f"\nCoverage of paddle_overlay across all ranks (Paddle {version}):\n{_read(report)}"
+              f"coverage report: {report}")
         if args.cov_fail_under is not None and percent < args.cov_fail_under:
             print(f"COVERAGE FAILED: {percent:.1f}% < {args.cov_fail_under}%")
             rc = rc or 1

@@ -1,18 +1,14 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Generate ``CMakeLists.txt`` next to each ``testslist.csv``, as upstream Paddle does.
+"""Generate ``CMakeLists.txt`` next to each ``testslist.csv``, as upstream Paddle's generator does.
 
 Same input, command line and output shape as upstream's ``tools/gen_ut_cmakelists.py`` (written
-anew): per row ``if (<condition>)`` per item of ``conditions`` around ``if(<arch> AND <os>)``, then
-``bash_test_modules`` (``*.sh`` launcher: ``START_BASH``, ``TIMEOUT``, ``LABELS``, ``ENVS
-"PADDLE_DIST_UT_PORT=<port>;<envs>"``) or ``py_test_modules``, and ``set_tests_properties`` for a
-timeout or ``run_serial``. Ports follow upstream's rule: a test keeps the port the existing file
-gives it; new ones count on from the highest, by each row's ``num_port``. The text is formatted
-by cmake-format (``cmakelang`` 0.6.13 with Paddle's settings), as Paddle's pre-commit does.
-
-Usage: ``python tools/gen_ut_cmakelists.py [--check] [-f testslist.csv ...]`` (default: every
-``test/**/testslist.csv``). Exit codes: 0 ok, 1 stale (``--check``), 2 malformed
-``testslist.csv`` (message names file:line) or cmakelang missing.
+anew; docs/patches.md): per row ``if (<condition>)`` per ``conditions`` item around
+``if(<arch> AND <os>)``, then ``bash_test_modules`` (``*.sh`` launcher) or ``py_test_modules``, and
+``set_tests_properties``; a test keeps the port the existing file gives it, new ones count on from
+the highest; formatted by cmake-format (``cmakelang`` 0.6.13, Paddle's settings).
+``python tools/gen_ut_cmakelists.py [--check] [-f testslist.csv ...]`` (default: every
+``test/**/testslist.csv``); exit codes: 0 ok, 1 stale (``--check``), 2 malformed row or no cmakelang.
 """
 
 import argparse
@@ -36,40 +32,20 @@ HEADER = """\
 set(LOCAL_ALL_ARCH ON)
 set(LOCAL_ALL_PLAT ON)
 """
-_PORT_RE = re.compile(r"PADDLE_DIST_UT_PORT=(\d+)")
-_NAME_RE = re.compile(r"^\s*(test_[0-9A-Za-z_]+)\s*$")
+# a bash_test_modules entry: its name on the line above START_BASH, then its port before the next entry
+_ENTRY_RE = re.compile(r"^[ \t]*(test_[0-9A-Za-z_]+)[ \t]*\n[ \t]*START_BASH[ \t]*\n"
+                       r"(?:(?!\n[ \t]*START_BASH[ \t]*\n).)*?PADDLE_DIST_UT_PORT=(\d+)", re.M | re.S)
 
 
 class GeneratorError(Exception):
     """The input cannot be turned into a CMakeLists.txt (message says why)."""
 
 
-def _arch(row):
-    return "(" + " OR ".join("WITH_" + a for a in row.arch) + ")" if row.arch else "LOCAL_ALL_ARCH"
-
-
-def _os(row):
-    return "(" + " OR ".join(row.os) + ")" if row.os else "LOCAL_ALL_PLAT"
-
-
-def _envs(row):
-    return ";".join(e + ":${PADDLE_BINARY_DIR}/python" if e.startswith("PYTHONPATH=") else e for e in row.envs)
-
-
 def existing_ports(cmake_text):
     """{test name: port} of the ``bash_test_modules`` entries of a generated CMakeLists.txt."""
     ports = {}
-    lines = cmake_text.splitlines()
-    for idx, line in enumerate(lines):
-        m = _PORT_RE.search(line)
-        if not m:
-            continue
-        for k in range(idx, -1, -1):  # the name is the line above START_BASH
-            if lines[k].strip() == "START_BASH" and k > 0:
-                name = _NAME_RE.match(lines[k - 1])
-                if name:
-                    ports.setdefault(name.group(1), int(m.group(1)))
-                break
+    for m in _ENTRY_RE.finditer(cmake_text):
+        ports.setdefault(m.group(1), int(m.group(2)))
     return ports
 
 
@@ -101,14 +77,17 @@ class PortCounter:
 def raw_entry(row, port):
     """One row as upstream's generator writes it, before cmake-format."""
     timeout = f'TIMEOUT "{row.timeout}"' if row.timeout is not None else ""
-    head = "".join(f"if ({c})\n" for c in row.conditions) + f"if({_arch(row)} AND {_os(row)})\n"
+    arch = "(" + " OR ".join("WITH_" + a for a in row.arch) + ")" if row.arch else "LOCAL_ALL_ARCH"
+    os_ = "(" + " OR ".join(row.os) + ")" if row.os else "LOCAL_ALL_PLAT"
+    envs = ";".join(e + ":${PADDLE_BINARY_DIR}/python" if e.startswith("PYTHONPATH=") else e for e in row.envs)
+    head = "".join(f"if ({c})\n" for c in row.conditions) + f"if({arch} AND {os_})\n"
     if row.launcher.endswith(".sh"):
         args = [row.name, "START_BASH", row.launcher] + ([timeout] if timeout else [])
-        args += ["LABELS", f'"RUN_TYPE={row.run_type}"', "ENVS", f'"PADDLE_DIST_UT_PORT={port};{_envs(row)}"']
+        args += ["LABELS", f'"RUN_TYPE={row.run_type}"', "ENVS", f'"PADDLE_DIST_UT_PORT={port};{envs}"']
         call = "bash_test_modules(\n" + "\n".join(args) + ")\n"
         labels = ""
     else:
-        call = f'py_test_modules(\n{row.name}\nMODULES\n{row.name}\nENVS\n"{_envs(row)}")\n'
+        call = f'py_test_modules(\n{row.name}\nMODULES\n{row.name}\nENVS\n"{envs}")\n'
         labels = f' LABELS "RUN_TYPE={row.run_type}"' if row.run_type else ""
     serial = " RUN_SERIAL 1" if row.run_serial else ""  # a "0" cell reads as empty
     props = ""
@@ -118,46 +97,34 @@ def raw_entry(row, port):
 
 
 def cmake_format(text):
-    """``text`` formatted by cmake-format with Paddle's settings. Raises GeneratorError if
-    cmakelang is missing or another version."""
+    """``text`` formatted by cmake-format with Paddle's settings; GeneratorError without cmakelang 0.6.13."""
     try:
         import cmakelang
         from cmakelang import configuration
         from cmakelang.format.__main__ import process_file
     except ImportError:
-        raise GeneratorError(
-            f"cmakelang is not installed: pip install cmakelang=={CMAKELANG_VERSION} "
-            "(the [test] extra of this project has it)"
-        ) from None
+        raise GeneratorError(f"cmakelang is not installed: pip install cmakelang=={CMAKELANG_VERSION} "
+                             "(the [test] extra of this project has it)") from None
     if cmakelang.__version__ != CMAKELANG_VERSION:
         raise GeneratorError(f"cmakelang {cmakelang.__version__} found, {CMAKELANG_VERSION} needed")
-    config = configuration.Configuration(
-        format={"line_width": 80}, markup={"enable_markup": False, "first_comment_is_literal": True}
-    )
-    out, _ = process_file(config, text)
-    return out
+    config = configuration.Configuration(format={"line_width": 80},
+                                         markup={"enable_markup": False, "first_comment_is_literal": True})
+    return process_file(config, text)[0]
 
 
 def generate(csv_path, old_cmake=None):
-    """Full CMakeLists.txt text for ``csv_path``.
-
-    ``old_cmake``: the folder's current CMakeLists.txt text (ports of tests in it are kept);
-    default: read it from next to ``csv_path`` when present. Raises ValueError on a
-    malformed row, GeneratorError when ports run out or cmakelang is missing.
-    """
+    """Full CMakeLists.txt text for ``csv_path``; ``old_cmake``: the current file's text (its tests keep
+    their ports; default: the file next to ``csv_path``). ValueError on a malformed row, GeneratorError."""
     if old_cmake is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(csv_path)), "CMakeLists.txt")
-        old_cmake = open(path).read() if os.path.isfile(path) else ""
+        old_cmake = _read(os.path.join(os.path.dirname(os.path.abspath(csv_path)), "CMakeLists.txt"))
     rows = read_testslist(csv_path)
     ports = PortCounter(rows, existing_ports(old_cmake))
-    text = HEADER
-    for row in rows:
-        text += raw_entry(row, ports.port(row) if row.launcher.endswith(".sh") else None)
-    return cmake_format(text)
+    return cmake_format(HEADER + "".join(raw_entry(r, ports.port(r) if r.launcher.endswith(".sh") else None)
+                                         for r in rows))
 
 
-def _default_csvs():
-    return sorted(glob.glob(os.path.join(ROOT, "test", "**", "testslist.csv"), recursive=True))
+def _read(path):
+    return open(path).read() if os.path.isfile(path) else ""
 
 
 def main(argv=None):
@@ -166,7 +133,7 @@ def main(argv=None):
     parser.add_argument("--check", action="store_true", help="do not write; exit 1 if a CMakeLists.txt differs")
     args = parser.parse_args(argv)
     stale = 0
-    for csv_path in args.files or _default_csvs():
+    for csv_path in args.files or sorted(glob.glob(os.path.join(ROOT, "test", "**", "testslist.csv"), recursive=True)):
         folder = os.path.dirname(os.path.abspath(csv_path))
         out = os.path.join(folder, "CMakeLists.txt")
         try:
@@ -177,7 +144,7 @@ def main(argv=None):
         for row in read_testslist(csv_path):
             if not any(os.path.isfile(os.path.join(folder, row.name + ext)) for ext in (".py", ".sh")):
                 print(f"warning: {csv_path}: no {row.name}.py or .sh", file=sys.stderr)
-        old = open(out).read() if os.path.isfile(out) else ""
+        old = _read(out)
         if args.check:
             if old != text:
                 stale += 1

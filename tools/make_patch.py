@@ -1,50 +1,22 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Turn the overlay source into a ``git apply``-able patch for a Paddle tree.
+"""Turn the overlay source into a ``git apply``-able patch for a Paddle tree (docs/patches.md).
 
-The overlay modules under ``paddle_overlay/distributed/fleet/meta_optimizers/
-dygraph_optimizer/`` are the single source. For a Paddle tree laid out as
-``python/paddle/...`` (a checkout, or an installed wheel's ``paddle`` package
-laid out by ``--from-wheel``) the patch:
-
-* adds the overlay modules of :data:`NEW_MODULES` (``broadcast_overlap.py`` and its helpers)
-  next to the optimizers, byte for byte;
-* splices each overlay class's methods into the Paddle class of the same name
-  (``ast`` positions in both files; the method text is cut from the overlay
-  file). A name in the overlay module's ``OVERLAY_WRAPS`` wraps the existing
-  method: the original's ``def NAME(`` becomes ``def _origin_NAME(`` (same
-  decorators and body, see ``paddle_overlay._patching.origin_name``) and the
-  overlay method goes right above it. Any other overlay method replaces the
-  Paddle method of that name in place, or is appended to the class;
-* adds the imports the spliced methods need and the target module lacks;
-* adds the tests in upstream's form of :data:`TEST_FILES` (drivers and their
-  per-rank scripts) as new files; the rest of ``test/collective/fleet`` (the
-  wider catalogue, the wait checker, the CPU shim) stays in this project. Every
-  carried file's imports of a sibling module, and every per-rank script a
-  driver names, must be carried too (an import inside ``try: ... except
-  ImportError`` may stay out: the shim is brought from outside where needed).
-  It changes no file under ``test/``: the carried drivers' rows of our
-  ``testslist.csv`` go into the patch's header, from which
-  ``tools/apply_patch.sh`` appends them to the checkout's ``testslist.csv``
-  and regenerates its ``CMakeLists.txt`` (``gen_ut_cmakelists.py``), so the
-  patch applies with plain ``git apply`` to any checkout at the matching tag.
-
-The patch is ``git diff`` output from a throw-away repository with fixed
-identity, dates and configuration, so the same inputs give the same bytes.
-
-Usage::
-
-    python tools/make_patch.py --paddle-src ~/Paddle --out my.patch
-    python tools/make_patch.py --from-wheel .venv-test/paddle-3.3.1 --version 3.3.1 \\
-        --out patches/paddle-v3.3.1-stage1-broadcast-overlap.patch
-
-Exit codes: 0 ok, 2 bad input (message says what to fix).
+Overlay modules of :data:`NEW_MODULES` are added byte for byte; each overlay class of
+:data:`SPLICED` has its methods spliced into Paddle's class of the same name (a name in the
+module's ``OVERLAY_WRAPS`` wraps: the original becomes ``_origin_NAME``, the overlay method goes
+above it; others replace or are appended), with the imports they need; the upstream-form tests
+of :data:`TEST_FILES` are added, their ``testslist.csv`` rows go in the header. The patch is
+``git diff`` from a throw-away repository with fixed identity and configuration: same inputs,
+same bytes. ``python tools/make_patch.py (--paddle-src DIR | --from-wheel VENV [--version V])
+[--out FILE]``; exit codes: 0 ok, 2 bad input (the message says what to fix).
 """
 
 import argparse
 import ast
 import builtins
 import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -53,10 +25,11 @@ import symtable
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import testslist  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OVERLAY_DIR = os.path.join(
-    ROOT, "paddle_overlay", "distributed", "fleet", "meta_optimizers", "dygraph_optimizer"
-)
+OVERLAY_DIR = os.path.join(ROOT, "paddle_overlay", "distributed", "fleet", "meta_optimizers", "dygraph_optimizer")
 TEST_DIR = os.path.join(ROOT, "test", "collective", "fleet")
 PATCH_DIR = os.path.join(ROOT, "patches")
 
@@ -91,19 +64,13 @@ TEST_FILES = (
 # Prefix of the patch-header lines that carry the testslist.csv rows.
 ROW_PREFIX = "testslist.csv row: "
 
-GIT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "paddle_overlay make_patch",
-    "GIT_AUTHOR_EMAIL": "make_patch@paddle-overlay.invalid",
-    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
-    "GIT_COMMITTER_NAME": "paddle_overlay make_patch",
-    "GIT_COMMITTER_EMAIL": "make_patch@paddle-overlay.invalid",
-    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
-}
-GIT_CONFIG = (
-    "-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "core.quotePath=false",
-    "-c", "init.defaultBranch=main", "-c", "diff.noprefix=false", "-c", "commit.gpgSign=false",
-    "-c", "tag.gpgSign=false",
-)  # fmt: skip
+# git without the user's configuration, with a fixed identity and date
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
+           "TZ": "UTC", **{f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER") for what, value in (
+               ("NAME", "paddle_overlay make_patch"), ("EMAIL", "make_patch@paddle-overlay.invalid"),
+               ("DATE", "2000-01-01T00:00:00+0000"))}}
+GIT_CONFIG = [a for c in ("core.autocrlf=false", "core.fileMode=true", "core.quotePath=false", "init.defaultBranch=main",
+                           "commit.gpgSign=false", "tag.gpgSign=false") for a in ("-c", c)]
 
 
 class PatchError(Exception):
@@ -111,12 +78,8 @@ class PatchError(Exception):
 
 
 def origin_name(name):
-    """Same rule as ``paddle_overlay._patching.origin_name`` (kept here so the
-    tool runs without importing paddle_overlay, hence without Paddle)."""
+    """``paddle_overlay._patching.origin_name`` (here: the tool runs without Paddle)."""
     return "_origin_" + name.lstrip("_")
-
-
-# --------------------------------------------------------------------------- source analysis
 
 
 def _find_class(module, name, filename):
@@ -127,10 +90,7 @@ def _find_class(module, name, filename):
 
 
 def _methods(class_node):
-    """name -> FunctionDef for the functions defined directly in the class body."""
-    return {
-        n.name: n for n in class_node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
+    return {n.name: n for n in class_node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def _first_line(node, lines):
@@ -146,22 +106,6 @@ def _first_line(node, lines):
     return start
 
 
-def _segment(node, lines):
-    """The method's source lines (decorators, leading comments, def, body)."""
-    return lines[_first_line(node, lines) - 1 : node.end_lineno]
-
-
-def _resolve(module, level, package):
-    """Absolute module name of ``from <level dots><module> import``, as seen from ``package``."""
-    if not level:
-        return module
-    parts = package.split(".")
-    if level - 1 > len(parts) - 1:
-        raise PatchError(f"relative import with {level} dots goes above {package}")
-    base = parts[: len(parts) - (level - 1)]
-    return ".".join(base + ([module] if module else []))
-
-
 def _top_level_bindings(module_node, package):
     """name -> ('import', absolute source, imported name) or ('def', kind) for top-level names."""
     bound = {}
@@ -174,7 +118,7 @@ def _top_level_bindings(module_node, package):
                     top = a.name.split(".")[0]
                     bound[top] = ("import", top, None)
         elif isinstance(node, ast.ImportFrom):
-            source = _resolve(node.module or "", node.level, package)
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
             for a in node.names:
                 bound[a.asname or a.name] = ("import", source, a.name)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -191,25 +135,13 @@ def _top_level_bindings(module_node, package):
 def _globals_used(overlay_text, filename, class_name, method_names):
     """Global names each method of the overlay class reads (nested scopes included)."""
     table = symtable.symtable(overlay_text, filename, "exec")
-    cls = next(
-        (t for t in table.get_children() if t.get_type() == "class" and t.get_name() == class_name),
-        None,
-    )
-    if cls is None:
-        raise PatchError(f"{filename}: no class {class_name}")
-    used = {}
+    cls = next(t for t in table.get_children() if t.get_type() == "class" and t.get_name() == class_name)
 
-    def walk(t, acc):
-        acc.update(t.get_globals())
-        for child in t.get_children():
-            walk(child, acc)
+    def reads(t):
+        return set(t.get_globals()).union(*map(reads, t.get_children()))
 
-    for t in cls.get_children():
-        if t.get_name() in method_names and t.get_type() == "function":
-            acc = set()
-            walk(t, acc)
-            used[t.get_name()] = acc
-    return used
+    return {t.get_name(): reads(t) for t in cls.get_children()
+            if t.get_name() in method_names and t.get_type() == "function"}
 
 
 def _names_read_at_definition(node):
@@ -239,21 +171,13 @@ def _import_line(source_module, package, names):
 
 
 def splice(target_text, overlay_text, class_name, target_name="<target>", overlay_name="<overlay>"):
-    """Target module text with the overlay class's methods spliced into ``class_name``.
-
-    Raises :class:`PatchError` when the overlay cannot be spliced faithfully: a wrapped
-    method is missing from the target, the target already has an ``_origin_`` method (the
-    tree is patched already), a method uses a module-level name the patch cannot carry, or
-    the target binds an imported name to something else.
-    """
-    overlay_mod = ast.parse(overlay_text, overlay_name)
-    target_mod = ast.parse(target_text, target_name)
-    o_lines = overlay_text.splitlines()
-    t_lines = target_text.splitlines()
-    o_cls = _find_class(overlay_mod, class_name, overlay_name)
+    """Target module text with the overlay class's methods spliced into ``class_name``; raises
+    :class:`PatchError` when that cannot be done faithfully (wrapped method missing, tree patched
+    already, a module-level name the patch cannot carry, an import bound otherwise in the target)."""
+    overlay_mod, target_mod = ast.parse(overlay_text, overlay_name), ast.parse(target_text, target_name)
+    o_lines, t_lines = overlay_text.splitlines(), target_text.splitlines()
     t_cls = _find_class(target_mod, class_name, target_name)
-    o_methods = _methods(o_cls)
-    t_methods = _methods(t_cls)
+    o_methods, t_methods = _methods(_find_class(overlay_mod, class_name, overlay_name)), _methods(t_cls)
     wraps = _overlay_wraps(overlay_mod, overlay_name, class_name)
     for name in wraps:
         if name not in o_methods:
@@ -276,30 +200,25 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
                     continue
                 raise PatchError(f"{overlay_name}: {class_name}.{method} reads {name}, which is neither imported nor builtin")
             if how[0] != "import":
-                raise PatchError(
-                    f"{overlay_name}: {class_name}.{method} reads module-level {name} ({how[1]}); "
-                    "the patch carries methods only: import it from a Paddle module instead"
-                )
+                raise PatchError(f"{overlay_name}: {class_name}.{method} reads module-level {name} ({how[1]}); "
+                                 "the patch carries methods only: import it from a Paddle module instead")
             if how[1].split(".")[0] == "paddle_overlay":
                 raise PatchError(f"{overlay_name}: {class_name}.{method} uses {name} from {how[1]}, absent in Paddle")
             there = t_bound.get(name)
             if there is None:
                 if how[2] is None:
                     raise PatchError(f"{overlay_name}: plain 'import' of {name} is not supported; use 'from ... import'")
-                missing.setdefault(how[1], [])
-                if how[2] not in missing[how[1]]:
+                if how[2] not in missing.setdefault(how[1], []):
                     missing[how[1]].append(how[2])
             elif there != how:
-                raise PatchError(
-                    f"{target_name}: {name} is bound to {there[1:]} but {class_name}.{method} "
-                    f"expects {how[1:]} (from {overlay_name})"
-                )
+                raise PatchError(f"{target_name}: {name} is bound to {there[1:]} but {class_name}.{method} "
+                                 f"expects {how[1:]} (from {overlay_name})")
 
     # Method edits, as (first line, last line, new lines) on the target; 1-based, inclusive.
     edits = []
     appended = []
     for name, node in o_methods.items():
-        text = _segment(node, o_lines)
+        text = o_lines[_first_line(node, o_lines) - 1 : node.end_lineno]
         if name in wraps:
             if name not in t_methods:
                 raise PatchError(f"{target_name}: {class_name}.{name} to wrap is missing (wrong Paddle version?)")
@@ -341,9 +260,7 @@ def _overlay_wraps(overlay_mod, overlay_name, class_name=None):
     """The names ``class_name`` wraps: a module-level ``OVERLAY_WRAPS`` tuple, or its
     entry in an ``OVERLAY_WRAPS`` dict keyed by class name."""
     for node in overlay_mod.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "OVERLAY_WRAPS" for t in node.targets
-        ):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OVERLAY_WRAPS" for t in node.targets):
             value = ast.literal_eval(node.value)
             if isinstance(value, dict):
                 value = tuple(value.get(class_name, ()))
@@ -367,27 +284,21 @@ def _import_edit(target_mod, t_lines, missing):
     return (after + 1, after, new_lines)
 
 
-# --------------------------------------------------------------------------- the patched tree
-
-
 def _read(path):
     with open(path, encoding="utf-8", newline="") as f:
         return f.read()
 
 
 def new_modules():
-    """Names of the overlay modules the patch adds to Paddle's folder (:data:`NEW_MODULES`)."""
     return list(NEW_MODULES)
 
 
 def test_files():
-    """Names of the test/collective/fleet files the patch adds (:data:`TEST_FILES`)."""
     return list(TEST_FILES)
 
 
 def patch_source_files():
-    """Repository paths (relative to ROOT) of every file whose text goes into the patch:
-    the overlay modules (copied or spliced) and the test files."""
+    """Repository paths of every file whose text goes into the patch."""
     overlay = [name for name, _ in SPLICED] + new_modules()
     rel_overlay = os.path.relpath(OVERLAY_DIR, ROOT)
     rel_test = os.path.relpath(TEST_DIR, ROOT)
@@ -398,9 +309,8 @@ def _optional(tree):
     """Import nodes inside ``try: ... except ImportError`` (may name modules the patch lacks)."""
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and any(
-            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
-        ):
+        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id in (
+                "ImportError", "ModuleNotFoundError") for h in node.handlers):
             out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     return out
 
@@ -444,25 +354,17 @@ def check_selection():
     problems = dangling(OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules(), TARGET_PACKAGE)
     problems.update(dangling(TEST_DIR, test_files()))
     if problems:
-        raise PatchError(
-            "files the patch carries need files it leaves out (add them to the lists in tools/make_patch.py, "
-            "or make the import optional): " + "; ".join(f"{k} needs {', '.join(v)}" for k, v in sorted(problems.items()))
-        )
+        raise PatchError("files the patch carries need files it leaves out (add them to the lists in tools/make_patch.py, "
+                         "or make the import optional): "
+                         + "; ".join(f"{k} needs {', '.join(v)}" for k, v in sorted(problems.items())))
 
 
 def testslist_rows():
-    """The data lines of our testslist.csv whose driver the patch carries, as written.
-
-    Raises :class:`PatchError` when a row is malformed or names a test without a driver.
-    """
+    """The lines of our testslist.csv whose driver the patch carries, as written; raises
+    :class:`PatchError` for a malformed row or a row without a driver."""
     path = os.path.join(TEST_DIR, "testslist.csv")
     if not os.path.isfile(path):
         return []
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    try:
-        import testslist
-    finally:
-        sys.path.pop(0)
     try:
         rows = testslist.read_testslist(path)
     except ValueError as e:
@@ -470,30 +372,13 @@ def testslist_rows():
     for row in rows:
         if not os.path.isfile(os.path.join(TEST_DIR, row.name + ".py")):
             raise PatchError(f"{path}:{row.line}: {row.name} has no {row.name}.py in {TEST_DIR}")
-    carried = {row.line for row in rows if row.name + ".py" in test_files()}
-    lines = [ln.rstrip("\r\n") for ln in _read(path).splitlines()]
-    return [ln for n, ln in enumerate(lines, start=1) if n in carried]
-
-
-def imports_of(text, filename="<file>"):
-    """Top-level module names a Python source imports anywhere (absolute imports only)."""
-    names = set()
-    for node in ast.walk(ast.parse(text, filename)):
-        if isinstance(node, ast.Import):
-            names.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            names.add(node.module.split(".")[0])
-    return names
+    carried = {row.line for row in rows if row.name + ".py" in TEST_FILES}
+    return [ln for n, ln in enumerate(_read(path).splitlines(), start=1) if n in carried]
 
 
 def patched_files(tree):
-    """{path in tree: new text} for every file the patch adds or changes.
-
-    ``tree`` is a Paddle tree laid out as ``python/paddle/...``. Raises :class:`PatchError`
-    when a file to splice is missing, or a file to add already exists in the tree (the
-    tree is patched already, or upstream has a file of that name: the patch adds new files
-    only).
-    """
+    """{path in ``tree`` (a ``python/paddle/...`` tree): new text} of every file the patch adds or
+    changes; :class:`PatchError` when a file to splice is missing or one to add exists already."""
     check_selection()
     opt_dir = os.path.join(tree, TREE_OPT_DIR)
     out = {}
@@ -501,26 +386,16 @@ def patched_files(tree):
         target_path = os.path.join(opt_dir, filename)
         if not os.path.isfile(target_path):
             raise PatchError(f"{target_path} not found: is {tree} a Paddle tree (python/paddle/...)?")
-        overlay_path = os.path.join(OVERLAY_DIR, filename)
         key = f"{TREE_OPT_DIR}/{filename}"
-        out[key] = splice(
-            out[key] if key in out else _read(target_path),
-            _read(overlay_path),
-            class_name,
-            target_name=f"{TREE_OPT_DIR}/{filename}",
-            overlay_name=os.path.relpath(overlay_path, ROOT),
-        )
+        out[key] = splice(out[key] if key in out else _read(target_path), _read(os.path.join(OVERLAY_DIR, filename)),
+                          class_name, key, os.path.relpath(os.path.join(OVERLAY_DIR, filename), ROOT))
     added = {f"{TREE_OPT_DIR}/{n}": os.path.join(OVERLAY_DIR, n) for n in new_modules()}
     added.update({f"{TREE_TEST_DIR}/{n}": os.path.join(TEST_DIR, n) for n in test_files()})
     for rel, src in sorted(added.items()):
         if os.path.lexists(os.path.join(tree, rel)):
-            raise PatchError(
-                f"{rel} exists in {tree}: the patch adds new files only (is the tree patched already, "
-                "or does upstream have a file of that name? rename ours)"
-            )
-        out[rel] = _read(src)
-        if rel.startswith(TREE_TEST_DIR + "/"):
-            out[rel] = adapt_test_base(tree, out[rel])
+            raise PatchError(f"{rel} exists in {tree}: the patch adds new files only (is the tree patched already, "
+                             "or does upstream have a file of that name? rename ours)")
+        out[rel] = adapt_test_base(tree, _read(src)) if rel.startswith(TREE_TEST_DIR + "/") else _read(src)
     return out
 
 
@@ -530,18 +405,20 @@ LEGACY_BASE = "test/legacy_test/test_parallel_dygraph_dataparallel.py"
 BASE_NAMES = (("TestMultipleGpus", "run_mnist_2gpu"), ("TestMultipleAccelerators", "run_mnist_2accelerators"))
 
 
-def adapt_test_base(tree, text):
-    """``text`` with ``TestMultipleGpus``/``run_mnist_2gpu`` renamed to
-    ``TestMultipleAccelerators``/``run_mnist_2accelerators`` when the tree's
-    ``LEGACY_BASE`` defines only the newer class (a checkout of a later Paddle); unchanged
-    otherwise (no such file, e.g. a wheel tree, or it has ``TestMultipleGpus``)."""
+def newer_test_base(tree):
+    """True when the tree's ``LEGACY_BASE`` defines only ``TestMultipleAccelerators``."""
     path = os.path.join(tree, LEGACY_BASE)
-    if not os.path.isfile(path):
+    legacy = _read(path) if os.path.isfile(path) else ""
+    return not re.search(r"^class TestMultipleGpus\b", legacy, re.M) and bool(
+        re.search(r"^class TestMultipleAccelerators\b", legacy, re.M))
+
+
+def adapt_test_base(tree, text):
+    """``text`` with ``TestMultipleGpus``/``run_mnist_2gpu`` renamed to the newer names when the
+    tree's ``LEGACY_BASE`` defines only ``TestMultipleAccelerators`` (a later Paddle)."""
+    if not newer_test_base(tree):
         return text
-    legacy = _read(path)
     (old_cls, old_fn), (new_cls, new_fn) = BASE_NAMES
-    if re.search(rf"^class {old_cls}\b", legacy, re.M) or not re.search(rf"^class {new_cls}\b", legacy, re.M):
-        return text
     module = "legacy_test.test_parallel_dygraph_dataparallel"
     # the longer name no longer fits one 80-column line: the form black and isort give it
     text = text.replace(f"from {module} import {old_cls}\n", f"from {module} import (\n    {new_cls},\n)\n")
@@ -573,88 +450,43 @@ def header(description, rows):
     return text + "\n"
 
 
-# --------------------------------------------------------------------------- git
-
-
-def _git_env(home):
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": home,
-        "LC_ALL": "C",
-        "TZ": "UTC",
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_TERMINAL_PROMPT": "0",
-    }
-    env.update(GIT_IDENTITY)
-    return env
-
-
-def git(repo, *args, home=None, check=True):
-    """Run git in ``repo`` with a fixed, config-free environment; returns stdout (str)."""
-    proc = subprocess.run(
-        ["git", *GIT_CONFIG, *args],
-        cwd=repo,
-        env=_git_env(home or repo),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed in {repo}:\n{proc.stderr}")
-    return proc.stdout
-
-
-def diff_text(tree, new_files, header=""):
-    """``git diff`` of ``new_files`` ({path: text}) against the same paths in ``tree``."""
-    with tempfile.TemporaryDirectory(prefix="make_patch-") as tmp:
-        repo = os.path.join(tmp, "repo")
-        os.makedirs(repo)
-        git(repo, "init", "-q", home=tmp)
-        for rel in sorted(new_files):
-            src = os.path.join(tree, rel)
-            if os.path.isfile(src):
-                dst = os.path.join(repo, rel)
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                shutil.copyfile(src, dst)
-        git(repo, "add", "-A", home=tmp)
-        git(repo, "commit", "-q", "--allow-empty", "-m", "original", home=tmp)
-        for rel, text in sorted(new_files.items()):
-            dst = os.path.join(repo, rel)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            with open(dst, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-        git(repo, "add", "-A", home=tmp)
-        body = git(
-            repo, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv",
-            "--no-renames", "--full-index", "--diff-algorithm=myers", "--indent-heuristic",
-            "--unified=3", "--src-prefix=a/", "--dst-prefix=b/", home=tmp,
-        )  # fmt: skip
-    return header + body
+def git(repo, *args):
+    """stdout of git in ``repo``, without the user's configuration; CalledProcessError on failure."""
+    return subprocess.run(["git", *GIT_CONFIG, *args], cwd=repo, env={**os.environ, **GIT_ENV},
+                          capture_output=True, text=True, check=True).stdout
 
 
 def make_patch(tree, description):
-    """Patch text for the Paddle tree ``tree``; ``description`` names it in the header.
-    Raises :class:`PatchError` (see :func:`patched_files`, :func:`testslist_rows`)."""
+    """Patch text for ``tree``: ``git diff`` of :func:`patched_files` against the tree's files."""
     files = patched_files(tree)
-    return diff_text(tree, files, header(description, testslist_rows()))
-
-
-# --------------------------------------------------------------------------- wheels
+    with tempfile.TemporaryDirectory(prefix="make_patch-") as repo:
+        git(repo, "init", "-q")
+        for rel, text in sorted(files.items()):
+            os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
+            if os.path.isfile(os.path.join(tree, rel)):
+                shutil.copyfile(os.path.join(tree, rel), os.path.join(repo, rel))
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "--allow-empty", "-m", "original")
+        for rel, text in files.items():
+            with open(os.path.join(repo, rel), "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+        git(repo, "add", "-A")
+        body = git(repo, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
+                   "--full-index", "--diff-algorithm=myers", "--indent-heuristic", "--unified=3",
+                   "--src-prefix=a/", "--dst-prefix=b/")
+    return header(description, testslist_rows()) + body
 
 
 def paddle_package_dir(path):
-    """The installed ``paddle`` package folder for a venv, a site-packages folder or the package itself."""
+    """The installed ``paddle`` package of a venv, a site-packages folder or the package itself."""
     path = os.path.abspath(path)
     candidates = [path, os.path.join(path, "paddle")]
     candidates += sorted(glob.glob(os.path.join(path, "lib", "python3*", "site-packages", "paddle")))
     for c in candidates:
         if os.path.basename(c) == "paddle" and os.path.isfile(os.path.join(c, "version", "__init__.py")):
             return c
-    raise PatchError(
-        f"no installed paddle package under {path}: give a venv (with lib/python3*/site-packages/paddle), "
-        "a site-packages folder, or the paddle package folder"
-    )
+    raise PatchError(f"no installed paddle package under {path}: give a venv (with lib/python3*/site-packages/"
+                     "paddle), a site-packages folder, or the paddle package folder")
 
 
 def wheel_version(pkg_dir):
@@ -668,28 +500,21 @@ def wheel_version(pkg_dir):
 
 
 def layout_wheel_tree(pkg_dir, dest):
-    """Lay out the files the patch touches from an installed wheel as a git repo at ``dest``.
-
-    ``dest/python/paddle/distributed/fleet/meta_optimizers/dygraph_optimizer/<the two
-    optimizer files>``, committed and tagged ``v<version>`` like a checkout at that release.
-    Returns the version.
-    """
+    """The files the patch touches, from an installed wheel, as a git repository at ``dest`` laid out
+    as ``python/paddle/...`` and tagged ``v<version>`` like a checkout. Returns the version."""
     version, _ = wheel_version(pkg_dir)
     src_dir = os.path.join(pkg_dir, *TREE_OPT_DIR.split("/")[2:])
     dst_dir = os.path.join(dest, TREE_OPT_DIR)
     os.makedirs(dst_dir, exist_ok=True)
     for filename, _ in SPLICED:
         shutil.copyfile(os.path.join(src_dir, filename), os.path.join(dst_dir, filename))
-    home = os.path.dirname(os.path.abspath(dest))
-    git(dest, "init", "-q", home=home)
-    git(dest, "add", "-A", home=home)
-    git(dest, "commit", "-q", "-m", f"Paddle {version} wheel files", home=home)
-    git(dest, "tag", f"v{version}", home=home)
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", f"Paddle {version} wheel files"],
+                 ["tag", f"v{version}"]):
+        git(dest, *args)
     return version
 
 
 def patch_path(version):
-    """Committed patch file for a Paddle version."""
     return os.path.join(PATCH_DIR, f"paddle-v{version}-stage1-broadcast-overlap.patch")
 
 
@@ -706,16 +531,11 @@ def make_wheel_patch(venv, version=None):
         return make_patch(tree, desc), found
 
 
-# --------------------------------------------------------------------------- CLI
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--paddle-src", metavar="DIR", help="Paddle tree laid out as python/paddle/... (a checkout)")
-    src.add_argument(
-        "--from-wheel", metavar="VENV_OR_SITE_PACKAGES", help="installed paddle wheel (venv, site-packages or package)"
-    )
+    src.add_argument("--from-wheel", metavar="VENV", help="installed paddle wheel (venv, site-packages or package)")
     parser.add_argument("--version", help="with --from-wheel: fail unless the wheel is this Paddle version")
     parser.add_argument("--out", metavar="FILE", help="write the patch here (default: stdout)")
     args = parser.parse_args(argv)

@@ -1,10 +1,9 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Read and check ``testslist.csv`` files in upstream Paddle's format.
+"""Read ``testslist.csv`` files in upstream Paddle's format, and what a row requires here.
 
-Columns: ``name,os,arch,timeout,run_type,launcher,num_port,run_serial,envs,conditions``.
-Lists inside a cell are separated by ``;``. ``timeout`` is in seconds (empty: upstream's
-``bash_test_modules`` default of 350 s). Used by ``gen_ut_cmakelists.py`` (CMake entries)
-and ``collective_runner.py`` (what to run, with which timeout, and what a row requires).
+Columns: ``name,os,arch,timeout,run_type,launcher,num_port,run_serial,envs,conditions``; lists in a
+cell are ``;``-separated; ``timeout`` in seconds (empty: upstream's ``bash_test_modules`` default,
+350 s). Used by ``gen_ut_cmakelists.py`` and ``collective_runner.py``.
 """
 
 import csv
@@ -17,8 +16,6 @@ DEFAULT_TIMEOUT = 350  # seconds, as upstream's bash_test_modules
 OS_NAMES = ("LINUX", "APPLE", "WIN32")
 ARCH_NAMES = ("GPU", "ROCM", "XPU", "ASCEND", "ASCEND_CL")
 RUN_TYPES = ("NIGHTLY", "EXCLUSIVE", "CINN", "DIST", "GPUPS", "INFER", "EXCLUSIVE:NIGHTLY", "DIST:NIGHTLY")
-_NAME_RE = re.compile(r"^test_[0-9A-Za-z_]+$")
-_ENV_RE = re.compile(r"^[A-Za-z_][0-9A-Za-z_]*=[^ ]*$")
 
 
 @dataclass(frozen=True)
@@ -42,52 +39,43 @@ class TestRow:
         return self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
 
     def env_dict(self):
-        """The ``envs`` cell as a dict (``KEY=VALUE`` items)."""
         return dict(item.split("=", 1) for item in self.envs)
 
 
-def _items(cell):
-    return tuple(x.strip() for x in cell.split(";") if x.strip())
+def _items(cell, upper=False):
+    return tuple(x.strip().upper() if upper else x.strip() for x in cell.split(";") if x.strip())
 
 
 def parse_row(cells, line=0):
-    """Turn the 10 cells of one CSV line into a :class:`TestRow`; raises ValueError if malformed."""
+    """The 10 cells of one CSV line as a :class:`TestRow`; ValueError if malformed."""
     if len(cells) != len(FIELDS):
         raise ValueError(f"expected {len(FIELDS)} columns {FIELDS}, got {len(cells)}")
     c = dict(zip(FIELDS, (x.strip() for x in cells)))
-    if not _NAME_RE.match(c["name"]):
-        raise ValueError(f"name must look like test_[0-9A-Za-z_]+, got {c['name']!r}")
-    os_ = tuple(x.upper() for x in _items(c["os"]))
-    arch = tuple(x.upper() for x in _items(c["arch"]))
-    for x in os_:
-        if x not in OS_NAMES:
-            raise ValueError(f"os must be among {OS_NAMES}, got {x!r}")
-    for x in arch:
-        if x not in ARCH_NAMES:
-            raise ValueError(f"arch must be among {ARCH_NAMES}, got {x!r}")
-    if c["timeout"] and not c["timeout"].isdigit():
-        raise ValueError(f"timeout must be whole seconds, got {c['timeout']!r}")
-    if c["run_type"] and c["run_type"] not in RUN_TYPES:
-        raise ValueError(f"run_type must be among {RUN_TYPES}, got {c['run_type']!r}")
-    if c["run_serial"] not in ("", "0", "1"):
-        raise ValueError(f"run_serial must be 0, 1 or empty, got {c['run_serial']!r}")
-    if c["num_port"] and not c["num_port"].isdigit():
-        raise ValueError(f"num_port must be a whole number, got {c['num_port']!r}")
-    envs = _items(c["envs"])
-    for e in envs:
-        if not _ENV_RE.match(e):
-            raise ValueError(f"envs items must be NAME=VALUE without spaces, got {e!r}")
-    if not c["launcher"]:
-        raise ValueError("launcher is required (e.g. ../../legacy_test/dist_test.sh or test_runner.py)")
+    os_, arch, envs = _items(c["os"], True), _items(c["arch"], True), _items(c["envs"])
+    checks = [  # (bad, message)
+        (not re.match(r"^test_[0-9A-Za-z_]+$", c["name"]), f"name must look like test_[0-9A-Za-z_]+, got {c['name']!r}"),
+        *((x not in OS_NAMES, f"os must be among {OS_NAMES}, got {x!r}") for x in os_),
+        *((x not in ARCH_NAMES, f"arch must be among {ARCH_NAMES}, got {x!r}") for x in arch),
+        (c["timeout"] and not c["timeout"].isdigit(), f"timeout must be whole seconds, got {c['timeout']!r}"),
+        (c["run_type"] and c["run_type"] not in RUN_TYPES, f"run_type must be among {RUN_TYPES}, got {c['run_type']!r}"),
+        (c["run_serial"] not in ("", "0", "1"), f"run_serial must be 0, 1 or empty, got {c['run_serial']!r}"),
+        (c["num_port"] and not c["num_port"].isdigit(), f"num_port must be a whole number, got {c['num_port']!r}"),
+        *((not re.match(r"^[A-Za-z_][0-9A-Za-z_]*=[^ ]*$", e), f"envs items must be NAME=VALUE without spaces, got {e!r}")
+          for e in envs),
+        (not c["launcher"], "launcher is required (e.g. ../../legacy_test/dist_test.sh or test_runner.py)"),
+    ]
+    for bad, message in checks:
+        if bad:
+            raise ValueError(message)
     return TestRow(
         name=c["name"], os=os_, arch=arch, timeout=int(c["timeout"]) if c["timeout"] else None,
         run_type=c["run_type"], launcher=c["launcher"], num_port=int(c["num_port"] or 0),
         run_serial=c["run_serial"] == "1", envs=envs, conditions=_items(c["conditions"]), line=line,
-    )
+    )  # fmt: skip
 
 
 def read_testslist(path):
-    """All rows of ``path`` in file order. Raises ValueError naming ``path:line`` on a bad row."""
+    """All rows of ``path`` in file order; ValueError naming ``path:line`` on a bad row."""
     rows = []
     with open(path, newline="") as f:
         for line, cells in enumerate(csv.reader(f), start=1):
@@ -100,70 +88,43 @@ def read_testslist(path):
     return rows
 
 
-# --------------------------------------------------------------------------- requirements
-
-
-def platform_facts(cuda=False, rocm=False, xpu=False):
+def platform_facts(cuda=False):
     """CMake-style symbols known on this machine, for :func:`unmet_requirements`."""
-    return {
-        "LINUX": sys.platform.startswith("linux"),
-        "APPLE": sys.platform == "darwin",
-        "WIN32": sys.platform.startswith("win"),
-        "WITH_GPU": cuda,
-        "WITH_NCCL": cuda,
-        "WITH_ROCM": rocm,
-        "WITH_RCCL": rocm,
-        "WITH_XPU": xpu,
-        "WITH_TESTING": True,
-    }
-
-
-_TOKEN_RE = re.compile(r"\s*(\(|\)|[A-Za-z_][A-Za-z0-9_]*)")
+    return {"LINUX": sys.platform.startswith("linux"), "APPLE": sys.platform == "darwin",
+            "WIN32": sys.platform.startswith("win"), "WITH_GPU": cuda, "WITH_NCCL": cuda, "WITH_ROCM": False,
+            "WITH_RCCL": False, "WITH_XPU": False, "WITH_TESTING": True}
 
 
 def eval_condition(expr, facts):
-    """Evaluate a CMake condition made of symbols, AND, OR, NOT and parentheses.
+    """A CMake condition of symbols, AND, OR, NOT and parentheses, evaluated with ``facts``;
+    ValueError for anything else (e.g. ``VERSION_GREATER_EQUAL``) or an unknown symbol."""
+    def word(m):
+        if m.group() in ("AND", "OR", "NOT"):
+            return m.group().lower()
+        if m.group() not in facts:
+            raise ValueError(f"unknown symbol {m.group()!r} in condition {expr!r}")
+        return str(bool(facts[m.group()]))
 
-    Returns True/False; raises ValueError for anything else (e.g. ``VERSION_GREATER_EQUAL``)
-    or an unknown symbol.
-    """
-    pos, out = 0, []
-    expr = expr.strip()
-    while pos < len(expr):
-        m = _TOKEN_RE.match(expr, pos)
-        if not m:
-            raise ValueError(f"cannot evaluate condition {expr!r}")
-        tok = m.group(1)
-        pos = m.end()
-        if tok in ("(", ")"):
-            out.append(tok)
-        elif tok in ("AND", "OR", "NOT"):
-            out.append(tok.lower())
-        elif tok in facts:
-            out.append(str(bool(facts[tok])))
-        else:
-            raise ValueError(f"unknown symbol {tok!r} in condition {expr!r}")
+    python = re.sub(r"[A-Za-z_][A-Za-z0-9_]*", word, expr)
     try:
-        return bool(eval(" ".join(out), {"__builtins__": {}}, {}))  # only True/False/and/or/not/()
+        if re.fullmatch(r"(\s|\(|\)|True|False|and|or|not)*", python):  # nothing else to evaluate
+            return bool(eval(python, {"__builtins__": {}}, {}))
     except SyntaxError:
-        raise ValueError(f"cannot evaluate condition {expr!r}") from None
+        pass
+    raise ValueError(f"cannot evaluate condition {expr!r}")
 
 
 def unmet_requirements(row, device, facts):
-    """Reasons (list of str) why ``row`` cannot run on ``device`` (``cpu``/``gpu``) here; empty if it can."""
+    """Why ``row`` cannot run on ``device`` (``cpu``/``gpu``) here (list of str); empty if it can."""
     reasons = []
     if row.os and not any(facts.get(o) for o in row.os):
         reasons.append(f"needs os {' or '.join(row.os)}")
-    if row.arch:
-        here = {"cpu": (), "gpu": ("GPU",)}.get(device, ())
-        if not set(row.arch) & set(here):
-            reasons.append(f"needs arch {' or '.join(row.arch)}, running on {device}")
+    if row.arch and not (device == "gpu" and "GPU" in row.arch):
+        reasons.append(f"needs arch {' or '.join(row.arch)}, running on {device}")
     for cond in row.conditions:
         try:
-            ok = eval_condition(cond, facts)
+            if not eval_condition(cond, facts):
+                reasons.append(f"condition {cond} is false here")
         except ValueError as e:
             reasons.append(str(e))
-            continue
-        if not ok:
-            reasons.append(f"condition {cond} is false here")
     return reasons

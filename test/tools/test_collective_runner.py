@@ -79,10 +79,6 @@ def test_plugin_skips_unmet_rows_times_out_per_test_and_sets_row_envs(tmp_path, 
     before = dict(os.environ)
     plugin = collective_runner.CollectivePlugin(rows, "cpu", collective_runner.testslist.platform_facts(),
                                                 str(tmp_path / "runs"), "fake header")
-    import pytest as pt
-
-    monkeypatch.setattr(collective_runner.CollectivePlugin, "pytest_runtest_protocol",
-                        pt.hookimpl(tryfirst=True)(collective_runner.CollectivePlugin.pytest_runtest_protocol))
     result = pytester.runpytest_inprocess("-v", "-rs", *rows, plugins=[plugin])
     result.assert_outcomes(passed=1, skipped=1, failed=1)
     out = result.stdout.str()

@@ -93,9 +93,18 @@ OVERLAY = dedent(
 
 
 def spliced_class(text, name="Opt"):
-    module = ast.parse(text)
+    """{method: its source text} of class ``name`` (``ast.get_source_segment``'s text, without
+    splitting the whole file once per method)."""
+    module, lines = ast.parse(text), text.splitlines(True)
     cls = next(n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name)
-    return {n.name: ast.get_source_segment(text, n) for n in cls.body if isinstance(n, ast.FunctionDef)}
+
+    def segment(n):
+        body = lines[n.lineno - 1 : n.end_lineno]
+        body[-1] = body[-1].encode()[: n.end_col_offset].decode()
+        body[0] = body[0].encode()[n.col_offset :].decode()
+        return "".join(body)
+
+    return {n.name: segment(n) for n in cls.body if isinstance(n, ast.FunctionDef)}
 
 
 def test_wrap_renames_original_keeps_decorators_and_puts_overlay_above():
@@ -376,14 +385,25 @@ def test_no_added_file_imports_paddle_overlay():
             continue  # spliced: only the methods travel, and splice() refuses paddle_overlay names
         text = make_patch._read(os.path.join(ROOT, rel))
         for banned in ("paddle_overlay", "collective_launch", "rank_ready"):
-            if banned in make_patch.imports_of(text, rel):
+            if banned in imports_of(text, rel):
                 offenders.setdefault(rel, []).append(banned)
     assert offenders == {}, f"files the patch adds import this project's modules: {offenders}"
 
 
+def imports_of(text, filename="<file>"):
+    """Top-level module names a Python source imports anywhere (absolute imports only)."""
+    names = set()
+    for node in ast.walk(ast.parse(text, filename)):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
 def test_imports_of_sees_nested_and_conditional_imports():
     text = "import os\nif x:\n    import paddle_overlay.y as z\ndef f():\n    from a.b import c\nfrom . import d\n"
-    assert make_patch.imports_of(text) == {"os", "paddle_overlay", "a"}
+    assert imports_of(text) == {"os", "paddle_overlay", "a"}
 
 
 def test_tree_that_already_has_a_file_we_add_is_refused(tmp_path):

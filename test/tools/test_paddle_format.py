@@ -74,7 +74,7 @@ def test_check_and_fix_modes(tmp_path):
 
 def changed_lines(text):
     """Lines the formatter removes or adds, as a sorted list (a multiset)."""
-    new = paddle_format.formatted(text, "<x>", header=False)
+    new = paddle_format.formatted(text, "<x>", header=False, fast=True)
     diff = difflib.ndiff(text.splitlines(), new.splitlines())
     return sorted(line for line in diff if line[:2] in ("- ", "+ "))
 
@@ -92,7 +92,7 @@ def test_spliced_modules_add_no_formatting_change_of_their_own(version, tmp_path
     tree = str(tmp_path / "tree")
     make_patch.layout_wheel_tree(pkg, tree)
     files = make_patch.patched_files(tree)
-    for name, _ in make_patch.SPLICED:
+    for name in sorted({name for name, _ in make_patch.SPLICED}):  # a module spliced with two classes once
         rel = f"{make_patch.TREE_OPT_DIR}/{name}"
         ours = collections.Counter(changed_lines(files[rel]))
         upstream = collections.Counter(changed_lines(make_patch._read(os.path.join(tree, rel))))

@@ -1,12 +1,7 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""PEP 517/660 build backend: setuptools, plus the start-up ``.pth`` in every wheel.
-
-``pip install .`` and ``pip install -e .`` both install a wheel that setuptools
-builds (``build_wheel`` / ``build_editable``). A ``.pth`` file must lie at the
-top of the wheel (site-packages), which setuptools' data options cannot express
-for both kinds, so this backend adds ``paddle_overlay_startup.pth`` to the wheel
-setuptools made and records it in the wheel's ``RECORD``. Everything else is
-setuptools' own hook. See ``paddle_overlay/_startup.py`` for what the line does.
+"""PEP 517/660 build backend: setuptools, plus the start-up ``.pth`` at the top of every wheel,
+regular and editable (setuptools' data options cannot put it there for both), recorded in the
+wheel's ``RECORD``. See ``paddle_overlay/_startup.py`` for what the line does.
 """
 
 import base64
@@ -40,12 +35,8 @@ def record_line(arcname, data):
 
 
 def add_pth(wheel_path, pth_source=PTH_SOURCE):
-    """Rewrite the wheel at ``wheel_path`` with ``pth_source`` at its top level.
-
-    Raises:
-        ValueError: the wheel has no ``*.dist-info/RECORD``, or already holds
-            a file of that name.
-    """
+    """Rewrite the wheel at ``wheel_path`` with ``pth_source`` at its top level; ValueError if the
+    wheel has no ``*.dist-info/RECORD`` or already holds a file of that name."""
     with open(pth_source, "rb") as f:
         pth = f.read()
     arcname = os.path.basename(pth_source)

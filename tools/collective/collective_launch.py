@@ -1,30 +1,17 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Launch a per-rank script on N ranks with ``python -m paddle.distributed.launch``.
+"""Launch a per-rank script on N ranks with ``python -m paddle.distributed.launch`` (test harness only).
 
-The project's launcher wrapper (test harness, never shipped upstream), used by the stand-ins of
-upstream's test bases (``legacy_test``, ``collective``) and directly by the project's own tests.
-
-One timeout per launch, and rank start-up never counts against it. Start-up lasts until every
-local rank has imported Paddle (each rank signals it, :mod:`rank_signals`) and has a generous
-limit of its own (``$PADDLE_OVERLAY_STARTUP_TIMEOUT``, default 300 s: it is about the machine,
-not the test). The launch's *timeout* counts from then on; by default it is what is left of the
-test's own pytest-timeout (the runner sets one per test from its ``testslist.csv`` row), less a
-margin to report, so the launch, not pytest, gives the verdict and names the rank. While the
-ranks start, that pytest-timeout clock is paused (moved out by the start-up time).
-
-On a timeout or a failing rank the launch's whole process tree is killed (SIGTERM, then SIGKILL:
-every process carrying this launch's signal folder in its environment, so ranks re-parented
-after the launcher died are found too) and :class:`CollectiveLaunchError` is raised; its message
-names the rank that failed first (from the ranks' own exit records) and holds every rank's log
-tail, that rank first.
-
-Environment read here: ``PADDLE_OVERLAY_TEST_DEVICE`` (``cpu``/``gpu``/``auto``),
-``PADDLE_OVERLAY_TEST_NPROC`` (ranks allowed; a launch needing more is skipped),
-``PADDLE_OVERLAY_LAUNCH_ARGS`` (extra launcher arguments, e.g. multi-node ``--master ...``),
-``PADDLE_OVERLAY_RUN_DIR`` (where each launch's log folder goes), ``PADDLE_OVERLAY_STARTUP_TIMEOUT``.
-Everything else reaches the ranks unchanged.
+One timeout per launch, rank start-up not counted (docs/harness.md, "Timeouts"): start-up lasts
+until every local rank has imported Paddle (:mod:`rank_signals`), with its own limit
+(``$PADDLE_OVERLAY_STARTUP_TIMEOUT``, 300 s), while the test's pytest-timeout clock stands still;
+then the launch has what is left of that clock less :data:`REPORT_MARGIN`. On a timeout or a failing
+rank every process carrying the launch's signal folder in its environment is killed and
+:class:`CollectiveLaunchError` names the rank that failed first, with every rank's log tail.
+Environment: ``PADDLE_OVERLAY_TEST_DEVICE``, ``PADDLE_OVERLAY_TEST_NPROC`` (ranks allowed),
+``PADDLE_OVERLAY_LAUNCH_ARGS`` (extra launcher arguments), ``PADDLE_OVERLAY_RUN_DIR`` (log folders).
 """
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -40,31 +27,27 @@ import rank_signals
 TAIL_LINES = 60
 DEFAULT_TIMEOUT = 300.0  # seconds of behaviour when no test clock runs
 REPORT_MARGIN = 15.0  # seconds of the test's clock kept to kill the tree and report
-_POLL = 0.5
 
 
 class CollectiveLaunchError(AssertionError):
     """A launch timed out or a rank exited non-zero; the message holds the rank log tails."""
 
 
+@dataclasses.dataclass
 class LaunchResult:
-    """A launch whose ranks all exited 0: ``seconds``, ``log_dir``, ``rank_logs`` (text of
-    ``workerlog.N``), ``startup_seconds`` (until every rank had imported Paddle, or None)."""
+    """A launch whose ranks all exited 0; ``startup_seconds``: until every rank had imported Paddle."""
 
-    returncode = 0
+    seconds: float
+    log_dir: str
+    rank_logs: list  # text of workerlog.N
+    startup_seconds: float
+    returncode: int = 0
 
-    def __init__(self, seconds, log_dir, rank_logs, startup_seconds):
-        self.seconds, self.log_dir, self.rank_logs, self.startup_seconds = seconds, log_dir, rank_logs, startup_seconds
 
+def _gpus():
+    import paddle
 
-def _positive(value, name):
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if seconds <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return seconds
+    return paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
 
 
 def resolve_device(device=None, nproc=2):
@@ -72,45 +55,29 @@ def resolve_device(device=None, nproc=2):
     device = (device or os.environ.get("PADDLE_OVERLAY_TEST_DEVICE") or "auto").lower()
     if device not in ("cpu", "gpu", "auto"):
         raise ValueError(f"device must be cpu, gpu or auto, got {device!r}")
-    if device == "auto":
-        import paddle
-
-        gpus = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
-        device = "gpu" if gpus >= nproc else "cpu"
-    return device
+    return ("gpu" if _gpus() >= nproc else "cpu") if device == "auto" else device
 
 
-def skip_reason(nproc, device):
-    """Why ``nproc`` ranks on ``device`` cannot run here, or None."""
-    limit = os.environ.get("PADDLE_OVERLAY_TEST_NPROC")
-    if limit and int(limit) < nproc:
-        return f"needs {nproc} ranks, PADDLE_OVERLAY_TEST_NPROC={limit}"
-    if device == "gpu":
-        import paddle
-
-        gpus = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
-        if gpus < nproc:
-            return f"needs {nproc} GPUs, {gpus} visible to Paddle {paddle.__version__}"
-    return None
+def _seconds(value, name):
+    try:
+        if float(value) > 0:
+            return float(value)
+    except (TypeError, ValueError):
+        pass
+    raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
-def _test_clock():
-    """Seconds left on the test's pytest-timeout (its signal method's ITIMER_REAL), or 0."""
-    return signal.getitimer(signal.ITIMER_REAL)[0]
-
-
-def _set_test_clock(seconds):
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-
-
-def kill_processes(procs, grace=5.0):
-    """SIGTERM ``procs`` (psutil.Process), then SIGKILL those alive ``grace`` seconds later."""
-    for p in procs:
+def _kill_tree(signal_dir, grace=5.0):
+    """SIGTERM, then SIGKILL ``grace`` seconds later, every process whose environment names ``signal_dir``."""
+    procs = []
+    for p in psutil.process_iter():
         try:
-            p.terminate()
+            if p.pid != os.getpid() and p.environ().get(rank_signals.DIR_ENV) == signal_dir:
+                procs.append(p)
+                p.terminate()
         except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+            continue
+    alive = psutil.wait_procs(procs, timeout=grace)[1]
     for p in alive:
         try:
             p.kill()
@@ -119,69 +86,47 @@ def kill_processes(procs, grace=5.0):
     psutil.wait_procs(alive, timeout=grace)
 
 
-def _processes_with_env(name, value):
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and p.environ().get(name) == value:
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
+def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, startup_timeout=None):
+    """Run ``script`` on ``nproc`` ranks; a :class:`LaunchResult` when every rank exits 0.
 
-
-def launch_collective(script, *, nproc=2, timeout=None, env=None, args=(), log_dir=None, device=None,
-                      startup_timeout=None):
-    """Run ``script`` on ``nproc`` ranks; return a :class:`LaunchResult` when every rank exits 0.
-
-    ``timeout``: seconds of behaviour after every rank is ready (default: what the test's
-    pytest-timeout has left, less :data:`REPORT_MARGIN` (at most a quarter of it), else
-    :data:`DEFAULT_TIMEOUT`).
-    ``startup_timeout``: seconds every rank may take to import Paddle (default
-    ``$PADDLE_OVERLAY_STARTUP_TIMEOUT`` or 300). ``env``: extra environment for the ranks;
-    ``args``: after the script; ``log_dir``: default a new folder under ``$PADDLE_OVERLAY_RUN_DIR``
-    (or the temp folder); ``device``: ``cpu``/``gpu``/``auto``.
-
-    Raises :class:`unittest.SkipTest` when the ranks or GPUs are not available here,
-    :class:`CollectiveLaunchError` on a timeout or a failing rank (after killing the tree),
-    ``FileNotFoundError`` for a missing script, ``ValueError`` for a bad timeout.
+    ``timeout``: seconds after every rank is ready (default: what the test's pytest-timeout has left,
+    less :data:`REPORT_MARGIN` (at most a quarter of it), else :data:`DEFAULT_TIMEOUT`);
+    ``startup_timeout``: default ``$PADDLE_OVERLAY_STARTUP_TIMEOUT`` or 300; ``env``: added to the ranks';
+    ``log_dir``: default a new folder under ``$PADDLE_OVERLAY_RUN_DIR`` (or the temp folder).
+    Raises :class:`unittest.SkipTest` when the ranks or GPUs are not there, :class:`CollectiveLaunchError`.
     """
     script = os.path.abspath(script)
     if not os.path.isfile(script):
         raise FileNotFoundError(f"per-rank script not found: {script}")
-    startup_limit = _positive(startup_timeout or os.environ.get("PADDLE_OVERLAY_STARTUP_TIMEOUT") or 300,
-                              "startup_timeout (PADDLE_OVERLAY_STARTUP_TIMEOUT)")
-    clock = _test_clock()
+    startup_limit = _seconds(startup_timeout or os.environ.get("PADDLE_OVERLAY_STARTUP_TIMEOUT") or 300,
+                             "startup_timeout (PADDLE_OVERLAY_STARTUP_TIMEOUT)")
+    clock = signal.getitimer(signal.ITIMER_REAL)[0]  # what pytest-timeout (signal method) has left, or 0
     if timeout is None:
         timeout = clock - min(REPORT_MARGIN, clock / 4) if clock else DEFAULT_TIMEOUT
-    timeout = _positive(timeout, "timeout")
-    device = resolve_device(device, nproc)
-    reason = skip_reason(nproc, device)
-    if reason:
-        raise unittest.SkipTest(reason)
+    timeout = _seconds(timeout, "timeout")
+    device = resolve_device(None, nproc)
+    limit = os.environ.get("PADDLE_OVERLAY_TEST_NPROC")
+    if limit and int(limit) < nproc:
+        raise unittest.SkipTest(f"needs {nproc} ranks, PADDLE_OVERLAY_TEST_NPROC={limit}")
+    if device == "gpu" and _gpus() < nproc:
+        import paddle
+
+        raise unittest.SkipTest(f"needs {nproc} GPUs, {_gpus()} visible to Paddle {paddle.__version__}")
     rank_signals.install_pth()
-    if log_dir:
-        os.makedirs(log_dir, exist_ok=True)
-    else:
-        parent = os.environ.get("PADDLE_OVERLAY_RUN_DIR")
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        log_dir = tempfile.mkdtemp(prefix=os.path.splitext(os.path.basename(script))[0] + "-", dir=parent or None)
-    log_dir = os.path.abspath(log_dir)
+    parent = os.environ.get("PADDLE_OVERLAY_RUN_DIR")
+    os.makedirs(log_dir or parent or tempfile.gettempdir(), exist_ok=True)
+    log_dir = os.path.abspath(log_dir or tempfile.mkdtemp(prefix=os.path.splitext(os.path.basename(script))[0] + "-", dir=parent))
     signal_dir = os.path.join(log_dir, "rank-signals")
-    if os.path.isdir(signal_dir):
-        for name in os.listdir(signal_dir):
-            os.remove(os.path.join(signal_dir, name))
+    for name in os.listdir(signal_dir) if os.path.isdir(signal_dir) else ():  # of an earlier launch
+        os.remove(os.path.join(signal_dir, name))
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc)]
-    if device == "gpu":
-        cmd += ["--devices", ",".join(map(str, range(nproc)))]
-    cmd += shlex.split(os.environ.get("PADDLE_OVERLAY_LAUNCH_ARGS", ""))
-    cmd += ["--log_dir", log_dir, script, *map(str, args)]
+    cmd += ["--devices", ",".join(map(str, range(nproc)))] if device == "gpu" else []
+    cmd += shlex.split(os.environ.get("PADDLE_OVERLAY_LAUNCH_ARGS", "")) + ["--log_dir", log_dir, script]
     full_env = {**os.environ, **(env or {}), "PADDLE_OVERLAY_TEST_DEVICE": device, rank_signals.DIR_ENV: signal_dir}
 
     start = time.monotonic()
     if clock:
-        _set_test_clock(clock + startup_limit)  # the test's clock stands still while ranks start
+        signal.setitimer(signal.ITIMER_REAL, clock + startup_limit)  # the test's clock stands still
     with open(os.path.join(log_dir, "launcher.log"), "wb") as out:
         proc = subprocess.Popen(cmd, cwd=os.path.dirname(script), env=full_env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -192,15 +137,15 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, args=(), log_d
             if startup is None and len(rank_signals.ready_ranks(signal_dir)) >= nproc:
                 startup, deadline = now - start, now + timeout
                 if clock:
-                    _set_test_clock(clock)
+                    signal.setitimer(signal.ITIMER_REAL, clock)
             if now >= deadline:
                 timed_out = "behaviour" if startup is not None else "startup"
                 break
-            time.sleep(_POLL)
+            time.sleep(0.5)
     finally:
         if clock and startup is None:
-            _set_test_clock(clock)
-        kill_processes(_processes_with_env(rank_signals.DIR_ENV, signal_dir))
+            signal.setitimer(signal.ITIMER_REAL, clock)
+        _kill_tree(signal_dir)
         if proc.poll() is None:
             proc.kill()
         proc.wait()
@@ -209,8 +154,7 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, args=(), log_d
     if not timed_out and proc.returncode == 0:
         return LaunchResult(seconds, log_dir, rank_logs, startup)
     if timed_out == "startup":
-        ready = rank_signals.ready_ranks(signal_dir)
-        missing = sorted(set(range(nproc)) - set(ready))
+        missing = sorted(set(range(nproc)) - set(rank_signals.ready_ranks(signal_dir)))
         why = f"start-up timeout after {startup_limit:.0f}s: rank(s) {missing} had not finished importing Paddle"
     elif timed_out:
         why = f"timeout after {timeout:.0f}s of behaviour (every rank ready after {startup:.1f}s of start-up)"
@@ -219,7 +163,16 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, args=(), log_d
     first = None if timed_out else rank_signals.first_failure(signal_dir)
     if first:
         why = f"rank {first[0]} failed first ({first[1]}); {why}"
-    raise CollectiveLaunchError(_message(script, nproc, why, seconds, log_dir, rank_logs, first))
+    lines = [f"collective launch of {os.path.basename(script)} failed: {why}, {nproc} ranks, {seconds:.1f}s",
+             f"logs: {log_dir}"]
+    for r in sorted(range(nproc), key=lambda r: (first is None or r != first[0], r)):  # the first failure first
+        note = f" (failed first: {first[1]})" if first and r == first[0] else ""
+        lines += [f"----- rank {r}{note}: last {TAIL_LINES} lines of workerlog.{r} -----", _tail(rank_logs[r])]
+    # The launcher echoes a failed rank's log: keep its own lines, or its plain tail if it has none.
+    launcher = _read(os.path.join(log_dir, "launcher.log"))
+    own = "\n".join(line for line in launcher.splitlines() if line.startswith(("LAUNCH", "Container")))
+    lines += ["----- launcher.log -----", _tail(own or launcher, 15 if own else 30)]
+    raise CollectiveLaunchError("\n".join(lines))
 
 
 def _read(path):
@@ -231,17 +184,4 @@ def _read(path):
 
 
 def _tail(text, lines=TAIL_LINES):
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _message(script, nproc, why, seconds, log_dir, rank_logs, first):
-    lines = [f"collective launch of {os.path.basename(script)} failed: {why}, {nproc} ranks, {seconds:.1f}s",
-             f"logs: {log_dir}"]
-    for r in sorted(range(nproc), key=lambda r: (first is None or r != first[0], r)):
-        note = f" (failed first: {first[1]})" if first and r == first[0] else ""
-        lines += [f"----- rank {r}{note}: last {TAIL_LINES} lines of workerlog.{r} -----", _tail(rank_logs[r]) or "(empty)"]
-    # The launcher echoes a failed rank's log: keep its own lines, or its plain tail if it has none.
-    launcher = _read(os.path.join(log_dir, "launcher.log"))
-    own = "\n".join(l for l in launcher.splitlines() if l.startswith(("LAUNCH", "Container")))
-    lines += ["----- launcher.log -----", _tail(own or launcher, 15 if own else 30) or "(empty)"]
-    return "\n".join(lines)
+    return "\n".join(text.splitlines()[-lines:]) or "(empty)"

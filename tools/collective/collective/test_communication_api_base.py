@@ -1,12 +1,7 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Test-only stand-in for upstream Paddle's ``test/collective/test_communication_api_base.py``.
-
-Upstream's ``CommunicationTestDistBase`` (``setUp(num_of_devices=N, timeout=T)``, then
-``run_test_case(script, user_defined_envs)``) is the base of its N-process drivers; the
-project's 4-rank driver uses it as upstream's hybrid-parallel drivers do. Here the same calls
-run through :func:`collective_launch.launch_collective` as in the ``legacy_test`` stand-in
-(``num_of_devices`` ranks, ``timeout`` seconds of behaviour, ``PADDLE_OVERLAY=1`` in overlay
-mode); multi-node cases are skipped. Never shipped upstream.
+"""Test-only stand-in for upstream Paddle's ``test/collective/test_communication_api_base.py``:
+``CommunicationTestDistBase`` (``setUp(num_of_devices=N, timeout=T)``, ``run_test_case(script,
+user_defined_envs)``) run as in the ``legacy_test`` stand-in; multi-node cases are skipped.
 """
 
 import unittest

@@ -1,17 +1,12 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Test-only stand-in for upstream Paddle's ``test/legacy_test/test_parallel_dygraph_dataparallel.py``.
 
-The drivers in ``test/collective/fleet`` are in upstream's form (``from legacy_test.
-test_parallel_dygraph_dataparallel import TestMultipleGpus``, ``self.run_mnist_2gpu(script,
-need_envs={...})``), so they run unchanged inside a Paddle tree. Upstream's base starts one
-process per GPU and passes having run nothing where Paddle has no CUDA, which is every machine
-this project is tested on. The runner puts ``tools/collective`` first on ``sys.path``, so the
-drivers get this module instead: same class and method names and signatures, the script run on
-2 ranks by :func:`collective_launch.launch_collective` (gloo on the CPU, NCCL when 2 GPUs are
-visible), skipped with the reason where 2 ranks cannot run. In overlay mode (the default;
-``PADDLE_OVERLAY_MODE=patched`` turns it off) the ranks get ``PADDLE_OVERLAY=1``, so the package's
-start-up hook applies the overlay and the per-rank scripts, which go upstream, never import it.
-Never shipped upstream (``tools/make_patch.py`` takes its files from ``test/collective/fleet``).
+The drivers in ``test/collective/fleet`` are in upstream's form; upstream's base runs one process
+per GPU and passes having run nothing without CUDA. The runner puts ``tools/collective`` first on
+``sys.path``, so the drivers get this module: same names and signatures, the script run on 2 ranks
+by :func:`collective_launch.launch_collective` (gloo on the CPU, NCCL on 2 GPUs), skipped with the
+reason where 2 ranks cannot run. In overlay mode (default; ``PADDLE_OVERLAY_MODE=patched`` turns it
+off) the ranks get ``PADDLE_OVERLAY=1``. Never shipped upstream.
 """
 
 import os
@@ -24,8 +19,7 @@ __all__ = ["TestMultipleGpus", "TestMultipleAccelerators"]
 
 
 def script_path(test_case, target_file_name):
-    """``target_file_name`` next to the driver (where upstream's ``dist_test.sh`` runs it), else
-    relative to the working directory."""
+    """``target_file_name`` next to the driver (as upstream's ``dist_test.sh``), else from the working directory."""
     driver = getattr(sys.modules.get(type(test_case).__module__), "__file__", None)
     if driver and not os.path.isabs(target_file_name):
         beside = os.path.join(os.path.dirname(os.path.abspath(driver)), target_file_name)
@@ -35,8 +29,7 @@ def script_path(test_case, target_file_name):
 
 
 def rank_env(allocator_strategy, need_envs):
-    """Upstream's allocator flag, ``need_envs``, and in overlay mode ``PADDLE_OVERLAY=1`` (unless
-    the caller set ``PADDLE_OVERLAY`` itself)."""
+    """Upstream's allocator flag, ``need_envs``, and in overlay mode ``PADDLE_OVERLAY=1`` (unless set)."""
     env = {"FLAGS_allocator_strategy": allocator_strategy, **(need_envs or {})}
     mode = env.get("PADDLE_OVERLAY_MODE", os.environ.get("PADDLE_OVERLAY_MODE", "overlay"))
     if mode == "overlay" and "PADDLE_OVERLAY" not in env and "PADDLE_OVERLAY" not in os.environ:
@@ -55,8 +48,6 @@ class TestMultipleGpus(unittest.TestCase):
     """Upstream's base for 2-process collective drivers (Paddle 2.6 to 3.x name)."""
 
     def run_mnist_2gpu(self, target_file_name, allocator_strategy="auto_growth", need_envs={}):  # noqa: B006
-        """Run ``target_file_name`` on 2 ranks with ``need_envs`` added to their environment;
-        returns the :class:`collective_launch.LaunchResult`."""
         return run(self, target_file_name, 2, rank_env(allocator_strategy, need_envs))
 
 
