@@ -361,8 +361,8 @@ def test_dangling_names_what_a_carried_file_needs(tmp_path):
 
 
 def test_a_selection_that_leaves_a_dependency_out_is_refused(monkeypatch):
-    monkeypatch.setattr(make_patch, "TEST_FILES", make_patch.TEST_FILES + ("dygraph_sharding_stage1_broadcast_overlap.py",))
-    with pytest.raises(PatchError, match="dygraph_sharding_stage1_broadcast_overlap.py needs broadcast_overlap_checker.py"):
+    monkeypatch.setattr(make_patch, "TEST_FILES", make_patch.TEST_FILES + ("dygraph_sharding_stage1_broadcast_overlap_reads.py",))
+    with pytest.raises(PatchError, match="dygraph_sharding_stage1_broadcast_overlap_reads.py needs broadcast_overlap_checker.py"):
         make_patch.check_selection()
     monkeypatch.setattr(make_patch, "NEW_MODULES", ("no_such_module.py",))
     with pytest.raises(PatchError, match=r"not in paddle_overlay/.*\['no_such_module.py'\]"):

@@ -35,7 +35,7 @@ import paddle
 import paddle.distributed as dist
 import paddle.nn.functional as F
 from paddle import nn
-from paddle.distributed import collective, fleet
+from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     DygraphShardingOptimizer,
 )
@@ -200,17 +200,6 @@ def case_hooks_constant_and_removed(mb):
 
 
 def init_fleet():
-    if not paddle.is_compiled_with_cuda():
-        # gloo: a second world-sized context (fleet's sharding and check
-        # groups) can read the global one's keys and fail at random
-        new_group = dist.new_group
-
-        def reuse_world(ranks=None, *args, **kwargs):
-            if ranks is not None and len(set(ranks)) == dist.get_world_size():
-                return collective._get_default_group()
-            return new_group(ranks, *args, **kwargs)
-
-        dist.new_group = reuse_world
     strategy = fleet.DistributedStrategy()
     degrees = dict(dp_degree=1, mp_degree=1, pp_degree=1, sharding_degree=2)
     strategy.hybrid_configs = degrees

@@ -27,7 +27,9 @@ and the ranks use GPUs; on CPU it replaces, for the test process only:
    context over all ranks (the "check" group; on 2 ranks also the
    sharding group) reads the first one's rendezvous keys and fails at
    random (``address.cc ... sizeof(impl_) == bytes.size()``,
-   ``Connection refused`` under load).
+   ``Connection refused`` under load). The harness installs this item
+   alone for every script beside this file (``install_group_creation``),
+   so per-rank scripts in upstream's form need not import the shim.
 2. ``ParallelEnv._device_id`` -> a class default of 0. Why:
    ``PipelineLayer.__init__`` reads ``ParallelEnv().device_id``, which is
    only set when a GPU/XPU device is selected; on CPU the attribute is
@@ -117,6 +119,15 @@ def _on_cpu():
     return not paddle.is_compiled_with_cuda() or paddle.get_device() == "cpu"
 
 
+def install_group_creation():
+    """Item 1 alone, once per process; a no-op on GPU ranks. The harness's
+    rank start-up hook (``tools/collective/rank_signals.py``) calls it for
+    CPU ranks of every script beside this file, so scripts in upstream's
+    form run on gloo without importing this module."""
+    if _on_cpu() and not getattr(paddle.distributed.new_group, "_shim", False):
+        _serialize_group_creation()
+
+
 def _serialize_group_creation():
     original = paddle.distributed.new_group
 
@@ -136,6 +147,7 @@ def _serialize_group_creation():
         paddle.distributed.barrier()
         return group
 
+    new_group_one_at_a_time._shim = True
     paddle.distributed.new_group = new_group_one_at_a_time
 
 
@@ -307,7 +319,7 @@ def install():
     if _INSTALLED or not _on_cpu():
         return
     _INSTALLED.append(True)
-    _serialize_group_creation()
+    install_group_creation()
     _default_device_id()
     _identity_for_c_identity()
     _broadcast_input_data_on_cpu()

@@ -13,6 +13,7 @@ import os
 import sys
 import unittest
 
+import rank_signals
 from collective_launch import launch_collective
 
 __all__ = ["TestMultipleGpus", "TestMultipleAccelerators"]
@@ -38,8 +39,12 @@ def rank_env(allocator_strategy, need_envs):
 
 
 def run(test_case, script, nproc, env, timeout=None):
+    script = script_path(test_case, script)
+    shim = os.path.join(os.path.dirname(script), "hybrid_parallel_cpu_shim.py")
+    if os.path.isfile(shim):  # its gloo group creation, on CPU ranks (rank_signals.py)
+        env = {rank_signals.SHIM_ENV: shim, **env}
     try:
-        return launch_collective(script_path(test_case, script), nproc=nproc, env=env, timeout=timeout)
+        return launch_collective(script, nproc=nproc, env=env, timeout=timeout)
     except unittest.SkipTest as e:
         test_case.skipTest(str(e))
 
