@@ -287,9 +287,12 @@ def fit_contention(anchor: Mapping, rb: Optional[float] = None) -> Tuple[float, 
     1 us rms) go to the largest rb, i.e. the least slowed-down broadcast.
     """
 
+    # (measured, forward) per case, as contention_residuals reads them
+    cases = [(x, anchor[f"layer_fwd_ms_S{s}"]) for s, x, _ in contention_residuals(anchor, 1.0, 1.0)]
+    b = anchor["layer_bcast_ms_per_param"]
+
     def rms(rc, rb_):
-        r = contention_residuals(anchor, rc, rb_)
-        return (sum((m - x) ** 2 for _, x, m in r) / len(r)) ** 0.5
+        return (sum((overlapped_ms(f, b, rc, rb_) - x) ** 2 for x, f in cases) / len(cases)) ** 0.5
 
     rbs = [rb] if rb is not None else [i / 100 for i in range(20, 101)]
     best = []

@@ -86,12 +86,20 @@ def measured_points(strategy: Mapping, sweep: Mapping) -> List[dict]:
     return points
 
 
-def model_point(cal: ts.Calibration, point: Mapping) -> Tuple[float, int]:
-    """(modelled exposed ms, broadcasts) for one stand-in point."""
+def point_model(cal: ts.Calibration, point: Mapping):
+    """(units, params, groups) of one stand-in point: what ``model_point``
+    simulates. Depends on ``cal``'s forward and broadcast-size calibration
+    only, not on the contention numbers ``fit_stand_in`` varies."""
     units, params = stand_in_model(cal, point["tokens"], point["fwd_ms"])
     order = [p.name for p in params]
     cap = point["cap"] if point["cap"] >= 0 else sum(ts._layer_params_bytes())
-    groups = ts.bucket_groups(params, order, cap)
+    return units, params, ts.bucket_groups(params, order, cap)
+
+
+def model_point(cal: ts.Calibration, point: Mapping, model=None) -> Tuple[float, int]:
+    """(modelled exposed ms, broadcasts) for one stand-in point; ``model``:
+    its ``point_model`` when already built."""
+    units, params, groups = model if model is not None else point_model(cal, point)
     sim = ts.simulate_groups(units, params, groups, cal, overlap=point["overlap"])
     return sim.exposed_ms, len(groups)
 
@@ -116,9 +124,22 @@ def fit_stand_in(
     def with_(x):
         return replace(cal, rc=x[0], rb=x[1], call_stall_ms=x[2], call_gap_ms=x[3])
 
-    def score(x):
-        c = with_(x)
-        return max(abs(distance(model_point(c, p)[0], p["measured"])) for p in points)
+    models = [point_model(cal, p) for p in points]  # the fitted numbers do not change them
+    scores = {}  # x -> distance of each point
+    first = list(range(len(points)))  # the best x's farthest points first
+
+    def score(x, reject_at=None):
+        """Largest distance at ``x``; with ``reject_at``, stops at the first
+        point as far as that (a candidate that cannot be taken)."""
+        x = tuple(x)
+        if x not in scores:
+            c, dist = with_(x), [0.0] * len(points)
+            for i in first:
+                dist[i] = abs(distance(model_point(c, points[i], models[i])[0], points[i]["measured"]))
+                if reject_at is not None and dist[i] >= reject_at:
+                    return dist[i]
+            scores[x] = dist
+        return max(scores[x])
 
     x, best = list(start), score(start)
     steps = [0.04, 0.04, 0.004, 0.004]
@@ -130,9 +151,10 @@ def fit_stand_in(
                 for sign in (1, -1):
                     y = list(x)
                     y[d] = min(max(y[d] + sign * steps[d], lo[d]), hi[d])
-                    s = score(y)
+                    s = score(y, reject_at=best - 1e-9)
                     if s < best - 1e-9:
                         x, best, improved = y, s, True
+                        first.sort(key=lambda i: -scores[tuple(x)][i])
         steps = [s / 2 for s in steps]
     return with_(x), best
 

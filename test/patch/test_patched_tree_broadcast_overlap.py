@@ -15,9 +15,9 @@ For the running Paddle's version (the runner runs this once per version) this te
    the patched ``dygraph_optimizer`` files; next to it a ``paddle_overlay`` stub that fails on
    import) and checks that Paddle imports the patched modules;
 5. runs the driver ``test_dygraph_sharding_stage1_broadcast_overlap.py`` from the tree (through
-   the ``TestMultipleGpus`` stand-in) for launches that exercise the patched code: overlap on vs
-   off bitwise equal with the wait checker, and the forward order, hooks and hybrid-optimizer
-   syncs. What those launches need that the patch does not carry (the driver and per-rank
+   the ``TestMultipleGpus`` stand-in) for case groups that exercise the patched code, in one
+   launch: overlap on vs off bitwise equal with the wait checker, and the forward order, hooks
+   and hybrid-optimizer syncs. What those launches need that the patch does not carry (the driver and per-rank
    scripts of the wider catalogue, the wait checker, the CPU shim for fused buffers on the CPU)
    is brought from this project's ``test/collective/fleet`` into the tree, beside the patch's
    own files, after the patch is applied; the patch's own drivers run there too.
@@ -41,7 +41,12 @@ from checkout_tree import FLEET, make_patch  # noqa: E402
 
 DRIVER = "test_dygraph_sharding_stage1_broadcast_overlap"
 # Launches of DRIVER run from the patched tree (names from its LAUNCHES).
-REPRESENTATIVE = ("buckets_foundation", "per_parameter_reads")
+# (script, bucket_size_mb) of the driver's SHARDING2_GROUPS run from the tree, in one launch:
+# the foundation cases with 2 KB buckets, the reads one broadcast per parameter
+REPRESENTATIVE = (
+    ("dygraph_sharding_stage1_broadcast_overlap.py", 0.002),
+    ("dygraph_sharding_stage1_broadcast_overlap_reads.py", 0),
+)
 STUB = '''raise ImportError(
     "paddle_overlay must not be imported in a patched-Paddle run: "
     "the overlay is in the Paddle sources"
@@ -186,21 +191,17 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
     def test_collective_launches_from_the_patched_tree(self):
         self.assertIn(DRIVER + ".py", self.brought + make_patch.test_files())
         driver = self.load_driver(DRIVER)
-        names = [launch[0] for launch in driver.LAUNCHES]
-        missing = [n for n in REPRESENTATIVE if n not in names]
-        self.assertEqual(missing, [], f"{DRIVER}.LAUNCHES has no {missing}: update REPRESENTATIVE")
-        loader = unittest.TestLoader()
-        methods = [
-            m
-            for m in loader.getTestCaseNames(driver.TestDygraphShardingStage1BroadcastOverlap)
-            if any(m.endswith("_" + n) for n in REPRESENTATIVE)
-        ]
-        self.assertEqual(len(methods), len(REPRESENTATIVE), methods)
-        result = self.run_patched(unittest.TestSuite(driver.TestDygraphShardingStage1BroadcastOverlap(m) for m in methods))
+        groups = [g for g in driver.SHARDING2_GROUPS if (g[0], g[2]) in REPRESENTATIVE and g[1] == ""]
+        self.assertEqual(len(groups), len(REPRESENTATIVE), f"{DRIVER}.SHARDING2_GROUPS lacks some of {REPRESENTATIVE}: update REPRESENTATIVE")
+        cls = driver.TestDygraphShardingStage1BroadcastOverlap
+        case = cls(unittest.TestLoader().getTestCaseNames(cls)[0])  # the driver's base finds the scripts
+        env = {"BROADCAST_OVERLAP_GROUPS": json.dumps(groups)}
+        launch = unittest.FunctionTestCase(lambda: case.run_mnist_2gpu(driver.GROUPS, need_envs=env))
+        result = self.run_patched(unittest.TestSuite([launch]))
         problems = [f"{t}: {tb}" for t, tb in result.failures + result.errors]
         problems += [f"{t}: skipped: {why}" for t, why in result.skipped]
         self.assertEqual(problems, [])
-        self.assertEqual(result.testsRun, len(REPRESENTATIVE))
+        self.assertEqual(result.testsRun, 1)
 
     def test_the_patchs_own_drivers_run_from_the_tree(self):
         drivers = [n[:-3] for n in make_patch.test_files() if n.startswith("test_")]

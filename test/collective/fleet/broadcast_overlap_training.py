@@ -17,7 +17,9 @@
 Models, deterministic data, ``train`` (one configurable loop), bitwise
 comparison of numpy copies taken after each run, and ``run_cases`` (the
 per-rank ``main``: fleet init, then the cases chosen by env
-``BROADCAST_OVERLAP_CASES``, exit code non-zero on any failure).
+``BROADCAST_OVERLAP_CASES``, exit code non-zero on any failure;
+``dygraph_sharding_stage1_broadcast_overlap_groups.py`` runs several
+scripts' cases in one launch with ``run_named``).
 """
 
 import contextlib
@@ -357,17 +359,28 @@ def expected_warning(w):
     )
 
 
-def run_cases(cases):
-    """Per-rank main: run the cases named in env BROADCAST_OVERLAP_CASES
-    (all when unset); returns the exit code. A case fails on an exception or
-    on a warning it did not catch itself (see EXPECTED_WARNINGS)."""
-    init_fleet()
+def run_cases(cases, init=None):
+    """Per-rank main: ``init()`` (default ``init_fleet``), then the cases
+    named in env BROADCAST_OVERLAP_CASES (all when unset); returns the exit
+    code. A case fails on an exception or on a warning it did not catch
+    itself (see EXPECTED_WARNINGS)."""
+    (init or init_fleet)()
     wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
     names = [n for n in wanted.split(",") if n] or list(cases)
     unknown = [n for n in names if n not in cases]
     if unknown:
         print(f"unknown cases {unknown}; known: {sorted(cases)}", flush=True)
         return 2
+    failed = run_named(cases, names)
+    print(
+        f"{len(names) - len(failed)} passed, {len(failed)} failed", flush=True
+    )
+    return 1 if failed else 0
+
+
+def run_named(cases, names, prefix=""):
+    """Run ``cases[name]`` for each of ``names`` (fleet initialized),
+    printing ``CASE <prefix><name> PASS|FAIL``; returns the failed names."""
     failed = []
     for name in names:
         try:
@@ -381,16 +394,21 @@ def run_cases(cases):
             ]
             # a case that expects a warning catches it and asserts on it
             assert not unexpected, f"unexpected warnings: {unexpected}"
-            print(f"CASE {name} PASS (rank {rank()})", flush=True)
+            print(f"CASE {prefix}{name} PASS (rank {rank()})", flush=True)
         except Exception:
-            failed.append(name)
-            print(f"CASE {name} FAIL (rank {rank()})", flush=True)
+            failed.append(prefix + name)
+            print(f"CASE {prefix}{name} FAIL (rank {rank()})", flush=True)
             traceback.print_exc()
             sys.stdout.flush()
-    print(
-        f"{len(names) - len(failed)} passed, {len(failed)} failed", flush=True
-    )
-    return 1 if failed else 0
+    return failed
+
+
+def launch_cases(module):
+    """The cases one launch of the per-rank script ``module`` runs: its
+    ``launch_cases()`` where it defines one (a script that filters by its
+    launch's set-up), else every ``case_`` function."""
+    own = getattr(module, "launch_cases", None)
+    return own() if own is not None else cases_of(vars(module))
 
 
 def cases_of(namespace):

@@ -780,15 +780,17 @@ def case_mp_v2_step_launches_after_parameter_syncs():
         assert end > counts.pop(), (inside, end)
 
 
-if __name__ == "__main__":
-    CASES = cases_of(globals())
+def launch_cases():
+    """The cases of this launch's topology (env BROADCAST_OVERLAP_TOPOLOGY)."""
+    cases = cases_of(globals())
     if TOPOLOGY == "pp2_sharding2":
-        CASES = {k: v for k, v in CASES.items() if k.startswith("pipeline")}
+        cases = {k: v for k, v in cases.items() if k.startswith("pipeline")}
     else:
-        CASES = {k: v for k, v in CASES.items() if not k.startswith("pipeline")}
+        cases = {k: v for k, v in cases.items() if not k.startswith("pipeline")}
     if TOPOLOGY != "mp2_sharding2":
-        CASES = {k: v for k, v in CASES.items() if not k.startswith("mp_")}
-    import broadcast_overlap_training
+        cases = {k: v for k, v in cases.items() if not k.startswith("mp_")}
+    return cases
 
-    broadcast_overlap_training.init_fleet = init_fleet
-    sys.exit(run_cases(CASES))
+
+if __name__ == "__main__":
+    sys.exit(run_cases(launch_cases(), init=init_fleet))

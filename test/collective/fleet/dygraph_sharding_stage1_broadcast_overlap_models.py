@@ -617,12 +617,17 @@ def case_without_sharding_refused():
     assert sum(len(l._forward_pre_hooks) for l in model.sublayers(True)) == 0
 
 
-if __name__ == "__main__":
-    # case_without_sharding_refused needs its own launch with sharding degree 1
+def launch_cases():
+    """case_without_sharding_refused needs its own launch with sharding
+    degree 1 (env BROADCAST_OVERLAP_SHARDING_DEGREE=1); the rest need
+    sharding."""
     degree_one = os.environ.get("BROADCAST_OVERLAP_SHARDING_DEGREE") == "1"
-    cases = {
+    return {
         name: fn
         for name, fn in cases_of(globals()).items()
         if (name == "without_sharding_refused") == degree_one
     }
-    sys.exit(run_cases(cases))
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases(launch_cases()))

@@ -428,8 +428,12 @@ def case_v2_comm_overlap_without_main_grad_fails_in_paddle():
             raise AssertionError("V2 comm_overlap trained without main_grad")
 
 
-if __name__ == "__main__":
-    CASES = cases_of(globals())
+def launch_cases():
+    cases = cases_of(globals())
     if PADDLE_2:  # no V2 comm_overlap: case_v2_comm_overlap shows the refusal
-        del CASES["v2_comm_overlap_without_main_grad_fails_in_paddle"]
-    sys.exit(run_cases(CASES))
+        del cases["v2_comm_overlap_without_main_grad_fails_in_paddle"]
+    return cases
+
+
+if __name__ == "__main__":
+    sys.exit(run_cases(launch_cases()))

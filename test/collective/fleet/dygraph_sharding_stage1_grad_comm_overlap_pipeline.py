@@ -278,8 +278,8 @@ def case_v2_sharding_comm_overlap_tied_embedding_head():
     check_v2(tied=True)
 
 
-if __name__ == "__main__":
-    import broadcast_overlap_training
+init_fleet = hybrid.init_fleet  # pp2 x sharding2
 
-    broadcast_overlap_training.init_fleet = hybrid.init_fleet
-    sys.exit(run_cases(cases_of(globals())))
+
+if __name__ == "__main__":
+    sys.exit(run_cases(cases_of(globals()), init=init_fleet))

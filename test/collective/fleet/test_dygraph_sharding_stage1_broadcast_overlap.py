@@ -12,6 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
+import json
 import unittest
 
 from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus
@@ -22,57 +23,64 @@ MODELS = "dygraph_sharding_stage1_broadcast_overlap_models.py"
 LOOPS = "dygraph_sharding_stage1_broadcast_overlap_loops.py"
 BUCKETS = "dygraph_sharding_stage1_broadcast_overlap_buckets.py"
 READS = "dygraph_sharding_stage1_broadcast_overlap_reads.py"
+GRAD_COMM = "dygraph_sharding_stage1_grad_comm_overlap.py"
+# runs several scripts' case groups in one launch (env
+# BROADCAST_OVERLAP_GROUPS: [script, cases ("" = every case of the
+# script's launch), bucket_size_mb])
+GROUPS = "dygraph_sharding_stage1_broadcast_overlap_groups.py"
 
-# (launch name, per-rank script, cases run in that launch, extra env)
 # 2 KB buckets: several windows per model, so bucket boundaries fall
 # inside layers (the default 256 MB puts these small models in one window).
-SMALL_BUCKETS = {"BROADCAST_OVERLAP_BUCKET_MB": "0.002"}
+SMALL_BUCKETS = 0.002
 
-# (launch name, per-rank script, cases run in that launch ("" = all of the
-# script's cases), extra env). One launch per script and mode: Paddle
-# start-up costs seconds, so cases share a launch.
-LAUNCHES = [
+# Every group of 2 ranks with sharding degree 2 in one launch: Paddle
+# start-up costs seconds per rank and launch.
+SHARDING2_GROUPS = [
     # one broadcast per parameter (bucket_size_mb=0)
-    ("per_parameter_foundation", FOUNDATION, "", {}),
-    ("per_parameter_reads", READS, "", {}),
+    [FOUNDATION, "", 0],
+    [READS, "", 0],
     # every case again with buckets: bitwise equal to off, no read of a
     # pending bucket (the checker maps bucket broadcasts to parameters)
-    ("buckets_foundation", FOUNDATION, "", SMALL_BUCKETS),
-    (
-        "buckets_model_kinds_and_state",
-        MODELS,
-        "root_owned_parameter,tied_weights,built_out_of_forward_order,"
-        "custom_parameter_names,unreachable_parameters_waited_and_named,"
-        "frozen_and_gradless_parameters,amp_o2_main_grad,"
-        "user_pre_hook_reads_waited_parameters,parameter_list_waited_by_parent,"
-        "layer_not_run_and_eval_between_steps,"
-        "state_dict_and_save_without_synchronize,checkpoint_resume,"
-        "load_into_inner_model_or_sublayer_waits,"
-        "bad_input_raises_before_any_change",
-        SMALL_BUCKETS,
-    ),
-    ("buckets_loops", LOOPS, "", SMALL_BUCKETS),
+    [FOUNDATION, "", SMALL_BUCKETS],
+    # model kinds and state: every case but without_sharding_refused
+    [MODELS, "", SMALL_BUCKETS],
+    [LOOPS, "", SMALL_BUCKETS],
     # bucket storage itself: tied, frozen, dtypes, sizes, checkpoints, ...
-    ("bucket_storage", BUCKETS, "", {}),
+    [BUCKETS, "", 0],
+    # with Paddle's gradient-communication overlap
+    # (sharding_configs.comm_overlap): V1 with tensor_fusion + comm_overlap
+    # and comm_overlap alone, with and without gradient accumulation, in
+    # every bucket mode; V2 with comm_overlap (Paddle 3.x; on 2.6 Paddle's
+    # own refusal); collectives per step counted
+    [GRAD_COMM, "", 0],
+]
+
+# (launch name, per-rank script, extra env)
+LAUNCHES = [
+    (
+        "sharding2",
+        GROUPS,
+        {"BROADCAST_OVERLAP_GROUPS": json.dumps(SHARDING2_GROUPS)},
+    ),
     (
         "sharding_degree_1_refused",
         MODELS,
-        "without_sharding_refused",
-        {"BROADCAST_OVERLAP_SHARDING_DEGREE": "1"},
+        {
+            "BROADCAST_OVERLAP_CASES": "without_sharding_refused",
+            "BROADCAST_OVERLAP_SHARDING_DEGREE": "1",
+        },
     ),
 ]
 
 
 class TestDygraphShardingStage1BroadcastOverlap(TestMultipleGpus):
-    # Each case is one launch of a per-rank script on 2 ranks running a group
-    # of cases (chosen by BROADCAST_OVERLAP_CASES; start-up costs seconds, so
-    # cases share a launch): broadcast overlap on vs off bitwise equal, waits
-    # checked by instrumentation, hooks, orders and misuse.
+    # Each case is one launch on 2 ranks running groups of cases (start-up
+    # costs seconds, so cases share a launch): broadcast overlap on vs off
+    # bitwise equal, waits checked by instrumentation, hooks, orders and
+    # misuse, buckets, with Paddle's gradient-communication overlap.
     @parameterized.expand(LAUNCHES)
-    def test_launch(self, _name, script, cases, env):
-        self.run_mnist_2gpu(
-            script, need_envs={"BROADCAST_OVERLAP_CASES": cases, **env}
-        )
+    def test_launch(self, _name, script, env):
+        self.run_mnist_2gpu(script, need_envs=env)
 
 
 if __name__ == "__main__":

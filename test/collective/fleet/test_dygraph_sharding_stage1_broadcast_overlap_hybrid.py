@@ -12,32 +12,58 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
+import json
 import unittest
 
 from collective.test_communication_api_base import CommunicationTestDistBase
 from parameterized import parameterized
 
 HYBRID = "dygraph_sharding_stage1_broadcast_overlap_hybrid.py"
+PIPELINE_GRAD_COMM = "dygraph_sharding_stage1_grad_comm_overlap_pipeline.py"
+# runs several scripts' case groups in one launch (env
+# BROADCAST_OVERLAP_GROUPS: [script, cases ("" = every case of the
+# script's launch), bucket_size_mb (None: the launch's)])
+GROUPS = "dygraph_sharding_stage1_broadcast_overlap_groups.py"
 
-# (topology, cases): one 4-rank launch each; fleet.init runs once per process.
+# (topology, per-rank script, env): one 4-rank launch each; fleet.init runs
+# once per process.
 LAUNCHES = [
     (
         "pp2_sharding2",
-        "pipeline_train_batch_plain,pipeline_tied_embedding_head,"
-        "pipeline_tied_head_without_guard_is_caught,"
-        "pipeline_eval_batch_and_save_after_step",
+        GROUPS,
+        {
+            "BROADCAST_OVERLAP_GROUPS": json.dumps(
+                [
+                    # train_batch, tied embedding/head, eval_batch, save
+                    [HYBRID, "", None],
+                    # with the pipeline's gradient-communication overlap
+                    # (pp_configs.sharding_comm_overlap): V1 and V2, plain
+                    # and with a tied embedding/head; collectives per step
+                    # counted
+                    [PIPELINE_GRAD_COMM, "", None],
+                ]
+            )
+        },
     ),
     # v2_*: sharding stage 1 V2 (split_param set around building the
     # optimizer) with the all-gather overlap, in the same launches
     (
         "dp2_sharding2",
-        "flat_model_on_off,sharding_group_layout,v2_allgather_overlap_on_off",
+        HYBRID,
+        {
+            "BROADCAST_OVERLAP_CASES": "flat_model_on_off,"
+            "sharding_group_layout,v2_allgather_overlap_on_off"
+        },
     ),
     (
         "mp2_sharding2",
-        "flat_model_on_off,sharding_group_layout,"
-        "mp_step_launches_after_parameter_syncs,"
-        "v2_allgather_overlap_on_off,mp_v2_step_launches_after_parameter_syncs",
+        HYBRID,
+        {
+            "BROADCAST_OVERLAP_CASES": "flat_model_on_off,"
+            "sharding_group_layout,mp_step_launches_after_parameter_syncs,"
+            "v2_allgather_overlap_on_off,"
+            "mp_v2_step_launches_after_parameter_syncs"
+        },
     ),
 ]
 
@@ -46,20 +72,18 @@ class TestDygraphShardingStage1BroadcastOverlapHybrid(
     CommunicationTestDistBase
 ):
     # Sharding stage 1 broadcast overlap inside hybrid topologies on 4 ranks:
-    # pipeline (train_batch, tied embedding/head, eval_batch, save), data
-    # and model parallel with sharding groups that do not start at rank 0;
-    # in the last two also V2's all-gather overlap.
+    # pipeline (train_batch, tied embedding/head, eval_batch, save, with and
+    # without the pipeline's gradient-communication overlap), data and model
+    # parallel with sharding groups that do not start at rank 0; in the last
+    # two also V2's all-gather overlap.
     def setUp(self):
         super().setUp(num_of_devices=4, timeout=300)
 
     @parameterized.expand(LAUNCHES)
-    def test_topology(self, topology, cases):
+    def test_topology(self, topology, script, env):
         self.run_test_case(
-            HYBRID,
-            user_defined_envs={
-                "BROADCAST_OVERLAP_TOPOLOGY": topology,
-                "BROADCAST_OVERLAP_CASES": cases,
-            },
+            script,
+            user_defined_envs={"BROADCAST_OVERLAP_TOPOLOGY": topology, **env},
         )
 
 

@@ -1,0 +1,97 @@
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Per-rank script: case groups of several per-rank scripts in one launch.
+
+Paddle's start-up costs seconds per rank and launch, so launches with the
+same topology share one process. Env ``BROADCAST_OVERLAP_GROUPS``: a JSON
+list of ``[script, cases, bucket_mb]``, run in that order after one
+``fleet.init``:
+
+- ``script``: a per-rank script of this folder (``*.py``), imported as a
+  module; its cases are what a launch of it runs (its ``launch_cases()``,
+  else every ``case_`` function, see ``broadcast_overlap_training``);
+- ``cases``: comma list of those cases, ``""`` for all of them (what
+  ``BROADCAST_OVERLAP_CASES`` is to the script's own launch);
+- ``bucket_mb``: ``bucket_size_mb`` of the group's ``train`` runs (what
+  ``BROADCAST_OVERLAP_BUCKET_MB`` is to the script's own launch), ``null``
+  for the launch's.
+
+Every script of one launch must initialize fleet the same way (the same
+``init_fleet``, default ``broadcast_overlap_training.init_fleet``; env such
+as ``BROADCAST_OVERLAP_TOPOLOGY`` is the launch's). Each case prints ``CASE
+<script>/<case> PASS|FAIL``; the exit code is non-zero if any case failed
+or a group names an unknown script or case (then nothing runs).
+"""
+
+import importlib
+import json
+import os
+import sys
+
+import broadcast_overlap_training as training
+
+
+def load_groups(text):
+    """[(label, cases, names, bucket_mb)] of the groups in ``text``, and
+    the fleet init they share; raises ValueError on a bad group."""
+    groups, inits = [], set()
+    for script, wanted, mb in json.loads(text):
+        if not script.endswith(".py"):
+            raise ValueError(f"{script!r} is not a per-rank script")
+        module = importlib.import_module(script[: -len(".py")])
+        inits.add(getattr(module, "init_fleet", training.init_fleet))
+        cases = training.launch_cases(module)
+        names = [n for n in wanted.split(",") if n] or list(cases)
+        unknown = [n for n in names if n not in cases]
+        if unknown:
+            raise ValueError(
+                f"{script}: unknown cases {unknown}; known: {sorted(cases)}"
+            )
+        groups.append((script[: -len(".py")], cases, names, mb))
+    if len(inits) != 1:
+        raise ValueError(
+            f"the groups need {len(inits)} different fleet set-ups: "
+            "one launch each"
+        )
+    return groups, inits.pop()
+
+
+def main():
+    try:
+        groups, init = load_groups(os.environ["BROADCAST_OVERLAP_GROUPS"])
+    except (KeyError, ValueError) as e:
+        print(f"bad BROADCAST_OVERLAP_GROUPS: {e!r}", flush=True)
+        return 2
+    init()
+    failed, total = [], 0
+    for label, cases, names, mb in groups:
+        print(
+            f"GROUP {label}: {len(names)} case(s), bucket_size_mb "
+            f"{'of the launch' if mb is None else mb}",
+            flush=True,
+        )
+        total += len(names)
+        if mb is None:
+            failed += training.run_named(cases, names, f"{label}/")
+        else:
+            with training.bucket_size_mb(float(mb)):
+                failed += training.run_named(cases, names, f"{label}/")
+    print(f"{total - len(failed)} passed, {len(failed)} failed", flush=True)
+    if failed:
+        print(f"failed: {failed}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
