@@ -54,11 +54,12 @@ NEW_MODULES = (
     "unit_plan.py",
 )
 # Files of test/collective/fleet in upstream's form added as new files: drivers (their
-# testslist.csv rows travel in the header) and the per-rank scripts they launch. The main
-# on/off driver joins once its per-rank script stops importing the wait checker and the
-# shim's training helpers (what make_patch refuses to leave dangling).
+# testslist.csv rows travel in the header) and the per-rank scripts they launch: the on/off
+# driver with its foundation and bf16/AMP scripts (check_selection refuses a carried file that
+# imports one left out, such as the wait checker or the CPU shim).
 TEST_FILES = (
-    "test_dygraph_sharding_stage1_broadcast_overlap_bf16.py",
+    "test_dygraph_sharding_stage1_broadcast_overlap.py",
+    "dygraph_sharding_stage1_broadcast_overlap.py",
     "dygraph_sharding_stage1_broadcast_overlap_bf16.py",
 )
 # Prefix of the patch-header lines that carry the testslist.csv rows.

@@ -14,7 +14,7 @@
 """Per-rank script: sharding stage 1 with bf16, broadcast overlap on vs off.
 
 Run on 2 GPUs under ``python -m paddle.distributed.launch --nproc_per_node 2
---devices 0,1`` (driver: ``test_dygraph_sharding_stage1_broadcast_overlap_bf16.py``).
+--devices 0,1`` (driver: ``test_dygraph_sharding_stage1_broadcast_overlap.py``).
 Same shape as ``dygraph_group_sharded_stage1_bf16.py``, with every comparison
 made on numpy copies taken when a run ends (never on live parameters) and every
 run starting from a fresh model with the same initial weights:

@@ -1,0 +1,84 @@
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+import json
+import unittest
+
+from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus
+from parameterized import parameterized
+
+MODELS = "dygraph_sharding_stage1_broadcast_overlap_models.py"
+LOOPS = "dygraph_sharding_stage1_broadcast_overlap_loops.py"
+BUCKETS = "dygraph_sharding_stage1_broadcast_overlap_buckets.py"
+READS = "dygraph_sharding_stage1_broadcast_overlap_reads.py"
+GRAD_COMM = "dygraph_sharding_stage1_grad_comm_overlap.py"
+# runs several scripts' case groups in one launch (env
+# BROADCAST_OVERLAP_GROUPS: [script, cases ("" = every case of the
+# script's launch), bucket_size_mb])
+GROUPS = "dygraph_sharding_stage1_broadcast_overlap_groups.py"
+
+# 2 KB buckets: several windows per model, so bucket boundaries fall
+# inside layers (the default 256 MB puts these small models in one window).
+SMALL_BUCKETS = 0.002
+
+# Every group of 2 ranks with sharding degree 2 in one launch: Paddle
+# start-up costs seconds per rank and launch.
+SHARDING2_GROUPS = [
+    # reads through every path, one broadcast per parameter
+    # (bucket_size_mb=0); the foundation cases (on vs off, order, waits,
+    # hooks) run in both modes in test_dygraph_sharding_stage1_broadcast_overlap
+    [READS, "", 0],
+    # model kinds and state: every case but without_sharding_refused
+    [MODELS, "", SMALL_BUCKETS],
+    [LOOPS, "", SMALL_BUCKETS],
+    # bucket storage itself: tied, frozen, dtypes, sizes, checkpoints, ...
+    [BUCKETS, "", 0],
+    # with Paddle's gradient-communication overlap
+    # (sharding_configs.comm_overlap): V1 with tensor_fusion + comm_overlap
+    # and comm_overlap alone, with and without gradient accumulation, in
+    # every bucket mode; V2 with comm_overlap (Paddle 3.x; on 2.6 Paddle's
+    # own refusal); collectives per step counted
+    [GRAD_COMM, "", 0],
+]
+
+# (launch name, per-rank script, extra env)
+LAUNCHES = [
+    (
+        "sharding2",
+        GROUPS,
+        {"BROADCAST_OVERLAP_GROUPS": json.dumps(SHARDING2_GROUPS)},
+    ),
+    (
+        "sharding_degree_1_refused",
+        MODELS,
+        {
+            "BROADCAST_OVERLAP_CASES": "without_sharding_refused",
+            "BROADCAST_OVERLAP_SHARDING_DEGREE": "1",
+        },
+    ),
+]
+
+
+class TestDygraphShardingStage1BroadcastOverlapCatalogue(TestMultipleGpus):
+    # Each case is one launch on 2 ranks running groups of cases (start-up
+    # costs seconds, so cases share a launch): broadcast overlap on vs off
+    # bitwise equal, waits checked by instrumentation, hooks, orders and
+    # misuse, buckets, with Paddle's gradient-communication overlap.
+    @parameterized.expand(LAUNCHES)
+    def test_launch(self, _name, script, env):
+        self.run_mnist_2gpu(script, need_envs=env)
+
+
+if __name__ == "__main__":
+    unittest.main()
