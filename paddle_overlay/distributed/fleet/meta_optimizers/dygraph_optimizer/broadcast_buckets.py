@@ -296,13 +296,8 @@ class BucketStorage:
         for spec in specs:
             for i, numel in zip(spec.indices, spec.numels):
                 p = params[i]
-                if i in self._slot_numel or (
-                    dtype_name(p.dtype),
-                    _numel(p),
-                ) != (
-                    spec.dtype,
-                    numel,
-                ):
+                same = (dtype_name(p.dtype), _numel(p)) == (spec.dtype, numel)
+                if i in self._slot_numel or not same:
                     raise ValueError(
                         f"bucket plan does not match parameter {i} "
                         f"({getattr(p, 'name', '?')}): plan it from this list."
