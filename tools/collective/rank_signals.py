@@ -1,19 +1,12 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Rank start-up hooks: each rank says when it is ready (Paddle imported) and how it exited, and a
-CPU rank of a script beside the test-only CPU shim gets the shim's gloo group creation.
+"""Rank signals: each rank says when it is ready (Paddle imported) and how it exited.
 
 :func:`install_pth` puts a ``.pth`` line in the venv that runs this file at start-up in a process
 with ``PADDLE_OVERLAY_RANK_SIGNAL_DIR`` and ``PADDLE_TRAINER_ID`` set (a rank of the launcher): a
 daemon thread writes ``<dir>/rank-<id>`` once ``import paddle`` has finished (the script under test
 runs unchanged), and at exit ``<dir>/exit-<id>.<pid>`` records the time and how the rank ended
 (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``), so :func:`first_failure` can tell which rank
-went first (Paddle's launcher blames whichever failed rank it polls first). With
-``PADDLE_OVERLAY_CPU_SHIM`` (the shim's path; the ``TestMultipleGpus`` stand-in sets it when
-``hybrid_parallel_cpu_shim.py`` lies beside the per-rank script) on a CPU rank, the hook loads the
-shim as ``hybrid_parallel_cpu_shim`` and installs its group creation (its item 1) before the script
-runs, so per-rank scripts in upstream's form, which never import the shim, run on gloo unchanged.
-The ``.pth`` file's name sorts after the overlay's ``paddle_overlay_startup.pth``, so the overlay's
-import hook is in place when the shim imports Paddle.
+went first (Paddle's launcher blames whichever failed rank it polls first).
 """
 
 import atexit
@@ -26,9 +19,6 @@ import time
 
 DIR_ENV = "PADDLE_OVERLAY_RANK_SIGNAL_DIR"
 RANK_ENV = "PADDLE_TRAINER_ID"
-SHIM_ENV = "PADDLE_OVERLAY_CPU_SHIM"
-PTH_NAME = "paddle_overlay_test_rank_hooks.pth"  # after paddle_overlay_startup.pth
-_OLD_PTH_NAME = "paddle_overlay_rank_signals.pth"
 _HOOK_RUN_NAME = "__paddle_overlay_rank_signals__"
 _THREAD_NAME = "paddle_overlay_rank_signals"
 
@@ -41,10 +31,7 @@ def pth_text():
 
 def install_pth():
     """Install the hook in this interpreter's site-packages (idempotent); returns its path."""
-    folder = sysconfig.get_paths()["purelib"]
-    if os.path.isfile(os.path.join(folder, _OLD_PTH_NAME)):  # before the hook sorted after the overlay's
-        os.remove(os.path.join(folder, _OLD_PTH_NAME))
-    path = os.path.join(folder, PTH_NAME)
+    path = os.path.join(sysconfig.get_paths()["purelib"], "paddle_overlay_rank_signals.pth")
     if not os.path.isfile(path) or open(path).read() != pth_text():
         with open(path, "w") as f:
             f.write(pth_text())
@@ -99,15 +86,6 @@ def _signal_when_paddle_imported(ready_dir, rank):
         f.write(f"{os.getpid()} {time.time():.3f}\n")
 
 
-def _install_cpu_shim(path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("hybrid_parallel_cpu_shim", path)
-    shim = sys.modules["hybrid_parallel_cpu_shim"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shim)
-    shim.install_group_creation()
-
-
 def _start():
     # site may process a venv's site-packages twice (Python 3.11 with a lib64 link): hook once.
     if any(t.name == _THREAD_NAME for t in threading.enumerate()):
@@ -133,8 +111,6 @@ def _start():
     atexit.register(write)
     threading.Thread(target=_signal_when_paddle_imported, args=(signal_dir, rank), name=_THREAD_NAME,
                      daemon=True).start()
-    if os.environ.get(SHIM_ENV) and os.environ.get("PADDLE_OVERLAY_TEST_DEVICE") == "cpu":
-        _install_cpu_shim(os.environ[SHIM_ENV])
 
 
 if __name__ == _HOOK_RUN_NAME:

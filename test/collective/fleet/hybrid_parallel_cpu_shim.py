@@ -121,7 +121,7 @@ def _on_cpu():
 
 def install_group_creation():
     """Item 1 alone, once per process; a no-op on GPU ranks. The harness's
-    rank start-up hook (``tools/collective/rank_signals.py``) calls it for
+    ``tools/collective/cpu_site/sitecustomize.py`` calls it for
     CPU ranks of every script beside this file, so scripts in upstream's
     form run on gloo without importing this module."""
     if _on_cpu() and not getattr(paddle.distributed.new_group, "_shim", False):

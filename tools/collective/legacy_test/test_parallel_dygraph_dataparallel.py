@@ -13,10 +13,11 @@ import os
 import sys
 import unittest
 
-import rank_signals
 from collective_launch import launch_collective
 
 __all__ = ["TestMultipleGpus", "TestMultipleAccelerators"]
+
+CPU_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cpu_site")
 
 
 def script_path(test_case, target_file_name):
@@ -41,8 +42,9 @@ def rank_env(allocator_strategy, need_envs):
 def run(test_case, script, nproc, env, timeout=None):
     script = script_path(test_case, script)
     shim = os.path.join(os.path.dirname(script), "hybrid_parallel_cpu_shim.py")
-    if os.path.isfile(shim):  # its gloo group creation, on CPU ranks (rank_signals.py)
-        env = {rank_signals.SHIM_ENV: shim, **env}
+    if os.path.isfile(shim):  # its gloo group creation on CPU ranks: cpu_site/sitecustomize.py
+        path = [CPU_SITE, env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]
+        env = {**env, "PADDLE_OVERLAY_CPU_SHIM": shim, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     try:
         return launch_collective(script, nproc=nproc, env=env, timeout=timeout)
     except unittest.SkipTest as e:
