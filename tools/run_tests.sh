@@ -10,8 +10,9 @@
 # any did. Ends with a recap table (step, result, time, log) and the coverage reports' paths.
 # Outputs: .test-out/ci/.
 #
-# Time: after both venvs are made (in parallel), the four steps run at the same time, each
-# writing its own log; a collective run spends much of its time waiting (rank start-up, gloo,
+# Time: after both venvs are made (in parallel), the four steps (3.3.1's product rows, 2.6.2's
+# rows, the harness then 3.3.1's other rows, the unit tests) run at the same time, each writing
+# its own log; a collective run spends much of its time waiting (rank start-up, gloo,
 # the launcher's polling; the fault injection mostly sleeps), so on 2 cores running them side
 # by side is what keeps the suite inside its budget (docs/harness.md, "Suite time").
 set -euo pipefail
@@ -69,6 +70,20 @@ merge_coverage() {
   return $rc
 }
 
+# harness_then_the_rest: the harness's fault injection once, on the newest release, in its own run
+# folder and without coverage (its ranks never apply the overlay: measured, none of paddle_overlay's
+# lines), then the newest release's rows outside test/collective/fleet (examples, start-up hook,
+# patched tree) with coverage.
+harness_then_the_rest() {
+  local rc=0
+  export PORT_RANGE=55000:64000
+  bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$harness" --run-dir "$REPORTS/runs-harness" \
+    --junit-xml "$REPORTS/junit-harness-$NEWEST.xml" || rc=$?
+  bash tools/run_collective_tests.sh --paddle "$NEWEST" --exclude "$fleet|$harness" "${cov[@]}" \
+    --run-dir "$REPORTS/runs-examples" --junit-xml "$REPORTS/junit-examples-$NEWEST.xml" || rc=$?
+  return $rc
+}
+
 for v in "$NEWEST" "$OLDEST"; do
   start "venv $v" "$REPORTS/venv-$v.log" bash tools/run_collective_tests.sh --paddle "$v" --venv-only
 done
@@ -78,34 +93,33 @@ if ((status != 0)); then
 else
   # The collective steps run side by side: their launchers pick ports from disjoint ranges
   # (Paddle's PORT_RANGE, default 35100:64000), so two launches are never handed the same port.
+  # The newest release's rows go to two steps: the product's (test/collective/fleet) in one,
+  # the others after the harness in another, so that no step's chain is much longer than the rest.
+  fleet='^test_dygraph_sharding_stage1_'
   harness='^test_collective_launch_fault_injection$'
-  collective=(--nproc 4 --coverage --run-dir "$REPORTS/runs")
+  cov=(--nproc 4 --coverage)
   start "collective $NEWEST" "$REPORTS/collective-$NEWEST.log" env PORT_RANGE=35100:44999 \
-    bash tools/run_collective_tests.sh --paddle "$NEWEST" --exclude "$harness" \
-    "${collective[@]}" --junit-xml "$REPORTS/junit-collective-$NEWEST.xml"
+    bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$fleet" "${cov[@]}" --run-dir "$REPORTS/runs" \
+    --junit-xml "$REPORTS/junit-collective-$NEWEST.xml"
   # The start-up hook's launches run on the newest release only (docs/harness.md, "Suite time").
   start "collective $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=45000:54999 \
     bash tools/run_collective_tests.sh --paddle "$OLDEST" --exclude "$harness|^test_startup_launch\$" \
-    "${collective[@]}" --junit-xml "$REPORTS/junit-collective-$OLDEST.xml"
-  # The harness is tested once, on the newest release, in its own run folder; no coverage: its
-  # ranks never apply the overlay (measured: 0 of paddle_overlay's lines).
-  start "harness $NEWEST" "$REPORTS/harness-$NEWEST.log" env PORT_RANGE=55000:64000 \
-    bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$harness" --run-dir "$REPORTS/runs-harness" \
-    --junit-xml "$REPORTS/junit-harness-$NEWEST.xml"
+    "${cov[@]}" --run-dir "$REPORTS/runs" --junit-xml "$REPORTS/junit-collective-$OLDEST.xml"
+  start "harness, examples $NEWEST" "$REPORTS/harness-examples-$NEWEST.log" harness_then_the_rest
   # coverage's own subprocess measurement (tools/coveragerc) follows what the unit tests start.
   start "unit tests" "$REPORTS/unit.log" env COVERAGE_FILE="$PWD/$REPORTS/unit/coverage/.coverage" \
     "$py" -m coverage run --rcfile=tools/coveragerc -m pytest -q -rfEs -p no:cacheprovider \
     --junit-xml "$REPORTS/junit-unit.xml" test/tools test/unit benchmarks
   finish_all
   # One coverage figure for the package: every rank of both releases plus the in-process tests.
-  start "coverage" "$REPORTS/coverage.log" merge_coverage "$REPORTS/coverage" \
-    "$REPORTS/runs/paddle-$NEWEST/coverage" "$REPORTS/runs/paddle-$OLDEST/coverage" "$REPORTS/unit/coverage"
+  start "coverage" "$REPORTS/coverage.log" merge_coverage "$REPORTS/coverage" "$REPORTS/runs/paddle-$NEWEST/coverage" \
+    "$REPORTS/runs-examples/paddle-$NEWEST/coverage" "$REPORTS/runs/paddle-$OLDEST/coverage" "$REPORTS/unit/coverage"
   finish_all
 fi
 
 echo -e "\n::: recap (total ${SECONDS}s, exit $status)"
 printf '%s\n' "step|result|time|log" "----|------|----|---" "${recap[@]}" | column -t -s '|'
-for report in "$REPORTS"/coverage/coverage-report.txt "$REPORTS"/runs/paddle-*/coverage-report.txt; do
+for report in "$REPORTS"/coverage/coverage-report.txt "$REPORTS"/runs*/paddle-*/coverage-report.txt; do
   if [[ -f "$report" ]]; then echo "coverage report: $report"; fi
 done
 exit $status
