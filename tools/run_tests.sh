@@ -10,9 +10,9 @@
 # any did. Ends with a recap table (step, result, time, log) and the coverage reports' paths.
 # Outputs: .test-out/ci/.
 #
-# Time: after both venvs are made (in parallel), the four steps (3.3.1's product rows, 2.6.2's
-# rows, the harness then 3.3.1's other rows, the unit tests) run at the same time, each writing
-# its own log; a collective run spends much of its time waiting (rank start-up, gloo,
+# Time: the four steps (2.6.2's rows, from the start, making its venv; once 3.3.1's venv is made,
+# 3.3.1's product rows, the harness then 3.3.1's other rows, the unit tests) run at the same time,
+# each writing its own log; a collective run spends much of its time waiting (rank start-up, gloo,
 # the launcher's polling; the fault injection mostly sleeps), so on 2 cores running them side
 # by side is what keeps the suite inside its budget (docs/harness.md, "Suite time").
 set -euo pipefail
@@ -42,19 +42,24 @@ start() {
   step_name[$!]=$1 step_log[$!]=$2 step_start[$!]=$SECONDS
 }
 
-# finish_all: wait for every started step; as each ends, print its result and the end of its log.
-finish_all() {
-  local pid rc result
-  while ((${#step_name[@]})); do
+# finish [PID]: wait for step PID to end (default: every started step); as each step ends, print
+# its result and the end of its log. Returns non-zero if step PID failed.
+finish() {
+  local pid rc result failed=0
+  while ((${#step_name[@]})) && { (($# == 0)) || [[ -n "${step_name[$1]:-}" ]]; }; do
     rc=0
     wait -n -p pid "${!step_name[@]}" || rc=$?
     result=ok
-    if ((rc != 0)); then result="FAILED (exit $rc)"; status=1; fi
+    if ((rc != 0)); then
+      result="FAILED (exit $rc)" status=1
+      if (($# == 1)) && [[ "$pid" == "$1" ]]; then failed=1; fi
+    fi
     echo -e "\n::: ${step_name[$pid]}: $result ($((SECONDS - step_start[$pid]))s); last lines of ${step_log[$pid]}:"
     tail -n 25 "${step_log[$pid]}" | sed 's/^/    /'
     recap+=("${step_name[$pid]}|$result|$((SECONDS - step_start[$pid]))s|${step_log[$pid]}")
     unset "step_name[$pid]" "step_log[$pid]" "step_start[$pid]"
   done
+  return $failed
 }
 
 # merge_coverage OUT DATA_DIR...: one report (OUT/coverage-report.txt, OUT/coverage.xml) over the
@@ -84,37 +89,38 @@ harness_then_the_rest() {
   return $rc
 }
 
-for v in "$NEWEST" "$OLDEST"; do
-  start "venv $v" "$REPORTS/venv-$v.log" bash tools/run_collective_tests.sh --paddle "$v" --venv-only
-done
-finish_all
-if ((status != 0)); then
-  echo "::: a venv could not be made; see its log above"
+# The collective steps run side by side: their launchers pick ports from disjoint ranges (Paddle's
+# PORT_RANGE, default 35100:64000), so two launches are never handed the same port. The newest
+# release's rows go to two steps: the product's (test/collective/fleet) in one, the others after
+# the harness in another, so that no step's chain is much longer than the rest.
+fleet='^test_dygraph_sharding_stage1_'
+harness='^test_collective_launch_fault_injection$'
+cov=(--nproc 4 --coverage)
+# The newest release's venv serves three steps; the oldest release's step makes its own venv
+# (log: its step's) while the newest's is made, and starts its tests as soon as it has it.
+start "venv $NEWEST" "$REPORTS/venv-$NEWEST.log" bash tools/run_collective_tests.sh --paddle "$NEWEST" --venv-only
+venv_newest=$!
+# The start-up hook's launches run on the newest release only (docs/harness.md, "Suite time").
+start "collective $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=45000:54999 \
+  bash tools/run_collective_tests.sh --paddle "$OLDEST" --exclude "$harness|^test_startup_launch\$" \
+  "${cov[@]}" --run-dir "$REPORTS/runs" --junit-xml "$REPORTS/junit-collective-$OLDEST.xml"
+if ! finish "$venv_newest"; then
+  echo "::: the venv of Paddle $NEWEST could not be made; see its log above"
+  finish
 else
-  # The collective steps run side by side: their launchers pick ports from disjoint ranges
-  # (Paddle's PORT_RANGE, default 35100:64000), so two launches are never handed the same port.
-  # The newest release's rows go to two steps: the product's (test/collective/fleet) in one,
-  # the others after the harness in another, so that no step's chain is much longer than the rest.
-  fleet='^test_dygraph_sharding_stage1_'
-  harness='^test_collective_launch_fault_injection$'
-  cov=(--nproc 4 --coverage)
   start "collective $NEWEST" "$REPORTS/collective-$NEWEST.log" env PORT_RANGE=35100:44999 \
     bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$fleet" "${cov[@]}" --run-dir "$REPORTS/runs" \
     --junit-xml "$REPORTS/junit-collective-$NEWEST.xml"
-  # The start-up hook's launches run on the newest release only (docs/harness.md, "Suite time").
-  start "collective $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=45000:54999 \
-    bash tools/run_collective_tests.sh --paddle "$OLDEST" --exclude "$harness|^test_startup_launch\$" \
-    "${cov[@]}" --run-dir "$REPORTS/runs" --junit-xml "$REPORTS/junit-collective-$OLDEST.xml"
   start "harness, examples $NEWEST" "$REPORTS/harness-examples-$NEWEST.log" harness_then_the_rest
   # coverage's own subprocess measurement (tools/coveragerc) follows what the unit tests start.
   start "unit tests" "$REPORTS/unit.log" env COVERAGE_FILE="$PWD/$REPORTS/unit/coverage/.coverage" \
     "$py" -m coverage run --rcfile=tools/coveragerc -m pytest -q -rfEs -p no:cacheprovider \
     --junit-xml "$REPORTS/junit-unit.xml" test/tools test/unit benchmarks
-  finish_all
+  finish
   # One coverage figure for the package: every rank of both releases plus the in-process tests.
   start "coverage" "$REPORTS/coverage.log" merge_coverage "$REPORTS/coverage" "$REPORTS/runs/paddle-$NEWEST/coverage" \
     "$REPORTS/runs-examples/paddle-$NEWEST/coverage" "$REPORTS/runs/paddle-$OLDEST/coverage" "$REPORTS/unit/coverage"
-  finish_all
+  finish
 fi
 
 echo -e "\n::: recap (total ${SECONDS}s, exit $status)"
