@@ -382,6 +382,18 @@ def case_sharding_group_layout():
         assert group.ranks == [2, 3], group.ranks
 
 
+def record_mp_syncs(opt, record):
+    """Call ``record("sync")`` at each of the hybrid optimizer's mp/pp
+    parameter syncs (every one goes through ``_insert_sync``)."""
+    insert_sync = opt._insert_sync
+
+    def recording_sync(*args, **kwargs):
+        record("sync")
+        return insert_sync(*args, **kwargs)
+
+    opt._insert_sync = recording_sync
+
+
 def case_mp_step_launches_after_parameter_syncs():
     """HybridParallelOptimizer._step syncs the parameters the
     model-parallel ranks replicate (mp_configs.sync_param: the biases and
@@ -406,13 +418,7 @@ def case_mp_step_launches_after_parameter_syncs():
                     record("update")
 
                 inner.step = recording_step
-                insert_sync = opt._insert_sync  # every mp sync goes here
-
-                def recording_sync(*args, **kwargs):
-                    record("sync")
-                    return insert_sync(*args, **kwargs)
-
-                opt._insert_sync = recording_sync
+                record_mp_syncs(opt, record)
 
         train(flat_model, overlap=True, checker=checker, after_step=watch)
     assert checker.violations == [], checker.violations[:5]
@@ -746,13 +752,7 @@ def case_mp_v2_step_launches_after_parameter_syncs():
             record("update")
 
         inner.step = recording_step
-        insert_sync = opt._insert_sync  # every mp sync goes here
-
-        def recording_sync(*args, **kwargs):
-            record("sync")
-            return insert_sync(*args, **kwargs)
-
-        opt._insert_sync = recording_sync
+        record_mp_syncs(opt, record)
 
     compare_v2(
         prepare=prepare,

@@ -246,6 +246,20 @@ def train(build, enable=None, *, acc=1, checker=None, steps=STEPS):
     return run
 
 
+def assert_collective_counts(off, on, checker, n, steps):
+    """Runs ``off`` and ``on`` (overlap off and on) each did ``n`` gradient
+    collectives per step, all before the update, and the overlap launched
+    every one of its units once per step (its own count and the checker's);
+    returns the overlap and its number of units."""
+    assert off.grad == on.grad == [(n, 0)] * steps, (off.grad, on.grad, n)
+    impl = overlap_impl(on.opt)
+    assert impl is not None and impl.num_pending == 0
+    units = len(impl.units)
+    assert impl.stats["launched"] == steps * units, (impl.stats, units)
+    assert checker.counts["launched"] == steps * units, (checker.counts, units)
+    return impl, units
+
+
 def compare(build, enable, grad_buffers, *, acc=1):
     """Off, then on under the wait checker; the assertions of the module
     docstring that do not depend on the mode. Returns ``(on, checker,
@@ -264,12 +278,7 @@ def compare(build, enable, grad_buffers, *, acc=1):
     # backward, unchanged by the parameter-sync overlap
     n = grad_buffers(on.opt)
     assert n >= 1, n
-    assert off.grad == on.grad == [(n, 0)] * STEPS, (off.grad, on.grad, n)
-    impl = overlap_impl(on.opt)
-    assert impl is not None and impl.num_pending == 0
-    units = len(impl.units)
-    assert impl.stats["launched"] == STEPS * units, (impl.stats, units)
-    assert checker.counts["launched"] == STEPS * units, (checker.counts, units)
+    impl, units = assert_collective_counts(off, on, checker, n, STEPS)
     print(
         f"rank {rank()} {what}: units {units}, parameter-sync collectives "
         f"per step {on.launched} (total {checker.counts['launched']}), "

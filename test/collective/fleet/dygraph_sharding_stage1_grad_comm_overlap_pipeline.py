@@ -80,7 +80,6 @@ from broadcast_overlap_checker import BroadcastWaitChecker  # noqa: E402
 from broadcast_overlap_training import (  # noqa: E402
     assert_bitwise_equal,
     cases_of,
-    overlap_impl,
     rank,
     run_cases,
 )
@@ -209,12 +208,9 @@ def compare(tied, split_param, enable):
     buffers = [b for bs in model._chunk_2_comm_buffers.values() for b in bs]
     assert buffers, "the pipeline built no comm buffers"
     n = len(buffers)
-    assert off.grad == on.grad == [(n, 0)] * STEPS, (off.grad, on.grad, n)
-    impl = overlap_impl(on.opt)
-    assert impl is not None and impl.num_pending == 0
-    units = len(impl.units)
-    assert impl.stats["launched"] == STEPS * units, (impl.stats, units)
-    assert checker.counts["launched"] == STEPS * units, (checker.counts, units)
+    impl, units = grad_comm_overlap.assert_collective_counts(
+        off, on, checker, n, STEPS
+    )
     print(
         f"rank {rank()} {what}: stage {model._layers._stage_id}, pipeline "
         f"comm buffers {n}, units {units}, parameter-sync collectives per "
