@@ -439,7 +439,7 @@ def test_patch_for_a_checkout_like_tree_is_the_committed_one(version, tmp_path):
 def test_drivers_follow_the_checkouts_name_of_the_test_base(legacy_classes, tmp_path):
     """A later Paddle names upstream's base TestMultipleAccelerators (run_mnist_2accelerators):
     drivers generated for such a checkout use it, still formatted as Paddle wants."""
-    import paddle_format
+    from test_format import formatted
 
     tree = wheel_tree("3.3.1", tmp_path)
     legacy = os.path.join(tree, make_patch.LEGACY_BASE)
@@ -458,8 +458,8 @@ def test_drivers_follow_the_checkouts_name_of_the_test_base(legacy_classes, tmp_
         assert "TestMultipleGpus" not in text and "run_mnist_2gpu" not in text
         assert "(TestMultipleAccelerators):" in text and "self.run_mnist_2accelerators(" in text
         # the renaming adds no formatting change of its own
-        clean = paddle_format.formatted(original, rel, header=True)
-        assert paddle_format.formatted(text, rel, header=True) == make_patch.adapt_test_base(tree, clean), rel
+        new = formatted({"original.py": original, "renamed.py": text})
+        assert new["renamed.py"] == make_patch.adapt_test_base(tree, new["original.py"]), rel
 
 
 def test_names_read_by_defaults_decorators_and_annotations_get_imported():
