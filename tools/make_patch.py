@@ -55,7 +55,7 @@ NEW_MODULES = (
 )
 # Files of test/collective/fleet in upstream's form added as new files: drivers (their
 # testslist.csv rows travel in the header) and the per-rank scripts they launch: the on/off
-# driver with its foundation and bf16/AMP scripts (check_selection refuses a carried file that
+# driver with its foundation and bf16/AMP scripts (test_make_patch.py fails for a carried file that
 # imports one left out, such as the wait checker or the CPU shim).
 TEST_FILES = (
     "test_dygraph_sharding_stage1_broadcast_overlap.py",
@@ -306,60 +306,6 @@ def patch_source_files():
     return [f"{rel_overlay}/{n}" for n in sorted(overlay)] + [f"{rel_test}/{n}" for n in sorted(test_files())]
 
 
-def _optional(tree):
-    """Import nodes inside ``try: ... except ImportError`` (may name modules the patch lacks)."""
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id in (
-                "ImportError", "ModuleNotFoundError") for h in node.handlers):
-            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
-    return out
-
-
-def dangling(folder, carried, package=None):
-    """{carried file: sorted sibling files of ``folder`` it needs and the patch lacks}: modules it
-    imports (``package``: the dotted name of ``folder``, for relative imports) and, for
-    drivers, the ``*.py`` files it names."""
-    here = {n for n in os.listdir(folder) if n.endswith(".py")}
-    out = {}
-    for name in carried:
-        text = _read(os.path.join(folder, name))
-        tree = ast.parse(text, name)
-        optional, needed = _optional(tree), set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                mods = [node.module] if node.module else [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and package and (node.module or "").startswith(package + "."):
-                mods = [node.module[len(package) + 1 :]]
-            elif isinstance(node, (ast.Import, ast.ImportFrom)) and not package:
-                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and name.startswith("test_"):
-                needed.update({node.value} & here)
-                continue
-            else:
-                continue
-            if id(node) not in optional:
-                needed.update(f"{m.split('.')[0]}.py" for m in mods if f"{m.split('.')[0]}.py" in here)
-        missing = sorted(needed - set(carried))
-        if missing:
-            out[name] = missing
-    return out
-
-
-def check_selection():
-    """Raise :class:`PatchError` unless every listed file exists and needs nothing left out."""
-    for folder, names in ((OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules()), (TEST_DIR, test_files())):
-        absent = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
-        if absent:
-            raise PatchError(f"listed in tools/make_patch.py but not in {os.path.relpath(folder, ROOT)}: {absent}")
-    problems = dangling(OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules(), TARGET_PACKAGE)
-    problems.update(dangling(TEST_DIR, test_files()))
-    if problems:
-        raise PatchError("files the patch carries need files it leaves out (add them to the lists in tools/make_patch.py, "
-                         "or make the import optional): "
-                         + "; ".join(f"{k} needs {', '.join(v)}" for k, v in sorted(problems.items())))
-
-
 def testslist_rows():
     """The lines of our testslist.csv whose driver the patch carries, as written; raises
     :class:`PatchError` for a malformed row or a row without a driver."""
@@ -380,7 +326,10 @@ def testslist_rows():
 def patched_files(tree):
     """{path in ``tree`` (a ``python/paddle/...`` tree): new text} of every file the patch adds or
     changes; :class:`PatchError` when a file to splice is missing or one to add exists already."""
-    check_selection()
+    for folder, names in ((OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules()), (TEST_DIR, test_files())):
+        absent = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
+        if absent:
+            raise PatchError(f"listed in tools/make_patch.py but not in {os.path.relpath(folder, ROOT)}: {absent}")
     opt_dir = os.path.join(tree, TREE_OPT_DIR)
     out = {}
     for filename, class_name in SPLICED:
