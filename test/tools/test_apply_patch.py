@@ -106,9 +106,7 @@ from testslist import read_testslist
 csv = sys.argv[sys.argv.index("-f") + 1]
 rows = read_testslist(csv)
 path = os.path.join(os.path.dirname(csv), "CMakeLists.txt")
-ports = g.PortCounter(rows, g.existing_ports(open(path).read()))
-text = g.HEADER + "".join(g.raw_entry(r, ports.port(r) if r.launcher.endswith(".sh") else None) for r in rows)
-open(path, "w").write(text)
+open(path, "w").write(g.raw_text(rows, open(path).read()))
 """
 
 

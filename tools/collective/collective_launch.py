@@ -11,7 +11,7 @@ Environment: ``PADDLE_OVERLAY_TEST_DEVICE``, ``PADDLE_OVERLAY_TEST_NPROC`` (rank
 ``PADDLE_OVERLAY_LAUNCH_ARGS`` (extra launcher arguments), ``PADDLE_OVERLAY_RUN_DIR`` (log folders).
 """
 
-import dataclasses
+import collections
 import os
 import shlex
 import signal
@@ -27,21 +27,13 @@ import rank_signals
 TAIL_LINES = 60
 DEFAULT_TIMEOUT = 300.0  # seconds of behaviour when no test clock runs
 REPORT_MARGIN = 15.0  # seconds of the test's clock kept to kill the tree and report
+# A launch whose ranks all exited 0; startup_seconds: until every rank had imported Paddle.
+LaunchResult = collections.namedtuple("LaunchResult", "seconds log_dir rank_logs startup_seconds returncode",
+                                      defaults=(0,))
 
 
 class CollectiveLaunchError(AssertionError):
     """A launch timed out or a rank exited non-zero; the message holds the rank log tails."""
-
-
-@dataclasses.dataclass
-class LaunchResult:
-    """A launch whose ranks all exited 0; ``startup_seconds``: until every rank had imported Paddle."""
-
-    seconds: float
-    log_dir: str
-    rank_logs: list  # text of workerlog.N
-    startup_seconds: float
-    returncode: int = 0
 
 
 def _gpus():
@@ -77,13 +69,12 @@ def _kill_tree(signal_dir, grace=5.0):
                 p.terminate()
         except psutil.Error:
             continue
-    alive = psutil.wait_procs(procs, timeout=grace)[1]
-    for p in alive:
+    for p in psutil.wait_procs(procs, timeout=grace)[1]:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=grace)
+    psutil.wait_procs(procs, timeout=grace)
 
 
 def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, startup_timeout=None):
@@ -104,8 +95,7 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     if timeout is None:
         timeout = clock - min(REPORT_MARGIN, clock / 4) if clock else DEFAULT_TIMEOUT
     timeout = _seconds(timeout, "timeout")
-    device = resolve_device(None, nproc)
-    limit = os.environ.get("PADDLE_OVERLAY_TEST_NPROC")
+    device, limit = resolve_device(None, nproc), os.environ.get("PADDLE_OVERLAY_TEST_NPROC")
     if limit and int(limit) < nproc:
         raise unittest.SkipTest(f"needs {nproc} ranks, PADDLE_OVERLAY_TEST_NPROC={limit}")
     if device == "gpu" and _gpus() < nproc:
