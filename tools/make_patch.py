@@ -2,14 +2,10 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Turn the overlay source into a ``git apply``-able patch for a Paddle tree (docs/patches.md).
 
-Overlay modules of :data:`NEW_MODULES` are added byte for byte; each overlay class of
-:data:`SPLICED` has its methods spliced into Paddle's class of the same name (a name in the
-module's ``OVERLAY_WRAPS`` wraps: the original becomes ``_origin_NAME``, the overlay method goes
-above it; others replace or are appended), with the imports they need; the upstream-form tests
-of :data:`TEST_FILES` are added, their ``testslist.csv`` rows go in the header. The patch is
-``git diff`` from a throw-away repository with fixed identity and configuration: same inputs,
-same bytes. ``python tools/make_patch.py (--paddle-src DIR | --from-wheel VENV [--version V])
-[--out FILE]``; exit codes: 0 ok, 2 bad input (the message says what to fix).
+:data:`NEW_MODULES` and :data:`TEST_FILES` are added byte for byte (their ``testslist.csv`` rows go in
+the header); each class of :data:`SPLICED` has its methods spliced into Paddle's class of the same
+name. The patch is ``git diff`` from a throw-away repository with fixed identity and configuration:
+same inputs, same bytes. Exit codes: 0 ok, 2 bad input (the message says what to fix).
 """
 
 import argparse
@@ -84,10 +80,10 @@ def origin_name(name):
 
 
 def _find_class(module, name, filename):
-    for node in module.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
-    raise PatchError(f"{filename}: no top-level class {name}")
+    found = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name]
+    if not found:
+        raise PatchError(f"{filename}: no top-level class {name}")
+    return found[0]
 
 
 def _methods(class_node):
@@ -98,12 +94,8 @@ def _first_line(node, lines):
     """1-based first line of a method: its decorators and the comment lines right above them."""
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
     indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
-    while start > 1:
-        above = lines[start - 2]
-        if above.startswith(indent + "#") and above[: len(indent)].strip() == "":
-            start -= 1
-        else:
-            break
+    while start > 1 and lines[start - 2].startswith(indent + "#"):
+        start -= 1
     return start
 
 
@@ -113,11 +105,8 @@ def _top_level_bindings(module_node, package):
     for node in module_node.body:
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.asname:
-                    bound[a.asname] = ("import", a.name, None)
-                else:
-                    top = a.name.split(".")[0]
-                    bound[top] = ("import", top, None)
+                name = a.asname or a.name.split(".")[0]
+                bound[name] = ("import", a.name if a.asname else name, None)
         elif isinstance(node, ast.ImportFrom):
             source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
             for a in node.names:
@@ -125,11 +114,8 @@ def _top_level_bindings(module_node, package):
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound[node.name] = ("def", type(node).__name__)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name):
-                        bound[n.id] = ("def", "assignment")
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                bound.update({n.id: ("def", "assignment") for n in ast.walk(t) if isinstance(n, ast.Name)})
     return bound
 
 
@@ -159,16 +145,11 @@ def _names_read_at_definition(node):
 
 def _import_line(source_module, package, names):
     """``from .x import a, b`` text (relative when ``source_module`` is in ``package``)."""
-    if source_module.startswith(package + "."):
-        mod = "." + source_module[len(package) + 1 :]
-    else:
-        mod = source_module
+    mod = "." + source_module[len(package) + 1 :] if source_module.startswith(package + ".") else source_module
     # isort's order (profile black, order_by_type): classes, then functions
     names = sorted(names, key=lambda n: (not n[:1].isupper(), n))
     one = f"from {mod} import {', '.join(names)}"
-    if len(one) <= 80:
-        return [one]
-    return [f"from {mod} import ("] + [f"    {n}," for n in names] + [")"]
+    return [one] if len(one) <= 80 else [f"from {mod} import ("] + [f"    {n}," for n in names] + [")"]
 
 
 def splice(target_text, overlay_text, class_name, target_name="<target>", overlay_name="<overlay>"):
@@ -216,8 +197,7 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
                                  f"expects {how[1:]} (from {overlay_name})")
 
     # Method edits, as (first line, last line, new lines) on the target; 1-based, inclusive.
-    edits = []
-    appended = []
+    edits, appended = [], []
     for name, node in o_methods.items():
         text = o_lines[_first_line(node, o_lines) - 1 : node.end_lineno]
         if name in wraps:
@@ -226,24 +206,21 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
             if origin_name(name) in t_methods:
                 raise PatchError(f"{target_name}: {class_name}.{origin_name(name)} exists: the tree is already patched")
             orig = t_methods[name]
-            def_line = t_lines[orig.lineno - 1]
-            renamed, n = re.subn(rf"\bdef\s+{re.escape(name)}\s*\(", f"def {origin_name(name)}(", def_line, count=1)
+            renamed, n = re.subn(rf"\bdef\s+{re.escape(name)}\s*\(", f"def {origin_name(name)}(",
+                                 t_lines[orig.lineno - 1], count=1)
             if n != 1:
                 raise PatchError(f"{target_name}:{orig.lineno}: cannot find 'def {name}(' to rename")
             start = _first_line(orig, t_lines)
             edits.append((orig.lineno, orig.lineno, [renamed]))
             edits.append((start, start - 1, text + [""]))  # insertion above the original
         elif name in t_methods:
-            orig = t_methods[name]
-            edits.append((_first_line(orig, t_lines), orig.end_lineno, text))
+            edits.append((_first_line(t_methods[name], t_lines), t_methods[name].end_lineno, text))
         else:
             appended.extend([""] + text)
     if appended:
         edits.append((t_cls.end_lineno + 1, t_cls.end_lineno, appended))
-
     if missing:
         edits.append(_import_edit(target_mod, t_lines, missing))
-
     out = list(t_lines)
     # Apply bottom-up so earlier line numbers stay valid; insertions (end < start) at the same
     # line as a replacement go after it is applied, i.e. sort by start, then by end.
@@ -276,10 +253,8 @@ def _import_edit(target_mod, t_lines, missing):
     imports = [n for n in target_mod.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     if not imports:
         raise PatchError("target module has no top-level imports to place new ones after")
-    new_lines = []
+    new_lines = [line for module in sorted(missing) for line in _import_line(module, TARGET_PACKAGE, missing[module])]
     relative_needed = any(m.startswith(TARGET_PACKAGE + ".") for m in missing)
-    for module in sorted(missing):
-        new_lines += _import_line(module, TARGET_PACKAGE, missing[module])
     same_kind = [n for n in imports if (isinstance(n, ast.ImportFrom) and n.level > 0) == relative_needed]
     after = (same_kind or imports)[-1].end_lineno
     return (after + 1, after, new_lines)
@@ -300,10 +275,9 @@ def test_files():
 
 def patch_source_files():
     """Repository paths of every file whose text goes into the patch."""
-    overlay = [name for name, _ in SPLICED] + new_modules()
-    rel_overlay = os.path.relpath(OVERLAY_DIR, ROOT)
-    rel_test = os.path.relpath(TEST_DIR, ROOT)
-    return [f"{rel_overlay}/{n}" for n in sorted(overlay)] + [f"{rel_test}/{n}" for n in sorted(test_files())]
+    overlay, tests = os.path.relpath(OVERLAY_DIR, ROOT), os.path.relpath(TEST_DIR, ROOT)
+    return [f"{overlay}/{n}" for n in sorted([name for name, _ in SPLICED] + new_modules())] + [
+        f"{tests}/{n}" for n in sorted(test_files())]
 
 
 def testslist_rows():
