@@ -38,34 +38,30 @@ def install_pth():
     return path
 
 
-def _names(folder):
+def _matches(folder, pattern):
     try:
-        return os.listdir(folder)
+        return [m for m in map(re.compile(pattern).fullmatch, os.listdir(folder)) if m]
     except OSError:
         return []
 
 
 def ready_ranks(ready_dir):
     """Sorted ranks that have signalled readiness in ``ready_dir``."""
-    return sorted(int(n[5:]) for n in _names(ready_dir) if n.startswith("rank-") and n[5:].isdigit())
+    return sorted(int(m.group(1)) for m in _matches(ready_dir, r"rank-(\d+)"))
 
 
 def exit_order(signal_dir):
     """``[(wall time, rank, how)]`` of the ranks that exited through Python, earliest first (a rank's
     last record counts when its children recorded too)."""
     last = {}
-    for name in _names(signal_dir):
-        m = re.match(r"exit-(\d+)\.\d+$", name)
-        if not m:
-            continue
+    for m in _matches(signal_dir, r"exit-(\d+)\.\d+"):
         try:
-            with open(os.path.join(signal_dir, name)) as f:
+            with open(os.path.join(signal_dir, m.group())) as f:
                 stamp, how = f.read().strip().split(" ", 1)
+            record = (float(stamp), int(m.group(1)), how)
         except (OSError, ValueError):
             continue
-        rank = int(m.group(1))
-        if rank not in last or float(stamp) > last[rank][0]:
-            last[rank] = (float(stamp), rank, how)
+        last[record[1]] = max(last.get(record[1], record), record)
     return sorted(last.values())
 
 
