@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 #
-# Check (default) or fix the files the Paddle patch adds or changes as Paddle's pre-commit does:
-#   tools/format.sh [--check | --fix] [FILE...]     (default: make_patch.patch_source_files())
-# isort 5.12.0 (profile black, line length 80, paddle first party) and black 23.3.0 (line length
-# 80, no string normalization), run by $PYTHON, else .venv-test/paddle-3.3.1's python (its [test]
-# extra pins both), else python3. The Apache header of added files: test/tools/test_format.py.
-# Exit codes: 0 clean or fixed, 1 --check found files that would change, 2 black/isort missing or
-# not the pinned version.
+# tools/format.sh [--check | --fix] [FILE...]: check (default) or fix, as Paddle's pre-commit does, the
+# files the Paddle patch takes text from (default: make_patch.patch_source_files()) with isort 5.12.0 and
+# black 23.3.0 (Paddle's settings, below), run by $PYTHON, else the 3.3.1 venv's python (its [test] extra
+# pins both). Exit codes: 0 clean or fixed, 1 --check would change files, 2 black/isort missing or unpinned.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv_python="$root/.venv-test/paddle-3.3.1/bin/python"
