@@ -1,12 +1,11 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Test-only stand-in for upstream Paddle's ``test/legacy_test/test_parallel_dygraph_dataparallel.py``.
 
-The drivers in ``test/collective/fleet`` are in upstream's form; upstream's base runs one process
-per GPU and passes having run nothing without CUDA. The runner puts ``tools/collective`` first on
-``sys.path``, so the drivers get this module: same names and signatures, the script run on 2 ranks
-by :func:`collective_launch.launch_collective` (gloo on the CPU, NCCL on 2 GPUs), skipped with the
-reason where 2 ranks cannot run. In overlay mode (default; ``PADDLE_OVERLAY_MODE=patched`` turns it
-off) the ranks get ``PADDLE_OVERLAY=1``. Never shipped upstream.
+Upstream's base runs one process per GPU and passes having run nothing without CUDA. The runner puts
+``tools/collective`` first on ``sys.path``, so the drivers get this module: same names and signatures,
+the script run on 2 ranks by :func:`collective_launch.launch_collective` (gloo on the CPU, NCCL on 2
+GPUs), skipped with the reason where 2 ranks cannot run. In overlay mode (default;
+``PADDLE_OVERLAY_MODE=patched`` turns it off) the ranks get ``PADDLE_OVERLAY=1``. Never shipped upstream.
 """
 
 import os
@@ -23,11 +22,8 @@ CPU_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 def script_path(test_case, target_file_name):
     """``target_file_name`` next to the driver (as upstream's ``dist_test.sh``), else from the working directory."""
     driver = getattr(sys.modules.get(type(test_case).__module__), "__file__", None)
-    if driver and not os.path.isabs(target_file_name):
-        beside = os.path.join(os.path.dirname(os.path.abspath(driver)), target_file_name)
-        if os.path.isfile(beside):
-            return beside
-    return os.path.abspath(target_file_name)
+    beside = driver and os.path.join(os.path.dirname(os.path.abspath(driver)), target_file_name)
+    return beside if beside and os.path.isfile(beside) else os.path.abspath(target_file_name)
 
 
 def rank_env(allocator_strategy, need_envs):
