@@ -78,13 +78,12 @@ def _kill_tree(signal_dir, grace=5.0):
 
 
 def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, startup_timeout=None):
-    """Run ``script`` on ``nproc`` ranks; a :class:`LaunchResult` when every rank exits 0.
+    """Run ``script`` on ``nproc`` ranks; a :class:`LaunchResult` when every rank exits 0, else
+    :class:`CollectiveLaunchError`; :class:`unittest.SkipTest` when the ranks or GPUs are not there.
 
-    ``timeout``: seconds after every rank is ready (default: what the test's pytest-timeout has left,
-    less :data:`REPORT_MARGIN` (at most a quarter of it), else :data:`DEFAULT_TIMEOUT`);
-    ``startup_timeout``: default ``$PADDLE_OVERLAY_STARTUP_TIMEOUT`` or 300; ``env``: added to the ranks';
-    ``log_dir``: default a new folder under ``$PADDLE_OVERLAY_RUN_DIR`` (or the temp folder).
-    Raises :class:`unittest.SkipTest` when the ranks or GPUs are not there, :class:`CollectiveLaunchError`.
+    ``timeout``: seconds after every rank is ready (default: what the test's pytest-timeout has left less
+    :data:`REPORT_MARGIN`, at most a quarter of it, else :data:`DEFAULT_TIMEOUT`); ``env``: added to the
+    ranks'; ``log_dir``: default a new folder under ``$PADDLE_OVERLAY_RUN_DIR`` (or the temp folder).
     """
     script = os.path.abspath(script)
     if not os.path.isfile(script):
@@ -99,9 +98,7 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     if limit and int(limit) < nproc:
         raise unittest.SkipTest(f"needs {nproc} ranks, PADDLE_OVERLAY_TEST_NPROC={limit}")
     if device == "gpu" and _gpus() < nproc:
-        import paddle
-
-        raise unittest.SkipTest(f"needs {nproc} GPUs, {_gpus()} visible to Paddle {paddle.__version__}")
+        raise unittest.SkipTest(f"needs {nproc} GPUs, {_gpus()} visible to Paddle {sys.modules['paddle'].__version__}")
     rank_signals.install_pth()
     parent = os.environ.get("PADDLE_OVERLAY_RUN_DIR")
     os.makedirs(log_dir or parent or tempfile.gettempdir(), exist_ok=True)
