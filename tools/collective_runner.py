@@ -264,11 +264,6 @@ def main(argv=None):
         return 2
     if args.bootstrap or args.venv_only:
         return run_releases(args, argv)
-    missing = [os.path.relpath(d, ROOT) for d in rows if not os.path.isfile(d)]
-    if missing:
-        print(f"error: driver missing: {', '.join(missing)}", file=sys.stderr)
-        return 2
-
     import paddle
     import pytest
     from collective_launch import resolve_device
@@ -325,9 +320,7 @@ def main(argv=None):
         if args.cov_fail_under is not None and percent < args.cov_fail_under:
             print(f"COVERAGE FAILED: {percent:.1f}% < {args.cov_fail_under}%")
             rc = rc or 1
-    if rc == 0 and args.skip_exit_code and getattr(plugin, "all_skipped", False):
-        return args.skip_exit_code
-    return rc
+    return args.skip_exit_code if rc == 0 and args.skip_exit_code and getattr(plugin, "all_skipped", False) else rc
 
 
 if __name__ == "__main__":

@@ -2,13 +2,10 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Generate ``CMakeLists.txt`` next to each ``testslist.csv``, as upstream Paddle's generator does.
 
-Same input, command line and output shape as upstream's ``tools/gen_ut_cmakelists.py`` (written
-anew; docs/patches.md): per row ``if (<condition>)`` per ``conditions`` item around
-``if(<arch> AND <os>)``, then ``bash_test_modules`` (``*.sh`` launcher) or ``py_test_modules``, and
-``set_tests_properties``; a test keeps the port the existing file gives it, new ones count on from
-the highest; formatted by cmake-format (``cmakelang`` 0.6.13, Paddle's settings).
-``python tools/gen_ut_cmakelists.py [--check] [-f testslist.csv ...]`` (default: every
-``test/**/testslist.csv``); exit codes: 0 ok, 1 stale (``--check``), 2 malformed row or no cmakelang.
+Same input, command line and output shape as upstream's ``tools/gen_ut_cmakelists.py`` (written anew;
+docs/patches.md); a test keeps the port the existing file gives it, new ones count on from the highest;
+formatted by cmake-format (``cmakelang`` 0.6.13, Paddle's settings). Exit codes: 0 ok, 1 stale
+(``--check``), 2 malformed row or no cmakelang.
 """
 
 import argparse
@@ -50,8 +47,7 @@ def existing_ports(cmake_text):
 
 
 def dist_ports(rows, old_ports):
-    """{name: PADDLE_DIST_UT_PORT} of the ``*.sh`` rows, by upstream's rule (module docstring); a row
-    with an empty num_port gets 0."""
+    """{name: PADDLE_DIST_UT_PORT} of the ``*.sh`` rows (0 for an empty num_port), by upstream's rule."""
     ports, nxt = dict(old_ports), FIRST_PORT
     if old_ports:
         last = max(old_ports, key=lambda n: (old_ports[n], n))
@@ -112,8 +108,7 @@ def cmake_format(text):
 
 
 def generate(csv_path, old_cmake=None):
-    """Full CMakeLists.txt text for ``csv_path``; ``old_cmake``: the current file's text (its tests keep
-    their ports; default: the file next to ``csv_path``). ValueError on a malformed row, GeneratorError."""
+    """CMakeLists.txt text for ``csv_path``; ``old_cmake`` (default: the file beside it) gives the ports kept."""
     old_cmake = _read(os.path.join(os.path.dirname(os.path.abspath(csv_path)), "CMakeLists.txt")) \
         if old_cmake is None else old_cmake
     return cmake_format(raw_text(read_testslist(csv_path), old_cmake))

@@ -80,8 +80,7 @@ def platform_facts(cuda=False):
 
 
 def eval_condition(expr, facts):
-    """A CMake condition of symbols, AND, OR, NOT and parentheses, evaluated with ``facts``;
-    ValueError for anything else (e.g. ``VERSION_GREATER_EQUAL``) or an unknown symbol."""
+    """A CMake condition of symbols, AND, OR, NOT and parentheses; ValueError for anything else."""
     def word(m):
         if m.group() in ("AND", "OR", "NOT"):
             return m.group().lower()

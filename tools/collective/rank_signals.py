@@ -51,8 +51,8 @@ def ready_ranks(ready_dir):
 
 
 def exit_order(signal_dir):
-    """``[(wall time, rank, how)]`` of the ranks that exited through Python, earliest first (a rank's
-    last record counts when its children recorded too)."""
+    """``[(wall time, rank, how)]`` of the ranks that exited through Python, earliest first (a rank's last
+    record counts when its children recorded too)."""
     last = {}
     for m in _matches(signal_dir, r"exit-(\d+)\.\d+"):
         try:
