@@ -1,11 +1,9 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Launch a per-rank script on N ranks with ``python -m paddle.distributed.launch`` (test harness only).
 
-One timeout per launch, rank start-up not counted (docs/harness.md, "Timeouts"): start-up lasts
-until every local rank has imported Paddle (:mod:`rank_signals`), with its own limit
-(``$PADDLE_OVERLAY_STARTUP_TIMEOUT``, 300 s), while the test's pytest-timeout clock stands still;
-then the launch has what is left of that clock less :data:`REPORT_MARGIN`. On a timeout or a failing
-rank every process carrying the launch's signal folder in its environment is killed and
+One timeout per launch, rank start-up not counted (docs/harness.md, "Timeouts"): while the ranks import
+Paddle (:mod:`rank_signals`; limit ``$PADDLE_OVERLAY_STARTUP_TIMEOUT``, 300 s) the test's pytest-timeout
+clock stands still. On a timeout or a failing rank the launch's processes are killed and
 :class:`CollectiveLaunchError` names the rank that failed first, with every rank's log tail.
 Environment: ``PADDLE_OVERLAY_TEST_DEVICE``, ``PADDLE_OVERLAY_TEST_NPROC`` (ranks allowed),
 ``PADDLE_OVERLAY_LAUNCH_ARGS`` (extra launcher arguments), ``PADDLE_OVERLAY_RUN_DIR`` (log folders).

@@ -1,12 +1,9 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Rank signals: each rank says when it is ready (Paddle imported) and how it exited.
+"""Rank signals: each rank says when it is ready (Paddle imported) and how it exited (docs/harness.md).
 
-:func:`install_pth` puts a ``.pth`` line in the venv that runs this file at start-up in a process
-with ``PADDLE_OVERLAY_RANK_SIGNAL_DIR`` and ``PADDLE_TRAINER_ID`` set (a rank of the launcher): a
-daemon thread writes ``<dir>/rank-<id>`` once ``import paddle`` has finished (the script under test
-runs unchanged), and at exit ``<dir>/exit-<id>.<pid>`` records the time and how the rank ended
-(``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``), so :func:`first_failure` can tell which rank
-went first (Paddle's launcher blames whichever failed rank it polls first).
+:func:`install_pth` puts a ``.pth`` line in the venv that runs :func:`_start` in each rank of a launch: a
+thread writes ``<dir>/rank-<id>`` once ``import paddle`` has finished, and at exit ``<dir>/exit-<id>.<pid>``
+records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``).
 """
 
 import atexit

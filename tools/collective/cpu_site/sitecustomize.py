@@ -1,13 +1,8 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Test harness only: a CPU rank of a per-rank script beside the test-only CPU shim gets the shim's
-gloo group creation (its item 1) before the script runs, so scripts in upstream's form run on gloo.
-
-The ``TestMultipleGpus`` stand-in puts this folder first on the ranks' ``PYTHONPATH`` and names the shim
-in ``PADDLE_OVERLAY_CPU_SHIM``. Python imports ``sitecustomize`` once ``site`` is done (every ``.pth``
-processed, the overlay's start-up hook in place), so the shim may import Paddle here; a ``.pth`` line may
-not (Paddle 2.6 reads ``site.USER_SITE``, unset while the venv's ``.pth`` files run). The launcher (no
-``PADDLE_TRAINER_ID``) and GPU ranks are left alone. Another ``sitecustomize`` further on the path (the
-runner's ``--slow-start`` one, a system one) runs first, as it would without this one.
+"""Test harness only: a CPU rank of a script beside the CPU shim (``PADDLE_OVERLAY_CPU_SHIM``, set by the
+``TestMultipleGpus`` stand-in with this folder on ``PYTHONPATH``) gets the shim's gloo group creation
+before the script runs. Here, not in a ``.pth`` line: Paddle 2.6 reads ``site.USER_SITE``, unset while
+``.pth`` files run. Another ``sitecustomize`` further on the path (``--slow-start``'s) runs first.
 """
 
 import importlib.util
