@@ -108,6 +108,8 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     cmd += ["--devices", ",".join(map(str, range(nproc)))] if device == "gpu" else []
     cmd += shlex.split(os.environ.get("PADDLE_OVERLAY_LAUNCH_ARGS", "")) + ["--log_dir", log_dir, script]
     full_env = {**os.environ, **(env or {}), "PADDLE_OVERLAY_TEST_DEVICE": device, rank_signals.DIR_ENV: signal_dir}
+    if "COVERAGE_PROCESS_CONFIG" in full_env:  # measured in the ranks only (rank_signals.COVERAGE_ENV)
+        full_env[rank_signals.COVERAGE_ENV] = full_env.pop("COVERAGE_PROCESS_CONFIG")
 
     start = time.monotonic()
     if clock:

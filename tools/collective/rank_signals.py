@@ -15,6 +15,9 @@ import threading
 import time
 
 DIR_ENV = "PADDLE_OVERLAY_RANK_SIGNAL_DIR"
+# coverage's subprocess configuration (``COVERAGE_PROCESS_CONFIG``), renamed by launch_collective so
+# that Paddle's launcher, which runs none of paddle_overlay, starts no coverage; ranks start it here
+COVERAGE_ENV = "PADDLE_OVERLAY_RANK_COVERAGE"
 RANK_ENV = "PADDLE_TRAINER_ID"
 _HOOK_RUN_NAME = "__paddle_overlay_rank_signals__"
 _THREAD_NAME = "paddle_overlay_rank_signals"
@@ -107,4 +110,7 @@ def _start():
 
 
 if __name__ == _HOOK_RUN_NAME:
+    if os.environ.get(COVERAGE_ENV):
+        os.environ["COVERAGE_PROCESS_CONFIG"] = os.environ.pop(COVERAGE_ENV)
+        __import__("coverage").process_startup()
     _start()
