@@ -4,10 +4,10 @@
 
 ``git apply --check``, then ``git apply``; then the patch header's rows not in the tree's
 ``test/collective/fleet/testslist.csv`` yet are appended to it and the ``CMakeLists.txt`` beside it
-is regenerated with the tree's ``tools/gen_ut_cmakelists.py`` (this repository's if it has none)
-and cmake-format with the tree's ``.cmake-format.py``; if a step fails the tree is put back. On a
-mismatch it says which tag the patch fits, with git apply's message. Exit codes: 0 applied, 1 does
-not apply or registration failed (tree unchanged), 2 usage error.
+is regenerated with the tree's ``tools/gen_ut_cmakelists.py`` (a tree without one: a line says
+what to run) and cmake-format with the tree's ``.cmake-format.py``; if a step fails the tree is put
+back. On a mismatch it says which tag the patch fits, with git apply's message. Exit codes: 0
+applied, 1 does not apply or registration failed (tree unchanged), 2 usage error.
 Run as ``bash tools/apply_patch.sh [--no-register] PADDLE_SRC [PATCH]``.
 """
 
@@ -41,6 +41,7 @@ class Tree:
         self.src = src
         self.csv = os.path.join(src, TREE_TEST_DIR, "testslist.csv")
         self.cmake = os.path.join(src, TREE_TEST_DIR, "CMakeLists.txt")
+        self.regenerated = False  # by the tree's own generator (register)
 
     def git(self, *args, capture=True):
         """git in the tree only, never in a repository above it (the patch paths are relative to it)."""
@@ -66,11 +67,13 @@ class Tree:
             f.write(text + ("\n" if text and not text.endswith("\n") else "") + "".join(r + "\n" for r in rows))
         fleet_cmake = f"{TREE_TEST_DIR}/CMakeLists.txt"
         if not os.path.isfile(os.path.join(self.src, "tools", "gen_ut_cmakelists.py")):
-            print(f"the tree has no tools/gen_ut_cmakelists.py: regenerating {fleet_cmake} with tools/gen_ut_cmakelists.py")
-            return self.run(log, sys.executable, os.path.join(ROOT, "tools", "gen_ut_cmakelists.py"), "-f", self.csv)
+            print(f"note: the tree has no tools/gen_ut_cmakelists.py, so {fleet_cmake} is unchanged; run Paddle's "
+                  f"generator in the tree: python3 tools/gen_ut_cmakelists.py -f {TREE_TEST_DIR}/testslist.csv")
+            return True
         print(f"regenerating {fleet_cmake} with the tree's tools/gen_ut_cmakelists.py")
         if not self.run(log, sys.executable, "tools/gen_ut_cmakelists.py", "-f", f"{TREE_TEST_DIR}/testslist.csv"):
             return False
+        self.regenerated = True
         # cmake-format as Paddle's pre-commit does (upstream's generator writes it unformatted)
         cfg = [c for c in (os.path.join(self.src, ".cmake-format" + e) for e in (".json", ".py", ".yaml"))
                if os.path.isfile(c)]
@@ -147,7 +150,7 @@ def main(argv=None):
             err("error: registering the tests failed; the tree is as it was (patch reverted):",
                 *("  " + line for line in "".join(log).splitlines()))
             return 1
-        print(f"registered in {TREE_TEST_DIR}/testslist.csv and CMakeLists.txt:",
+        print(f"registered in {TREE_TEST_DIR}/testslist.csv{' and CMakeLists.txt' * tree.regenerated}:",
               *("  " + row.split(",")[0] for row in rows), sep="\n")
     return 0
 

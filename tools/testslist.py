@@ -3,7 +3,7 @@
 
 Columns: ``name,os,arch,timeout,run_type,launcher,num_port,run_serial,envs,conditions``; lists in a
 cell are ``;``-separated; ``timeout`` in seconds (empty: upstream's ``bash_test_modules`` default,
-350 s). Used by ``gen_ut_cmakelists.py`` and ``collective_runner.py``.
+350 s). Used by ``collective_runner.py`` and ``make_patch.py``.
 """
 
 import collections

@@ -2,11 +2,12 @@
 """tools/apply_patch.sh: applies and registers all or nothing, and says what fits on a mismatch.
 
 Trees are checkout-like (``test/patch/checkout_tree.py``: python/ from the installed wheels in
-``.venv-test/paddle-<version>``, this project's stand-ins for upstream's test/ files and
-generator); tests skip with the reason when a venv is missing.
+``.venv-test/paddle-<version>``, this project's stand-ins for upstream's test/ files, no
+generator unless a test writes one); tests skip with the reason when a venv is missing.
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -42,6 +43,15 @@ def state(tree):
     return make_patch.git(tree, "status", "--porcelain", "--untracked-files=all") + make_patch.git(tree, "diff")
 
 
+def add_generator(tree, text):
+    """Commit ``text`` as the tree's ``tools/gen_ut_cmakelists.py``."""
+    os.makedirs(os.path.join(tree, "tools"), exist_ok=True)
+    with open(os.path.join(tree, "tools", "gen_ut_cmakelists.py"), "w") as f:
+        f.write(text)
+    make_patch.git(tree, "add", "-A")
+    make_patch.git(tree, "commit", "-qm", "a generator")
+
+
 @pytest.mark.parametrize("version", ["2.6.2", "3.3.1"])
 def test_fitting_patch_is_applied_and_its_tests_registered(version, tmp_path):
     tree = tree_for(version, tmp_path)
@@ -56,10 +66,12 @@ def test_fitting_patch_is_applied_and_its_tests_registered(version, tmp_path):
     assert after[csv_rel].decode() == before[csv_rel].decode() + "".join(r + "\n" for r in rows)
     for rel in checkout_tree.UPSTREAM_FILES[:2]:
         assert after[rel] == before[rel], rel
-    cmake_rel = f"{FLEET}/CMakeLists.txt"
-    assert after[cmake_rel].startswith(before[cmake_rel]) and len(after[cmake_rel]) > len(before[cmake_rel])
+    assert after[f"{FLEET}/CMakeLists.txt"] == before[f"{FLEET}/CMakeLists.txt"]  # no generator in the tree
+    assert (f"the tree has no tools/gen_ut_cmakelists.py, so {FLEET}/CMakeLists.txt is unchanged; run Paddle's "
+            f"generator in the tree: python3 tools/gen_ut_cmakelists.py -f {csv_rel}") in proc.stdout
+    assert f"registered in {csv_rel}:\n" in proc.stdout
     changed = sorted(line[3:] for line in make_patch.git(tree, "status", "--porcelain").splitlines() if line[:2] == " M")
-    assert changed == sorted([cmake_rel, csv_rel] + sorted({f"{make_patch.TREE_OPT_DIR}/{n}" for n, _ in make_patch.SPLICED}))
+    assert changed == sorted([csv_rel] + sorted({f"{make_patch.TREE_OPT_DIR}/{n}" for n, _ in make_patch.SPLICED}))
 
 
 def test_no_register_is_plain_git_apply(tmp_path):
@@ -73,9 +85,7 @@ def test_no_register_is_plain_git_apply(tmp_path):
 
 def test_failing_generator_leaves_the_tree_as_it_was(tmp_path):
     tree = tree_for("3.3.1", tmp_path)
-    with open(os.path.join(tree, "tools", "gen_ut_cmakelists.py"), "w") as f:
-        f.write("import sys\nsys.exit('generator broke')\n")
-    make_patch.git(tree, "commit", "-qam", "broken generator")
+    add_generator(tree, "import sys\nsys.exit('generator broke')\n")
     before = state(tree)
     proc = apply(tree, PATCH["3.3.1"])
     assert proc.returncode == 1
@@ -84,56 +94,42 @@ def test_failing_generator_leaves_the_tree_as_it_was(tmp_path):
     assert state(tree) == before
 
 
-def test_tree_without_generator_uses_ours(tmp_path):
-    tree = tree_for("2.6.2", tmp_path)
-    make_patch.git(tree, "rm", "-q", "tools/gen_ut_cmakelists.py", "tools/testslist.py")
-    make_patch.git(tree, "commit", "-qm", "no generator")
-    proc = apply(tree, PATCH["2.6.2"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "the tree has no tools/gen_ut_cmakelists.py" in proc.stdout
-    with open(os.path.join(tree, FLEET, "CMakeLists.txt")) as f:
-        text = f.read()
-    for row in make_patch.testslist_rows():
-        assert f"    {row.split(',')[0]}\n" in text
-
-
-# A generator that writes upstream's unformatted text, as upstream's gen_ut_cmakelists.py does.
+# A stand-in for upstream's generator: run in the tree with -f LIST, it adds an entry for each row
+# not in the CMakeLists.txt beside LIST yet, unformatted as upstream's writes it.
 RAW_GENERATOR = """
-import os, sys
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import formatted_gen as g
-from testslist import read_testslist
-csv = sys.argv[sys.argv.index("-f") + 1]
-rows = read_testslist(csv)
-path = os.path.join(os.path.dirname(csv), "CMakeLists.txt")
-open(path, "w").write(g.raw_text(rows, open(path).read()))
+import csv, os, re, sys
+listed = sys.argv[sys.argv.index("-f") + 1]
+path = os.path.join(os.path.dirname(listed), "CMakeLists.txt")
+text = open(path).read()
+for row in list(csv.reader(open(listed)))[1:]:
+    if not re.search(rf"\\b{row[0]}\\b", text):
+        text += f'if(LOCAL_ALL_ARCH AND LOCAL_ALL_PLAT)\\nbash_test_modules(\\n{row[0]}\\nSTART_BASH\\n{row[5]}\\nENVS\\n"{row[8]}")\\nendif()\\n'
+open(path, "w").write(text)
 """
 
 
 @pytest.mark.parametrize("with_config", [True, False])
-def test_unformatted_generator_output_is_cmake_formatted_with_the_trees_config(with_config, tmp_path):
+def test_trees_generator_regenerates_and_its_output_is_cmake_formatted_with_the_trees_config(with_config, tmp_path):
     tree = tree_for("3.3.1", tmp_path)
-    tools = os.path.join(tree, "tools")
-    os.rename(os.path.join(tools, "gen_ut_cmakelists.py"), os.path.join(tools, "formatted_gen.py"))
-    with open(os.path.join(tools, "gen_ut_cmakelists.py"), "w") as f:
-        f.write(RAW_GENERATOR)
     if not with_config:
         os.remove(os.path.join(tree, ".cmake-format.py"))
-    make_patch.git(tree, "add", "-A")
-    make_patch.git(tree, "commit", "-qm", "generator writes raw text")
-    before = checkout_tree.snapshot(tree)[f"{FLEET}/CMakeLists.txt"]
+    add_generator(tree, RAW_GENERATOR)
+    before = checkout_tree.snapshot(tree)[f"{FLEET}/CMakeLists.txt"].decode()
     proc = apply(tree, PATCH["3.3.1"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    with open(os.path.join(tree, FLEET, "CMakeLists.txt"), "rb") as f:
+    assert "regenerating test/collective/fleet/CMakeLists.txt with the tree's tools/gen_ut_cmakelists.py" in proc.stdout
+    assert "registered in test/collective/fleet/testslist.csv and CMakeLists.txt:" in proc.stdout
+    with open(os.path.join(tree, FLEET, "CMakeLists.txt")) as f:
         after = f.read()
-    fresh = subprocess.run(
-        [sys.executable, "tools/formatted_gen.py", "--check", "-f", f"{FLEET}/testslist.csv"], cwd=tree
-    )
+    assert after.startswith(before)  # upstream's entries as they were
+    for row in make_patch.testslist_rows():
+        assert re.search(rf"\bbash_test_modules\(\s+{row.split(',')[0]}\s", after[len(before) :])
+    fmt = [sys.executable, "-m", "cmakelang.format", "-c", os.path.join(checkout_tree.FIXTURE, ".cmake-format.py")]
+    formatted = subprocess.run([*fmt, "--check", f"{FLEET}/CMakeLists.txt"], cwd=tree).returncode == 0
     if with_config:
-        assert fresh.returncode == 0  # formatted: what the formatting generator writes
-        assert after.startswith(before)  # upstream's entries as they were
+        assert formatted
     else:
-        assert fresh.returncode == 1 and "bash_test_modules(\ntest_dygraph" in after.decode()
+        assert not formatted and "bash_test_modules(\ntest_dygraph" in after
         assert "the tree has no .cmake-format.py" in proc.stdout
 
 
