@@ -5,18 +5,16 @@
 ``git apply --check``, then ``git apply``; then the patch header's rows not in the tree's
 ``test/collective/fleet/testslist.csv`` yet are appended to it and the ``CMakeLists.txt`` beside it
 is regenerated with the tree's ``tools/gen_ut_cmakelists.py`` (a tree without one: a line says
-what to run) and cmake-format with the tree's ``.cmake-format.py``; if a step fails the tree is put
-back. On a mismatch it says which tag the patch fits, with git apply's message. Exit codes: 0
+what to run; its output is formatted by Paddle's pre-commit, as upstream's always is); if a step
+fails the tree is put back. On a mismatch it says which tag the patch fits, with git apply's message. Exit codes: 0
 applied, 1 does not apply or registration failed (tree unchanged), 2 usage error.
 Run as ``bash tools/apply_patch.sh [--no-register] PADDLE_SRC [PATCH]``.
 """
 
 import argparse
 import glob
-import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -61,7 +59,7 @@ class Tree:
         return proc.returncode == 0
 
     def register(self, rows, log):
-        """Append ``rows`` to testslist.csv and regenerate (and format) CMakeLists.txt; False on failure."""
+        """Append ``rows`` to testslist.csv and regenerate CMakeLists.txt; False on failure."""
         text = _read(self.csv) if os.path.isfile(self.csv) else ",".join(make_patch.testslist.FIELDS) + "\n"
         with open(self.csv, "w", encoding="utf-8", newline="") as f:
             f.write(text + ("\n" if text and not text.endswith("\n") else "") + "".join(r + "\n" for r in rows))
@@ -74,17 +72,7 @@ class Tree:
         if not self.run(log, sys.executable, "tools/gen_ut_cmakelists.py", "-f", f"{TREE_TEST_DIR}/testslist.csv"):
             return False
         self.regenerated = True
-        # cmake-format as Paddle's pre-commit does (upstream's generator writes it unformatted)
-        cfg = [c for c in (os.path.join(self.src, ".cmake-format" + e) for e in (".json", ".py", ".yaml"))
-               if os.path.isfile(c)]
-        if not cfg:
-            print(f"note: the tree has no .cmake-format.py: {fleet_cmake} is left as its generator wrote it")
-        elif importlib.util.find_spec("cmakelang"):
-            return self.run(log, sys.executable, "-m", "cmakelang.format", "-c", cfg[0], "-i", fleet_cmake)
-        elif shutil.which("cmake-format"):
-            return self.run(log, "cmake-format", "-c", cfg[0], "-i", fleet_cmake)
-        else:
-            print(f"note: no cmake-format here: run Paddle's pre-commit (cmake-format) on {fleet_cmake}")
+        print(f"note: format it as Paddle's pre-commit does: pre-commit run cmake-format --files {fleet_cmake}")
         return True
 
 

@@ -3,7 +3,7 @@
 
 ``python/`` comes from an installed wheel (the files the patch touches, as
 :func:`make_patch.layout_wheel_tree` lays them out); ``test/`` from the stand-ins in
-``test/patch/checkout_like`` (see its README.md, and its ``.cmake-format.py``). It has no
+``test/patch/checkout_like`` (see its README.md). It has no
 ``tools/gen_ut_cmakelists.py``: a test that needs one writes a stand-in.
 """
 
@@ -35,7 +35,6 @@ def build(venv, dest):
     """
     pkg = make_patch.paddle_package_dir(venv)
     shutil.copytree(os.path.join(FIXTURE, "test"), os.path.join(dest, "test"))
-    shutil.copyfile(os.path.join(FIXTURE, ".cmake-format.py"), os.path.join(dest, ".cmake-format.py"))
     version_dir = os.path.join(dest, "python", "paddle", "version")
     os.makedirs(version_dir)
     shutil.copyfile(os.path.join(pkg, "version", "__init__.py"), os.path.join(version_dir, "__init__.py"))
