@@ -19,8 +19,8 @@ from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus
 import paddle
 
 SCRIPT = "dygraph_sharding_stage1_broadcast_overlap.py"
-BF16_SCRIPT = "dygraph_sharding_stage1_broadcast_overlap_bf16.py"
-BF16_ENVS = {"NVIDIA_TF32_OVERRIDE": "0"}
+# the script's bf16 case (upstream's bf16 test's env)
+BF16_ENVS = {"NVIDIA_TF32_OVERRIDE": "0", "BROADCAST_OVERLAP_CASES": "bf16"}
 
 
 def bf16_skip_reason():
@@ -48,7 +48,7 @@ class TestDygraphShardingStage1BroadcastOverlap(TestMultipleGpus):
         reason = bf16_skip_reason()
         if reason:
             self.skipTest(reason)
-        self.run_mnist_2gpu(BF16_SCRIPT, need_envs=BF16_ENVS)
+        self.run_mnist_2gpu(SCRIPT, need_envs=BF16_ENVS)
 
 
 if __name__ == "__main__":
