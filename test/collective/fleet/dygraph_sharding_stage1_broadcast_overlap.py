@@ -15,19 +15,14 @@
 overlapped with the next forward (``_set_broadcast_overlap``), on vs off.
 
 Run on 2 ranks under ``python -m paddle.distributed.launch``. Env
-``BROADCAST_OVERLAP_CASES`` picks cases (comma list; empty: every case but
-``bf16``). Each case but ``bf16`` runs with one broadcast per parameter
-(``bucket_size_mb=0``) and with small buckets (2 KB: bucket boundaries fall
-inside layers) and checks the overlap's public counters
-(``get_broadcast_overlap(optimizer)``); env ``BROADCAST_OVERLAP_BUCKET_MB``
-is ignored. ``bf16`` needs 2 GPUs with bf16 (the driver skips elsewhere;
-here it raises) and trains upstream's ``dygraph_group_sharded_stage1_bf16.py``
-MLP with the default buckets: bf16 O1 vs O2 with ``main_grad`` (equal
-losses, O1's parameters equal O2's master weights), and overlap on vs off
-bitwise equal for O1 and O2 with ``main_grad`` (accumulation 1 and 2) and
-with a static-scale ``GradScaler`` (O2 with and without ``main_grad``).
-A rank exits non-zero at its first failed case; the launcher then stops the
-others, so none is left waiting in a collective.
+``BROADCAST_OVERLAP_CASES`` picks cases (comma list; empty: all but
+``bf16``). Each case but ``bf16`` runs with one broadcast per parameter and
+with 2 KB buckets (boundaries inside layers) and checks the public counters
+(``get_broadcast_overlap(optimizer)``). ``bf16`` (2 GPUs with bf16) trains
+upstream's ``dygraph_group_sharded_stage1_bf16.py`` MLP: O1 vs O2 with
+``main_grad``, and overlap on vs off bitwise for O1, O2 with ``main_grad``
+and the ``GradScaler`` runs. A rank exits non-zero at its first failed
+case; the launcher then stops the others.
 """
 
 import importlib
@@ -90,8 +85,8 @@ def copies(tensors):
 
 
 def assert_bitwise(expected, actual, what):
-    """Two runs' results ({part: {key: numpy array}}, the same parts) are
-    bit for bit equal, and no part is empty."""
+    """Two runs' results ({part: {key: numpy array}}) are bit for bit equal
+    and no part is empty."""
     assert sorted(expected) == sorted(actual), (what, sorted(actual))
     for part, want in expected.items():
         got = actual[part]
@@ -251,20 +246,13 @@ class MLP(nn.Layer):
 
 
 def by_position(named, params):
-    """``named`` with each parameter's unique name replaced by its position
-    in ``params`` (fresh models get fresh names; positions compare across
-    runs). Entries not named after a parameter keep their name."""
-    names = sorted(
-        ((p.name, i) for i, p in enumerate(params)), key=lambda x: -len(x[0])
-    )
-    out = {}
-    for key, value in named.items():
-        for name, i in names:  # longest first: a name may prefix another
-            if key == name or re.match(re.escape(name) + r"(_|$)", key):
-                key = f"param{i}" + key[len(name) :]
-                break
-        out[key] = value
-    return out
+    """``named`` with a leading parameter name (fresh models get fresh
+    names) replaced by ``param<position>``; other keys kept."""
+    names = {p.name: f"param{i}" for i, p in enumerate(params)}
+    longest_first = sorted(map(re.escape, names), key=len, reverse=True)
+    lead = re.compile(f"^({'|'.join(longest_first)})(?=_|$)")
+    rename = lambda m: names[m.group(1)]  # noqa: E731
+    return {lead.sub(rename, k): v for k, v in named.items()}
 
 
 def train_mlp(
@@ -277,10 +265,8 @@ def train_mlp(
     scaler=False,
 ):
     """Train a fresh MLP from ``initial`` (bf16 O2 if ``pure_bf16``, else
-    O1); returns numpy copies taken at the end: losses, parameters,
-    optimizer state and (O2) master weights, keyed by parameter position.
-    ``scaler``: a ``GradScaler`` with a static loss scale of 1024 (bf16
-    needs no dynamic scaling) through ``fleet.distributed_scaler``."""
+    O1; ``scaler``: static loss scale 1024); returns numpy copies of the
+    losses, parameters, optimizer state and (O2) master weights."""
     assert not (scaler and acc != 1), "the scaler runs use acc 1"
     assert pure_bf16 or not main_grad, "main_grad goes with pure bf16 (O2)"
     model = MLP()
