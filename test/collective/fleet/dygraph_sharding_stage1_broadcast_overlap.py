@@ -27,7 +27,6 @@ case; the launcher then stops the others.
 
 import importlib
 import os
-import re
 import sys
 import traceback
 
@@ -228,48 +227,25 @@ def case_hooks_constant_and_removed(mb):
 
 # bf16: upstream's MLP and settings; O1 autocasts only these ops, so O1
 # and O2 compute the same values
-MLP_SIZE, MLP_BATCH, MLP_BATCHES = 1000, 50, 8  # 4 updates with acc 2
+SIZE, MLP_BATCH, MLP_BATCHES = 1000, 50, 8  # 4 updates with acc 2
 O1_WHITE_LIST = ["matmul_v2", "elementwise_add", "relu"]
 
 
-class MLP(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self._linear1 = nn.Linear(MLP_SIZE, MLP_SIZE)
-        self._linear2 = nn.Linear(MLP_SIZE, MLP_SIZE)
-        self._linear3 = nn.Linear(MLP_SIZE, 10)
-        self._relu = nn.ReLU()
-
-    def forward(self, inputs):
-        y = self._linear3(self._linear2(self._linear1(inputs)))
-        return self._relu(y)
+def mlp():
+    linears = [nn.Linear(SIZE, SIZE), nn.Linear(SIZE, SIZE)]
+    return nn.Sequential(*linears, nn.Linear(SIZE, 10), nn.ReLU())
 
 
-def by_position(named, params):
-    """``named`` with a leading parameter name (fresh models get fresh
-    names) replaced by ``param<position>``; other keys kept."""
-    names = {p.name: f"param{i}" for i, p in enumerate(params)}
-    longest_first = sorted(map(re.escape, names), key=len, reverse=True)
-    lead = re.compile(f"^({'|'.join(longest_first)})(?=_|$)")
-    rename = lambda m: names[m.group(1)]  # noqa: E731
-    return {lead.sub(rename, k): v for k, v in named.items()}
-
-
+@paddle.utils.unique_name.guard()  # the same names in every run
 def train_mlp(
-    initial,
-    batches,
-    pure_bf16=False,
-    main_grad=False,
-    acc=1,
-    overlap=False,
-    scaler=False,
+    initial, data, o2=False, main_grad=False, acc=1, overlap=False, scaler=False
 ):
-    """Train a fresh MLP from ``initial`` (bf16 O2 if ``pure_bf16``, else
-    O1; ``scaler``: static loss scale 1024); returns numpy copies of the
+    """Train a fresh MLP from ``initial`` on ``data`` (bf16 O2 if ``o2``,
+    else O1; ``scaler``: static loss scale 1024); returns numpy copies of the
     losses, parameters, optimizer state and (O2) master weights."""
     assert not (scaler and acc != 1), "the scaler runs use acc 1"
-    assert pure_bf16 or not main_grad, "main_grad goes with pure bf16 (O2)"
-    model = MLP()
+    assert o2 or not main_grad, "main_grad goes with pure bf16 (O2)"
+    model = mlp()
     model.set_state_dict({k: paddle.to_tensor(v) for k, v in initial.items()})
     if main_grad:  # fp32 main_grad hooks on the parameters
         _main_grad_layer = mix_precision_utils.MixPrecisionLayer(
@@ -280,12 +256,12 @@ def train_mlp(
         learning_rate=1e-5,
         weight_decay=1e-5,
         grad_clip=paddle.nn.ClipGradByGlobalNorm(clip_norm=1.0),
-        multi_precision=pure_bf16,
+        multi_precision=o2,
     )
     if main_grad:
         opt = mix_precision_utils.MixPrecisionOptimizer(opt)
     level, white_list = "O1", O1_WHITE_LIST
-    if pure_bf16:
+    if o2:
         level, white_list = "O2", None
         model = paddle.amp.decorate(models=model, dtype="bfloat16", level="O2")
     params = model.parameters()  # the optimizer's (O2 casts them in place)
@@ -300,11 +276,11 @@ def train_mlp(
             )
         )
     losses = []
-    for i, data in enumerate(batches):
+    for i, batch_i in enumerate(data):
         with paddle.amp.auto_cast(
             True, level=level, dtype="bfloat16", custom_white_list=white_list
         ):
-            out = model(paddle.to_tensor(data))
+            out = model(paddle.to_tensor(batch_i))
         loss = paddle.mean(out.astype("float32"))  # loss in fp32
         if acc != 1:
             loss = loss / acc
@@ -323,19 +299,14 @@ def train_mlp(
     # broadcasts (no synchronize), so the parameters are read after it
     model.state_dict()
     state = opt.state_dict()
+    tensors = {k: v for k, v in state.items() if isinstance(v, paddle.Tensor)}
     result = {
         "losses": copies(losses),
-        "parameters": copies({f"param{i}": p for i, p in enumerate(params)}),
-        "optimizer state": by_position(
-            copies(
-                {k: v for k, v in state.items() if isinstance(v, paddle.Tensor)}
-            ),
-            params,
-        ),
+        "parameters": copies({p.name: p for p in params}),
+        "optimizer state": copies(tensors),
     }
-    if pure_bf16:
-        master = copies(state.get("master_weights", {}))
-        result["master weights"] = by_position(master, params)
+    if o2:
+        result["master weights"] = copies(state.get("master_weights", {}))
     if overlap:
         stats = get_broadcast_overlap(opt).stats
         opt._set_broadcast_overlap(False)
@@ -350,13 +321,12 @@ def case_bf16(_mb):
     initial = copies(
         {
             k: paddle.cast(paddle.cast(v, "bfloat16"), "float32")
-            for k, v in MLP().state_dict().items()
+            for k, v in mlp().state_dict().items()
         }
     )
     rng = np.random.RandomState(2023 + dist.get_rank())
     batches = [
-        rng.rand(MLP_BATCH, MLP_SIZE).astype("float32")
-        for _ in range(MLP_BATCHES)
+        rng.rand(MLP_BATCH, SIZE).astype("float32") for _ in range(MLP_BATCHES)
     ]
     for acc in (1, 2):  # O1 parameters equal O2's master weights
         o1 = train_mlp(initial, batches, acc=acc)
@@ -369,10 +339,8 @@ def case_bf16(_mb):
                 o1["parameters"][key], master, err_msg=f"O1 vs O2 {key}"
             )
     runs = [dict(acc=acc) for acc in (1, 2)]
-    runs += [dict(pure_bf16=True, main_grad=True, acc=acc) for acc in (1, 2)]
-    runs += [
-        dict(pure_bf16=True, main_grad=g, scaler=True) for g in (True, False)
-    ]
+    runs += [dict(o2=True, main_grad=True, acc=acc) for acc in (1, 2)]
+    runs += [dict(o2=True, main_grad=g, scaler=True) for g in (True, False)]
     for kwargs in runs:
         off = train_mlp(initial, batches, **kwargs)
         on = train_mlp(initial, batches, overlap=True, **kwargs)

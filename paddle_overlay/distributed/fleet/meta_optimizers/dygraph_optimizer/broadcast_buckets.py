@@ -87,11 +87,10 @@ def check_bucket_size_mb(bucket_size_mb):
     return cap
 
 
-BucketSpec = collections.namedtuple(
-    "BucketSpec",
-    ["window", "src", "dtype", "indices", "offsets", "numels", "length"],
-)
 # offsets, numels and length (padding included) in elements
+BucketSpec = collections.namedtuple(
+    "BucketSpec", "window src dtype indices offsets numels length"
+)
 
 
 def plan_buckets(

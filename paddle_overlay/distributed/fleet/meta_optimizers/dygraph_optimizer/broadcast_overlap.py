@@ -23,9 +23,8 @@ these rules (why: paddle_overlay's ``docs/design.md``):
 
 * Units (``comm_unit.CommUnit``, planned by ``unit_plan``) own their tasks.
 * Order: forward's first use, recorded before the first update and sent
-  once from rank 0 of the group, so all ranks issue the same collectives in
-  the same order (upstream sorts by ``param.name`` (V1) or starts buffers in
-  ``set`` order (V2)).
+  once from rank 0 of the group: all ranks issue the same collectives in
+  the same order (upstream V1 sorts by ``param.name``, V2 uses ``set`` order).
 * Depth: ``max_in_flight`` units in flight (V1: all; V2: 1, as PR #73406).
   Whatever starts a unit starts every unit before it first.
 * Waits: a pre-hook (first in its layer's order) per layer owning managed
@@ -97,18 +96,11 @@ def check_max_in_flight(max_in_flight, default):
 
 
 def get_broadcast_overlap(optimizer):
-    """The :class:`StageOneBroadcastOverlap` of ``optimizer``, or None when
-    overlap is off.
-
-    ``optimizer`` may be V1 ``DygraphShardingOptimizer``, V2
-    ``DygraphShardingOptimizerV2``, or a ``HybridParallelOptimizer`` or other
-    ``_inner_opt`` wrapper around one. The returned object's public
-    counters: ``stats`` (dict[str, int]: ``launched``, ``waited_in_forward``,
-    ``waited_before_update``, ``waited_unreachable``, ``waited_on_read``,
-    ``waited_on_demand``, ``waited_out_of_order``, ``replanned``),
-    ``read_paths`` (``waited_on_read`` by path), ``order``, ``units``,
-    ``num_pending``, ``num_hooks``, ``state``, ``max_in_flight``.
-    """
+    """The :class:`StageOneBroadcastOverlap` of ``optimizer`` (V1, V2, or a
+    ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around one),
+    or None when overlap is off. Its public counters: ``stats`` (dict[str,
+    int], keys :data:`_STATS`), ``read_paths`` (``waited_on_read`` by path),
+    ``order``, ``units``, ``num_pending``, ``num_hooks``, ``state``."""
     while optimizer is not None:
         owner = vars(optimizer).get(_OWNER_ATTR)
         if owner is not None:

@@ -125,11 +125,7 @@ class DygraphShardingOptimizer:
                 "and comm_overlap to False."
             )
         group = self._hcg.get_sharding_parallel_group()
-        src_of = {
-            id(p): group.ranks[rank]
-            for rank, params in self._rank2params.items()
-            for p in params
-        }
+        rank_of = {id(p): r for r, ps in self._rank2params.items() for p in ps}
         params = list(self._origin_parameter_list)
         fused = None
         if fused_by_paddle and getattr(self, "_rank2fused", None):
@@ -139,7 +135,7 @@ class DygraphShardingOptimizer:
             ]
         new = StageOneBroadcastOverlap(
             params,
-            [src_of[id(p)] for p in params],
+            [group.ranks[rank_of[id(p)]] for p in params],
             group,
             layers,
             strict,
@@ -163,15 +159,9 @@ class DygraphShardingOptimizer:
         self, loss, startup_program=None, parameters=None, no_grad_set=None
     ):
         """Wait for pending broadcasts, then run Paddle's ``minimize()``."""
-        return wait_then(
-            self,
-            "waited_before_update",
-            self._origin_minimize,
-            loss,
-            startup_program,
-            parameters,
-            no_grad_set,
-        )
+        args = (loss, startup_program, parameters, no_grad_set)
+        reason = "waited_before_update"
+        return wait_then(self, reason, self._origin_minimize, *args)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending broadcasts."""
@@ -219,9 +209,7 @@ class DygraphShardingOptimizerV2:
                 sharding degree 1; ``max_in_flight`` < 1; a setting that
                 moves gradient or optimizer-state storage is on (named:
                 ``release_gradients``, ``free_grads_in_comm``,
-                ``enable_fuse_optimizer_states``). ``comm_overlap`` and
-                ``pp_configs.sharding_comm_overlap`` are supported: units
-                are planned at the first launch from V2's buffers then.
+                ``enable_fuse_optimizer_states``).
             Nothing changes when an error is raised.
         """
         check_broadcast_overlap_flag(all_gather_overlap_forward)

@@ -45,9 +45,9 @@ def plan_units(
     changed), ``replaced()`` (positions whose memory moved), ``can_go_stale``.
     ``cap_bytes`` 0: one unit per parameter; ValueError from the planners."""
     if comm_buffers is not None:
-        return _FixedPlan(_comm_buffer_units(order, params, comm_buffers))
+        return _Plan(_comm_buffer_units(order, params, comm_buffers))
     if not cap_bytes:
-        return _FixedPlan(
+        return _Plan(
             [param_unit(params[i], (i,), group, src_ranks[i]) for i in order]
         )
     if fused_storages is not None:
@@ -73,7 +73,7 @@ def plan_units(
         specs = plan_buckets(order, params, src_ranks, cap_bytes, alone=alone)
         storage = BucketStorage(specs, params, src_ranks, order)
         storage.materialize()
-    return _BucketPlan(storage, group)
+    return _Plan(storage=storage, group=group)
 
 
 def _outside(storages, params):
@@ -114,28 +114,18 @@ def _comm_buffer_units(order, params, buffers):
     return [unit for *_, unit in sorted(ranked, key=lambda r: r[:2])]
 
 
-class _FixedPlan:  # per parameter, or per V2 comm buffer
-    can_go_stale = False
+class _Plan:
+    """Fixed units (per parameter, per V2 comm buffer), or the buckets or
+    fused slices of a ``BucketStorage``."""
 
-    def __init__(self, units):
-        self._units = units
-
-    def units(self):
-        return self._units
-
-    def replaced(self):
-        return []
-
-
-class _BucketPlan:  # buckets or fused slices of a BucketStorage
-    can_go_stale = True
-
-    def __init__(self, storage, group):
-        self.storage = storage
-        self._group = group
+    def __init__(self, units=None, storage=None, group=None):
+        self._units, self.storage, self._group = units, storage, group
+        self.can_go_stale = storage is not None
 
     def units(self):
+        if self.storage is None:
+            return self._units
         return self.storage.units(self._group)
 
     def replaced(self):
-        return self.storage.replaced()
+        return [] if self.storage is None else self.storage.replaced()
