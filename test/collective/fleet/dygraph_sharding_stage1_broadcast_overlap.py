@@ -16,10 +16,9 @@ overlapped with the next forward (``_set_broadcast_overlap``), on vs off.
 
 Run on 2 ranks under ``python -m paddle.distributed.launch``. Env
 ``BROADCAST_OVERLAP_CASES`` picks cases (comma list; empty: all but
-``bf16``). Each case but ``bf16`` runs with one broadcast per parameter and
-with 2 KB buckets (boundaries inside layers) and checks the public counters
-(``get_broadcast_overlap(optimizer)``). ``bf16`` (2 GPUs with bf16) trains
-upstream's ``dygraph_group_sharded_stage1_bf16.py`` MLP: O1 vs O2 with
+``bf16``). The others run with one broadcast per parameter and with 2 KB
+buckets (boundaries inside layers) and check the public counters.
+``bf16`` (2 GPUs with bf16), upstream's bf16 MLP: O1 vs O2 with
 ``main_grad``, and overlap on vs off bitwise for O1, O2 with ``main_grad``
 and the ``GradScaler`` runs. A rank exits non-zero at its first failed
 case; the launcher then stops the others.
@@ -84,8 +83,7 @@ def copies(tensors):
 
 
 def assert_bitwise(expected, actual, what):
-    """Two runs' results ({part: {key: numpy array}}) are bit for bit equal
-    and no part is empty."""
+    """Two runs' {part: {key: numpy array}} are bitwise equal, none empty."""
     assert sorted(expected) == sorted(actual), (what, sorted(actual))
     for part, want in expected.items():
         got = actual[part]
@@ -105,9 +103,8 @@ def assert_waits_balanced(stats):
 
 
 def train(mb, acc=1, minimize=False, steps=STEPS, on_step=None):
-    """Train TinyLM (overlap off when ``mb`` is None, else on with
-    ``bucket_size_mb=mb``); returns numpy copies of the losses and final
-    parameters, the model, the optimizer and its parameter list."""
+    """Train TinyLM, overlap off (``mb`` None) or on (``bucket_size_mb=mb``):
+    (numpy copies of losses and parameters), model, optimizer, parameters."""
     paddle.seed(2026)  # the same initial weights on every rank and run
     model = TinyLM()
     params = model.parameters()
@@ -248,9 +245,7 @@ def train_mlp(
     model = mlp()
     model.set_state_dict({k: paddle.to_tensor(v) for k, v in initial.items()})
     if main_grad:  # fp32 main_grad hooks on the parameters
-        _main_grad_layer = mix_precision_utils.MixPrecisionLayer(
-            model, "bfloat16"
-        )
+        _hooks = mix_precision_utils.MixPrecisionLayer(model, "bfloat16")
     opt = paddle.optimizer.AdamW(
         parameters=model.parameters(),
         learning_rate=1e-5,
@@ -269,12 +264,9 @@ def train_mlp(
     opt = fleet.distributed_optimizer(opt)
     if overlap:
         opt._set_broadcast_overlap(True, layers=model)
-    if scaler:
-        scaler = fleet.distributed_scaler(
-            paddle.amp.GradScaler(
-                init_loss_scaling=1024, use_dynamic_loss_scaling=False
-            )
-        )
+    if scaler:  # a static loss scale: bf16 needs no dynamic scaling
+        static = dict(init_loss_scaling=1024, use_dynamic_loss_scaling=False)
+        scaler = fleet.distributed_scaler(paddle.amp.GradScaler(**static))
     losses = []
     for i, batch_i in enumerate(data):
         with paddle.amp.auto_cast(
@@ -318,12 +310,9 @@ def case_bf16(_mb):
     """bf16 O1 vs O2 with main_grad; overlap on vs off for O1, O2 with
     main_grad and the GradScaler runs (bucket_size_mb: the default)."""
     paddle.seed(2023)  # initial weights bf16 represents exactly
-    initial = copies(
-        {
-            k: paddle.cast(paddle.cast(v, "bfloat16"), "float32")
-            for k, v in mlp().state_dict().items()
-        }
-    )
+    state = mlp().state_dict().items()
+    bf16 = {k: paddle.cast(v, "bfloat16").astype("float32") for k, v in state}
+    initial = copies(bf16)
     rng = np.random.RandomState(2023 + dist.get_rank())
     batches = [
         rng.rand(MLP_BATCH, SIZE).astype("float32") for _ in range(MLP_BATCHES)
@@ -347,15 +336,6 @@ def case_bf16(_mb):
         assert_bitwise(off, on, f"bf16 overlap on vs off {kwargs}")
 
 
-def require_bf16():
-    paddle.set_device(os.environ.get("PADDLE_OVERLAY_TEST_DEVICE", "gpu"))
-    if not paddle.amp.is_bfloat16_supported():
-        raise RuntimeError(
-            f"bf16 is not supported on {paddle.get_device()}; the driver "
-            "should have skipped this test"
-        )
-
-
 def init_fleet():
     strategy = fleet.DistributedStrategy()
     degrees = dict(dp_degree=1, mp_degree=1, pp_degree=1, sharding_degree=2)
@@ -372,7 +352,12 @@ def main():
         print(f"unknown cases {names}; known: {list(cases)}", flush=True)
         return 2
     if "bf16" in names:
-        require_bf16()
+        paddle.set_device(os.environ.get("PADDLE_OVERLAY_TEST_DEVICE", "gpu"))
+        if not paddle.amp.is_bfloat16_supported():
+            raise RuntimeError(
+                f"bf16 is not supported on {paddle.get_device()}; the driver "
+                "should have skipped this test"
+            )
     init_fleet()
     for name in names:
         modes = {"default": None} if name == "bf16" else MODES

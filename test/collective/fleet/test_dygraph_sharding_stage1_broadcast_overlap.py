@@ -36,15 +36,13 @@ def bf16_skip_reason():
 
 class TestDygraphShardingStage1BroadcastOverlap(TestMultipleGpus):
     def test_broadcast_overlap_on_off(self):
-        # overlap on vs off bitwise equal, with one broadcast per parameter
-        # and with buckets; the agreed order; waits and hooks through the
-        # overlap's public counters
+        # on vs off bitwise, per parameter and with buckets; the agreed
+        # order; waits and hooks through the public counters
         self.run_mnist_2gpu(SCRIPT)
 
     def test_broadcast_overlap_bf16(self):
-        # bf16 O1 vs O2 with main_grad, and overlap on vs off bitwise equal
-        # (with and without GradScaler), on 2 GPUs; skipped with the reason,
-        # instead of passing having run nothing, where it cannot run
+        # bf16 O1 vs O2 with main_grad, overlap on vs off bitwise (with and
+        # without GradScaler); skipped with the reason where it cannot run
         reason = bf16_skip_reason()
         if reason:
             self.skipTest(reason)

@@ -15,16 +15,14 @@
 """Broadcast buckets for sharding stage 1: planning and contiguous storage.
 
 NOTE [broadcast buckets]
-A bucket's parameters become views into the bucket's 1-D buffer, once, as
-Paddle's tensor fusion does (``ShardingGradView._share_param_buffer``); the
-parameter objects, names and optimizer state stay. Planning is pure and the
-same on every rank: windows of the agreed order closed at the cap, one
-bucket per (window, owner rank, dtype); frozen, tied repeats and empty
-tensors get no slot; each slot starts at a multiple of ``ALIGN_BYTES``. With
-Paddle's tensor fusion the buckets are slices of its fused buffers and
-nothing moves. A parameter whose memory was replaced is seen by
-:meth:`BucketStorage.replaced`; the owner then agrees a new plan. Why, and
-the 256 MB default: ``docs/design.md`` and ``docs/performance.md``.
+A bucket's parameters become views into its 1-D buffer, once, as Paddle's
+tensor fusion does (``ShardingGradView._share_param_buffer``); parameter
+objects, names and optimizer state stay. Planning is pure, the same on every
+rank: windows of the agreed order closed at the cap, one bucket per
+(window, owner rank, dtype), slots aligned to ``ALIGN_BYTES``; frozen, tied
+repeats and empty tensors get none. With tensor fusion buckets are slices of
+Paddle's fused buffers. Why, and the 256 MB default: paddle_overlay's
+``docs/design.md`` and ``docs/performance.md``.
 """
 
 import collections
@@ -96,10 +94,9 @@ BucketSpec = collections.namedtuple(
 def plan_buckets(
     order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES, alone=()
 ):
-    """list[BucketSpec] in launch order (no memory is touched): windows of
-    ``order`` closed at ``cap_bytes``, one bucket per (owner, dtype) in each;
-    positions in ``alone`` (no layer waits for them) are never bucketed.
-    ValueError: ``order`` not a permutation, lengths differ, cap <= 0."""
+    """list[BucketSpec] in launch order, no memory touched; ``alone`` (no
+    layer waits for them): never bucketed. ValueError: ``order`` not a
+    permutation, lengths differ, cap <= 0."""
     specs = []
     windows = _windows(order, params, src_ranks, cap_bytes, alone)
     for window_no, window in enumerate(windows):
@@ -156,10 +153,9 @@ def _windows(order, params, src_ranks, cap_bytes, alone):
 
 
 def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
-    """Slices of Paddle's fused buffers (``storages``) to broadcast, nothing
-    moves: windows as :func:`plan_buckets`, one slice per run of neighbours
-    in one buffer. Returns [(spec, buffer index, first element)] in launch
-    order; ValueError if a parameter lies in no buffer of its dtype."""
+    """[(spec, buffer index, first element)]: slices of Paddle's fused
+    ``storages``, one per run of neighbours in a window; ValueError if a
+    parameter lies in no buffer of its dtype."""
     bounds = [(t.data_ptr(), end_ptr(t)) for t in storages]
     windows = _windows(order, params, src_ranks, cap_bytes, alone)
     where = {}  # position -> (storage index, element offset)
@@ -212,10 +208,8 @@ def end_ptr(tensor):
 
 
 class BucketStorage:
-    """Contiguous storage for planned buckets, and the units to launch.
-    The constructor checks ``specs`` against ``params`` (ValueError if the
-    plan is from another list); :meth:`materialize` (own buffers) or
-    :meth:`use_views` (fused slices) sets the storage."""
+    """Storage for planned buckets (set by :meth:`materialize` or
+    :meth:`use_views`), and the units to launch."""
 
     def __init__(self, specs, params, src_ranks, order):
         self._slot_numel = {}  # position -> elements of its slot

@@ -16,10 +16,9 @@
 all-gather) overlapped with the next forward, with one owner.
 
 NOTE [broadcast overlap]
-Upstream overlaps the sync with the next forward (PR #63945 for V1,
-``_set_all_gather_overlap_forward`` for V2): ``sync_op=False`` collectives,
-forward pre-hooks waiting. :class:`StageOneBroadcastOverlap` does both, by
-these rules (why: paddle_overlay's ``docs/design.md``):
+As upstream (PR #63945 for V1, ``_set_all_gather_overlap_forward`` for V2),
+``sync_op=False`` collectives waited by forward pre-hooks, by these rules
+(why: paddle_overlay's ``docs/design.md``):
 
 * Units (``comm_unit.CommUnit``, planned by ``unit_plan``) own their tasks.
 * Order: forward's first use, recorded before the first update and sent
@@ -28,10 +27,9 @@ these rules (why: paddle_overlay's ``docs/design.md``):
 * Depth: ``max_in_flight`` units in flight (V1: all; V2: 1, as PR #73406).
   Whatever starts a unit starts every unit before it first.
 * Waits: a pre-hook (first in its layer's order) per layer owning managed
-  parameters, every Python read of a parameter and compiled program
-  (``read_interception.py``), the optimizer's ``state_dict()`` and the next
-  ``step()``; safe to call again, never in a GC finalizer. Not seen: a
-  tensor reference taken before ``step()``.
+  parameters, every Python read of a parameter and compiled program, the
+  optimizer's ``state_dict()`` and ``step()``; safe to call again, never in
+  a GC finalizer. Not seen: a tensor reference taken before ``step()``.
 * Hooks: registered once, removed together on disable.
 * A training forward using units out of the agreed order warns once.
 * Buckets: one int64 [1] max-reduce per launch tells every rank whether any
@@ -98,9 +96,10 @@ def check_max_in_flight(max_in_flight, default):
 def get_broadcast_overlap(optimizer):
     """The :class:`StageOneBroadcastOverlap` of ``optimizer`` (V1, V2, or a
     ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around one),
-    or None when overlap is off. Its public counters: ``stats`` (dict[str,
-    int], keys :data:`_STATS`), ``read_paths`` (``waited_on_read`` by path),
-    ``order``, ``units``, ``num_pending``, ``num_hooks``, ``state``."""
+    or None when overlap is off. Public counters: ``stats`` (dict[str, int]:
+    ``launched``, ``waited_*`` by who waited, ``waited_out_of_order``,
+    ``replanned``), ``read_paths`` (``waited_on_read`` by path), ``order``,
+    ``units``, ``num_pending``, ``num_hooks``, ``state``."""
     while optimizer is not None:
         owner = vars(optimizer).get(_OWNER_ATTR)
         if owner is not None:
@@ -110,8 +109,7 @@ def get_broadcast_overlap(optimizer):
 
 
 def switch_owner(optimizer, new):
-    """Close ``optimizer``'s owner (and any abandoned one), then open
-    ``new`` (tied to the optimizer's lifetime) or leave overlap off (None)."""
+    """Close ``optimizer``'s owner, then open ``new`` (None: overlap off)."""
     sweep_abandoned()
     current = vars(optimizer).get(_OWNER_ATTR)
     if current is not None:
@@ -123,8 +121,7 @@ def switch_owner(optimizer, new):
 
 
 def launch_or_sync(optimizer, blocking_sync):
-    """Launch the owner's units (async) if overlap is on, else run
-    ``blocking_sync``."""
+    """Launch the owner's units if overlap is on, else ``blocking_sync()``."""
     overlap = get_broadcast_overlap(optimizer)
     if overlap is None:
         return blocking_sync()
@@ -133,8 +130,7 @@ def launch_or_sync(optimizer, blocking_sync):
 
 
 def wait_then(optimizer, reason, call, *args):
-    """Wait for every pending unit (counted as ``reason``), then
-    ``call(*args)``."""
+    """Wait for pending units (counted as ``reason``), then ``call(*args)``."""
     overlap = get_broadcast_overlap(optimizer)
     if overlap is not None:
         overlap.wait_all(reason)
@@ -209,12 +205,9 @@ def _waiting_layer(layer, parent_of, root):
 
 
 class StageOneBroadcastOverlap:
-    """Owns the order, the units, the launch depth and the hook handles:
-    :meth:`launch` after an update, :meth:`wait_all` before one, :meth:`wait`
-    from hooks and reads. ``src_ranks``: V1 owner global ranks (None with
-    V2's ``comm_buffers``, a list or a callable); ``comm``: ``PaddleComm`` or
-    a test fake. TypeError / ValueError for bad arguments, before anything
-    changes."""
+    """Owns the order, the units, the launch depth and the hook handles.
+    ``src_ranks``: V1 owner global ranks (None with V2's ``comm_buffers``, a
+    list or a callable); ``comm``: ``PaddleComm`` or a test fake."""
 
     def __init__(
         self,
@@ -231,11 +224,8 @@ class StageOneBroadcastOverlap:
     ):
         self._check_arguments(params, src_ranks, layers, strict, comm_buffers)
         self._bucket_cap = check_bucket_size_mb(bucket_size_mb)
-        self._max_in_flight = (
-            None
-            if max_in_flight is None
-            else check_max_in_flight(max_in_flight, None)
-        )
+        depth = "all" if max_in_flight is None else max_in_flight
+        self._max_in_flight = check_max_in_flight(depth, None)
         self._fused_storages = fused_storages
         self._comm_buffers = comm_buffers
         self._comm = comm if comm is not None else PaddleComm()
@@ -365,9 +355,8 @@ class StageOneBroadcastOverlap:
         return [u for u in self._units if index in u.indices]
 
     def open(self):
-        """Install the pre-hooks (first in each layer's hook order, so a
-        user's pre-hook reads waited parameters) and the read interception,
-        until :meth:`close`."""
+        """Install the pre-hooks (first in each layer's hook order) and the
+        read interception, until :meth:`close`."""
         self._check_state(BroadcastOverlapState.RECORDING)
         if self._pre_hook_handles:
             raise RuntimeError("StageOneBroadcastOverlap.open() called twice.")
@@ -586,9 +575,8 @@ class StageOneBroadcastOverlap:
                 continue
             if unit.state is UnitState.DUE:
                 self._start_more(self._position_of[id(unit)])
-            with paddle.profiler.RecordEvent(
-                f"paddle_overlay::wait {unit.label}"
-            ):
+            span = f"paddle_overlay::wait {unit.label}"
+            with paddle.profiler.RecordEvent(span):
                 unit.finish()
             self._in_flight -= 1
             waited += 1

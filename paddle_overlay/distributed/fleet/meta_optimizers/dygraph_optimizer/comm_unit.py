@@ -12,15 +12,11 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""One collective of the post-update parameter sync, and the one registry
-of parameters whose sync is not finished.
-
-A :class:`CommUnit` (a V1 broadcast from the owner rank of a parameter,
-bucket or fused slice, or a V2 comm buffer's all-gather) owns its task:
-:meth:`~CommUnit.start` and :meth:`~CommUnit.finish` are safe to call again
-(Megatron-LM's ``start_param_sync``/``finish_param_sync``, FSDP2's
-``unshard``/``wait_for_unshard``). From ``DUE`` until finished its
-parameters are in :data:`PENDING`, where a read finds the unit to wait for.
+"""One collective of the post-update parameter sync, owning its task: start
+and finish are safe to call again (Megatron-LM's ``start_param_sync`` /
+``finish_param_sync``, FSDP2's ``unshard`` / ``wait_for_unshard``). From
+``DUE`` until finished its parameters are in :data:`PENDING`, the one
+registry where a read finds the unit to wait for.
 """
 
 import enum
@@ -133,8 +129,7 @@ class CommUnit:
         return True
 
     def finish(self):
-        """Wait for the task (the caller starts a due unit first) and clear
-        the pending entries; True if waited now."""
+        """Wait for the task and clear its pending entries; True if waited."""
         if self.state is UnitState.SYNCED:
             return False
         assert (

@@ -147,8 +147,7 @@ class DygraphShardingOptimizer:
         self._broadcast_overlap = True
 
     def _sharding_sync_parameters(self):
-        """Broadcast the updated parameters: async in the agreed order with
-        overlap on, else Paddle's blocking version."""
+        """Launch the broadcasts with overlap on, else Paddle's blocking sync."""
         return launch_or_sync(self, self._origin_sharding_sync_parameters)
 
     def step(self):
@@ -237,8 +236,7 @@ class DygraphShardingOptimizerV2:
         switch_owner(self, new)
 
     def _set_broadcast_overlap(self, broadcast_overlap, layers=None, **kwargs):
-        """Refused (``ValueError`` naming ``_set_all_gather_overlap_forward``):
-        V2 syncs parameters by all-gather."""
+        """V2 syncs by all-gather: ``ValueError`` naming the V2 method."""
         check_broadcast_overlap_flag(broadcast_overlap)
         if broadcast_overlap:
             raise ValueError(
@@ -251,8 +249,7 @@ class DygraphShardingOptimizerV2:
             )
 
     def _sharding_sync_parameters(self):
-        """All-gather the updated comm buffers: async in the agreed order
-        with overlap on, else Paddle's blocking version."""
+        """Launch the all-gathers with overlap on, else Paddle's blocking sync."""
         return launch_or_sync(self, self._origin_sharding_sync_parameters)
 
     def step(self):

@@ -44,11 +44,10 @@ class HybridParallelOptimizer:
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
         max_in_flight=None,
     ):
-        """Turn broadcast overlap on or off for the wrapped V1 sharding
-        optimizer: arguments, behaviour and errors are those of
-        ``DygraphShardingOptimizer._set_broadcast_overlap``; turning it on
-        around another optimizer raises ``ValueError`` naming what to set
-        (V2: ``_set_all_gather_overlap_forward``)."""
+        """``DygraphShardingOptimizer._set_broadcast_overlap`` of the wrapped
+        V1 optimizer (same arguments, behaviour, errors); turning it on around
+        another raises ``ValueError`` naming what to set (V2:
+        ``_set_all_gather_overlap_forward``)."""
         self._set_overlap_of_inner(
             DygraphShardingOptimizer,
             "_set_broadcast_overlap",

@@ -12,14 +12,11 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Every read of a parameter waits for its own pending sync (installed by
-:func:`acquire` while an overlap is open; the last :func:`release` restores
-everything). Every Python path to a parameter goes through its layer's
-``_parameters``, replaced by a :class:`GuardedParameters`; compiled programs
-(``StaticFunction.__call__``) wait for everything first; this directory
-joins SOT's skip list, as Paddle's own files are, so SOT does not trace the
-owner's hooks. Not seen: a tensor reference taken before ``step()``, and
-layers outside ``layers``.
+"""Every read of a parameter waits for its own pending sync, while an
+overlap is open: each layer's ``_parameters`` (every Python path to a
+parameter) becomes a :class:`GuardedParameters`; compiled programs
+(``StaticFunction.__call__``) wait for everything; this directory joins
+SOT's skip list, as Paddle's own files, so SOT does not trace the hooks.
 """
 
 import functools
@@ -52,10 +49,9 @@ def _wait_for_all(params, path):
 
 
 class GuardedParameters(OrderedDict):
-    """A layer's ``_parameters`` whose reads (``[]``, ``get``, ``pop``,
-    ``popitem``: path ``"attribute"``; ``items``, ``values``: ``"iteration"``)
-    wait for exactly the parameters they return; a copy or pickle is a plain
-    ``OrderedDict``."""
+    """A layer's ``_parameters`` whose reads (path ``"attribute"``: ``[]``,
+    ``get``, ``pop``, ``popitem``; ``"iteration"``: ``items``, ``values``)
+    wait for exactly what they return; copies and pickles are plain."""
 
     __slots__ = ()
 

@@ -12,11 +12,9 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""The units of every mode, from the agreed order: one broadcast per
-parameter (``bucket_size_mb=0``, upstream PR #63945's unit), per bucket
-(``broadcast_buckets.py``) or per slice of Paddle's fused buffers; V2: one
-all-gather per ``FusedCommBuffer`` in Paddle's exact layout. A plan never
-communicates.
+"""The units of every mode, in the agreed order: one broadcast per parameter
+(upstream PR #63945's unit), bucket or fused slice; V2: one all-gather per
+``FusedCommBuffer``, in Paddle's layout. A plan never communicates.
 """
 
 from .broadcast_buckets import (
@@ -115,8 +113,7 @@ def _comm_buffer_units(order, params, buffers):
 
 
 class _Plan:
-    """Fixed units (per parameter, per V2 comm buffer), or the buckets or
-    fused slices of a ``BucketStorage``."""
+    """Fixed units, or those of a ``BucketStorage`` (buckets, fused slices)."""
 
     def __init__(self, units=None, storage=None, group=None):
         self._units, self.storage, self._group = units, storage, group
