@@ -32,6 +32,7 @@ As upstream (PR #63945 for V1, ``_set_all_gather_overlap_forward`` for V2),
   a GC finalizer. Not seen: a tensor reference taken before ``step()``.
 * Hooks: registered once, removed together on disable.
 * A training forward using units out of the agreed order warns once.
+* Profiler spans: ``paddle_overlay::launch``, ``paddle_overlay::wait <unit>``.
 * Buckets: one int64 [1] max-reduce per launch tells every rank whether any
   rank's parameter memory was replaced; then all plan again.
 """
