@@ -1,7 +1,4 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-#
-# Apply a paddle_overlay patch to a Paddle source tree and register its tests, all or nothing:
-#   tools/apply_patch.sh [--no-register] PADDLE_SRC [PATCH]      (--help: tools/apply_patch.py)
-# PYTHON: the interpreter that runs it and the tree's generator (python3).
+# tools/apply_patch.sh [--no-register] PADDLE_SRC [PATCH] (--help: tools/apply_patch.py); PYTHON: its python3.
 exec "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/apply_patch.py" "$@"

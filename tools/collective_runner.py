@@ -3,11 +3,9 @@
 """Run the collective tests listed in ``testslist.csv`` files, one pytest session per Paddle (docs/harness.md).
 
 ``bash tools/run_collective_tests.sh`` starts this file with any python3 (``--bootstrap``): it answers
-``--help``, ``--list`` and bad arguments at once, makes or reuses ``.venv-test/paddle-V`` and runs
-itself again with that venv's python (several releases: one after the other, then a table).
-Started directly (ctest does), it runs with its own interpreter: the selected drivers go to pytest
-with :class:`CollectivePlugin` (row requirements as skips, the row's timeout through pytest-timeout,
-the row's ``envs``, log folders, one line per failure).
+``--help``, ``--list`` and bad arguments at once, then runs itself again in ``.venv-test/paddle-V``'s
+python (several releases: one after the other, then a table). Started directly (ctest does), it runs
+the selected drivers in one pytest session with :class:`CollectivePlugin`.
 """
 
 import argparse
@@ -43,9 +41,8 @@ def parse_args(argv=None):
         prog="run_collective_tests.sh", description="Run the collective (multi-rank) tests of paddle_overlay "
         "under Paddle's launcher.", epilog="Environment: PYTHON (the python3 that makes the venvs), PIP_INDEX_URL, "
         "PIP_FIND_LINKS (where pip finds wheels). docs/harness.md says more.")
-    p.add_argument("--paddle", action="append", metavar="VERSION[,VERSION]",
-                   help=f"tested release(s) to run, one of: {' '.join(TESTED_PADDLE)} (default {TESTED_PADDLE[-1]}); "
-                        "several run one after the other and end with a table")
+    p.add_argument("--paddle", action="append", metavar="VERSION[,VERSION]", help="tested release(s) to run, one of: "
+                   f"{' '.join(TESTED_PADDLE)} (default {TESTED_PADDLE[-1]}); several run in turn, then a table")
     p.add_argument("--matrix", action="store_true", help="every tested release (slow: a venv each)")
     p.add_argument("--rebuild-venv", action="store_true", help="reinstall the venv even if its stamp matches")
     p.add_argument("--venv-only", action="store_true", help="make or reuse the venv(s), print each python path")
@@ -63,9 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report; {paddle} -> Paddle version")
     p.add_argument("--coverage", action="store_true", help="measure paddle_overlay in every rank and report")
     p.add_argument("--cov-fail-under", type=float, metavar="PCT", help="with --coverage: fail under PCT percent")
-    p.add_argument("--slow-start", type=float, metavar="SECONDS",
-                   help="delay every process running a script under test/ by SECONDS at start-up, as a loaded "
-                        "machine does (issue 13's reproduction)")
+    p.add_argument("--slow-start", type=float, metavar="SECONDS", help="delay every process running a script under "
+                   "test/ by SECONDS at start-up, as a loaded machine does (issue 13's reproduction)")
     p.add_argument("--skip-exit-code", type=int, default=0, metavar="CODE",
                    help="exit with CODE when every selected test was skipped (ctest uses 77)")
     p.add_argument("--bootstrap", action="store_true", help=argparse.SUPPRESS)  # run_collective_tests.sh
@@ -73,14 +69,13 @@ def parse_args(argv=None):
     args.versions = TESTED_PADDLE if args.matrix else [v for a in args.paddle or [] for v in a.split(",") if v]
     for v in set(args.versions) - set(TESTED_PADDLE):
         p.error(f"Paddle {v} is not a supported release; use one of: {' '.join(TESTED_PADDLE)}")
-    if len(args.versions) > 1 and args.junit_xml and "{paddle}" not in args.junit_xml:
-        p.error("with several --paddle versions, put {paddle} in the --junit-xml path")
-    if args.repeat < 1 or args.nproc < 1:
-        p.error("--repeat and --nproc must be >= 1")
-    if args.cov_fail_under is not None and not args.coverage:
-        p.error("--cov-fail-under needs --coverage")
-    if args.slow_start is not None and args.slow_start <= 0:
-        p.error("--slow-start must be a positive number of seconds")
+    for bad, message in ((len(args.versions) > 1 and "{paddle}" not in (args.junit_xml or "{paddle}"),
+                          "with several --paddle versions, put {paddle} in the --junit-xml path"),
+                         (args.repeat < 1 or args.nproc < 1, "--repeat and --nproc must be >= 1"),
+                         (args.cov_fail_under is not None and not args.coverage, "--cov-fail-under needs --coverage"),
+                         (args.slow_start is not None and args.slow_start <= 0, "--slow-start must be a positive number of seconds")):
+        if bad:
+            p.error(message)
     for flag, pattern in (("-k", args.pattern), ("--exclude", args.exclude)):
         try:
             re.compile(pattern or "")
@@ -122,7 +117,7 @@ class CollectivePlugin:
 
     def __init__(self, rows, device, facts, run_dir, header):
         self.rows, self.device, self.facts, self.run_dir, self.header = rows, device, facts, run_dir, header
-        self.by_nodeid = {}
+        self.by_nodeid, self.environ = {}, dict(os.environ)  # the environment, put back after each test
 
     def pytest_report_header(self):
         return self.header
@@ -132,8 +127,7 @@ class CollectivePlugin:
 
         for item in items:
             row = self.by_nodeid[item.nodeid] = self.rows[str(item.path)]
-            unmet = testslist.unmet_requirements(row, self.device, self.facts)
-            if unmet:
+            if unmet := testslist.unmet_requirements(row, self.device, self.facts):
                 item.add_marker(pytest.mark.skip(reason="; ".join(unmet)))
             if not item.get_closest_marker("timeout"):
                 item.add_marker(pytest.mark.timeout(row.timeout_seconds, method="signal"))
@@ -147,9 +141,6 @@ class CollectivePlugin:
     def pytest_runtest_logfinish(self):
         os.environ.clear()
         os.environ.update(self.environ)
-
-    def pytest_sessionstart(self):
-        self.environ = dict(os.environ)  # put back after each test
 
     def pytest_report_teststatus(self, report):
         if hasattr(report, "wasxfail"):
@@ -273,11 +264,6 @@ def main(argv=None):
         return 2
     if args.bootstrap or args.venv_only:
         return run_releases(args, argv)
-    missing = [os.path.relpath(d, ROOT) for d in rows if not os.path.isfile(d)]
-    if missing:
-        print(f"error: driver missing: {', '.join(missing)}", file=sys.stderr)
-        return 2
-
     import paddle
     import pytest
     from collective_launch import resolve_device
@@ -334,9 +320,7 @@ def main(argv=None):
         if args.cov_fail_under is not None and percent < args.cov_fail_under:
             print(f"COVERAGE FAILED: {percent:.1f}% < {args.cov_fail_under}%")
             rc = rc or 1
-    if rc == 0 and args.skip_exit_code and getattr(plugin, "all_skipped", False):
-        return args.skip_exit_code
-    return rc
+    return args.skip_exit_code if rc == 0 and args.skip_exit_code and getattr(plugin, "all_skipped", False) else rc
 
 
 if __name__ == "__main__":

@@ -1,12 +1,26 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 #
-# Format exactly the files the Paddle patch adds or changes as Paddle's pre-commit would (black
-# 23.3.0, isort 5.12.0, upstream's Apache-2.0 header): tools/format.sh [--check | --fix] [FILE...]
-# (default --check, the patch's files). Runs tools/paddle_format.py with $PYTHON, else the python of
-# .venv-test/paddle-3.3.1 (its [test] extra pins black and isort), else python3. Exit codes: 0 clean
-# or fixed, 1 --check found files that would change, 2 black/isort missing or not the pinned version.
+# tools/format.sh [--check | --fix] [FILE...]: check (default) or fix, as Paddle's pre-commit does, the
+# files the Paddle patch takes text from (default: make_patch.patch_source_files()) with isort 5.12.0 and
+# black 23.3.0 (Paddle's settings, below), run by $PYTHON, else the 3.3.1 venv's python (its [test] extra
+# pins both). Exit codes: 0 clean or fixed, 1 --check would change files, 2 black/isort missing or unpinned.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv_python="$root/.venv-test/paddle-3.3.1/bin/python"
-exec "${PYTHON:-$( [[ -x "$venv_python" ]] && echo "$venv_python" || echo python3)}" "$root/tools/paddle_format.py" "$@"
+py="${PYTHON:-$( [[ -x "$venv_python" ]] && echo "$venv_python" || echo python3)}"
+check=1
+case "${1:-}" in --check) shift ;; --fix) check="" && shift ;; esac
+if ! "$py" -c 'import black, isort, sys; sys.exit((black.__version__, isort.__version__) != ("23.3.0", "5.12.0"))' 2>/dev/null; then
+  echo "error: black 23.3.0 and isort 5.12.0 needed: pip install black==23.3.0 isort==5.12.0 (the [test] extra)" >&2
+  exit 2
+fi
+if (($# == 0)); then
+  cd "$root"
+  mapfile -t files < <("$py" -c 'import sys; sys.path.insert(0, "tools"); import make_patch; print(*make_patch.patch_source_files(), sep="\n")')
+  set -- "${files[@]}"
+fi
+rc=0  # --src: no folder's modules count as first party but paddle's (as the old isort.Config(src_paths=()))
+"$py" -m isort -q --profile black -l 80 -p paddle --src "$root/.no-src" ${check:+--check-only} "$@" || rc=1
+"$py" -m black -l 80 -S ${check:+--check --fast} "$@" || rc=1
+exit $rc

@@ -2,13 +2,10 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Generate ``CMakeLists.txt`` next to each ``testslist.csv``, as upstream Paddle's generator does.
 
-Same input, command line and output shape as upstream's ``tools/gen_ut_cmakelists.py`` (written
-anew; docs/patches.md): per row ``if (<condition>)`` per ``conditions`` item around
-``if(<arch> AND <os>)``, then ``bash_test_modules`` (``*.sh`` launcher) or ``py_test_modules``, and
-``set_tests_properties``; a test keeps the port the existing file gives it, new ones count on from
-the highest; formatted by cmake-format (``cmakelang`` 0.6.13, Paddle's settings).
-``python tools/gen_ut_cmakelists.py [--check] [-f testslist.csv ...]`` (default: every
-``test/**/testslist.csv``); exit codes: 0 ok, 1 stale (``--check``), 2 malformed row or no cmakelang.
+Same input, command line and output shape as upstream's ``tools/gen_ut_cmakelists.py`` (written anew;
+docs/patches.md); a test keeps the port the existing file gives it, new ones count on from the highest;
+formatted by cmake-format (``cmakelang`` 0.6.13, Paddle's settings). Exit codes: 0 ok, 1 stale
+(``--check``), 2 malformed row or no cmakelang.
 """
 
 import argparse
@@ -49,29 +46,27 @@ def existing_ports(cmake_text):
     return ports
 
 
-class PortCounter:
-    """Upstream's port rule for one folder (see the module docstring)."""
-
-    def __init__(self, rows, old_ports):
-        self.assigned = dict(old_ports)
-        self.next = FIRST_PORT
-        if old_ports:
-            last = max(old_ports, key=lambda n: (old_ports[n], n))
-            self.next = old_ports[last]
-            for row in rows:
-                if row.name == last and row.launcher.endswith(".sh"):
-                    self.next += row.num_port
-
-    def port(self, row):
-        """PADDLE_DIST_UT_PORT of a ``*.sh`` row (0 when its num_port is empty)."""
+def dist_ports(rows, old_ports):
+    """{name: PADDLE_DIST_UT_PORT} of the ``*.sh`` rows (0 for an empty num_port), by upstream's rule."""
+    ports, nxt = dict(old_ports), FIRST_PORT
+    if old_ports:
+        last = max(old_ports, key=lambda n: (old_ports[n], n))
+        nxt = old_ports[last] + sum(r.num_port for r in rows if r.name == last and r.launcher.endswith(".sh"))
+    for row in (r for r in rows if r.launcher.endswith(".sh")):
         if not row.num_port:
-            return self.assigned.setdefault(row.name, 0)
-        if self.next >= LAST_PORT:
+            ports.setdefault(row.name, 0)
+            continue
+        if nxt >= LAST_PORT:
             raise GeneratorError(f"dist test ports exhausted at {row.name} (upstream's range ends at {LAST_PORT})")
-        fresh, self.next = self.next, self.next + row.num_port
-        port = self.assigned.setdefault(row.name, fresh)
-        self.next = max(self.next, port)
-        return port
+        fresh, nxt = nxt, nxt + row.num_port
+        nxt = max(nxt, ports.setdefault(row.name, fresh))
+    return ports
+
+
+def raw_text(rows, old_cmake):
+    """The whole file as upstream's generator writes it, before cmake-format."""
+    ports = dist_ports(rows, existing_ports(old_cmake))
+    return HEADER + "".join(raw_entry(r, ports.get(r.name)) for r in rows)
 
 
 def raw_entry(row, port):
@@ -113,14 +108,10 @@ def cmake_format(text):
 
 
 def generate(csv_path, old_cmake=None):
-    """Full CMakeLists.txt text for ``csv_path``; ``old_cmake``: the current file's text (its tests keep
-    their ports; default: the file next to ``csv_path``). ValueError on a malformed row, GeneratorError."""
-    if old_cmake is None:
-        old_cmake = _read(os.path.join(os.path.dirname(os.path.abspath(csv_path)), "CMakeLists.txt"))
-    rows = read_testslist(csv_path)
-    ports = PortCounter(rows, existing_ports(old_cmake))
-    return cmake_format(HEADER + "".join(raw_entry(r, ports.port(r) if r.launcher.endswith(".sh") else None)
-                                         for r in rows))
+    """CMakeLists.txt text for ``csv_path``; ``old_cmake`` (default: the file beside it) gives the ports kept."""
+    old_cmake = _read(os.path.join(os.path.dirname(os.path.abspath(csv_path)), "CMakeLists.txt")) \
+        if old_cmake is None else old_cmake
+    return cmake_format(raw_text(read_testslist(csv_path), old_cmake))
 
 
 def _read(path):
@@ -137,19 +128,18 @@ def main(argv=None):
         folder = os.path.dirname(os.path.abspath(csv_path))
         out = os.path.join(folder, "CMakeLists.txt")
         try:
-            text = generate(csv_path)
+            text, old = generate(csv_path), _read(out)
+            rows = read_testslist(csv_path)
         except (ValueError, GeneratorError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        for row in read_testslist(csv_path):
+        for row in rows:
             if not any(os.path.isfile(os.path.join(folder, row.name + ext)) for ext in (".py", ".sh")):
                 print(f"warning: {csv_path}: no {row.name}.py or .sh", file=sys.stderr)
-        old = _read(out)
-        if args.check:
-            if old != text:
-                stale += 1
-                print(f"stale: {out} (run python3 tools/gen_ut_cmakelists.py)", file=sys.stderr)
-                sys.stderr.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True), out, "generated"))
+        if old != text and args.check:
+            stale += 1
+            print(f"stale: {out} (run python3 tools/gen_ut_cmakelists.py)", file=sys.stderr)
+            sys.stderr.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True), out, "generated"))
         elif old != text:
             with open(out, "w") as f:
                 f.write(text)

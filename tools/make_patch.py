@@ -2,14 +2,10 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Turn the overlay source into a ``git apply``-able patch for a Paddle tree (docs/patches.md).
 
-Overlay modules of :data:`NEW_MODULES` are added byte for byte; each overlay class of
-:data:`SPLICED` has its methods spliced into Paddle's class of the same name (a name in the
-module's ``OVERLAY_WRAPS`` wraps: the original becomes ``_origin_NAME``, the overlay method goes
-above it; others replace or are appended), with the imports they need; the upstream-form tests
-of :data:`TEST_FILES` are added, their ``testslist.csv`` rows go in the header. The patch is
-``git diff`` from a throw-away repository with fixed identity and configuration: same inputs,
-same bytes. ``python tools/make_patch.py (--paddle-src DIR | --from-wheel VENV [--version V])
-[--out FILE]``; exit codes: 0 ok, 2 bad input (the message says what to fix).
+:data:`NEW_MODULES` and :data:`TEST_FILES` are added byte for byte (their ``testslist.csv`` rows go in
+the header); each class of :data:`SPLICED` has its methods spliced into Paddle's class of the same
+name. The patch is ``git diff`` from a throw-away repository with fixed identity and configuration:
+same inputs, same bytes. Exit codes: 0 ok, 2 bad input (the message says what to fix).
 """
 
 import argparse
@@ -55,8 +51,8 @@ NEW_MODULES = (
 )
 # Files of test/collective/fleet in upstream's form added as new files: drivers (their
 # testslist.csv rows travel in the header) and the per-rank scripts they launch: the on/off
-# driver with its per-rank script (foundation cases and the bf16/AMP case; check_selection
-# refuses a carried file that imports one left out, such as the wait checker or the CPU shim).
+# driver with its per-rank script (foundation cases and the bf16/AMP case; test_make_patch.py
+# fails for a carried file that imports one left out, such as the wait checker or the CPU shim).
 TEST_FILES = (
     "test_dygraph_sharding_stage1_broadcast_overlap.py",
     "dygraph_sharding_stage1_broadcast_overlap.py",
@@ -83,10 +79,10 @@ def origin_name(name):
 
 
 def _find_class(module, name, filename):
-    for node in module.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
-    raise PatchError(f"{filename}: no top-level class {name}")
+    found = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name]
+    if not found:
+        raise PatchError(f"{filename}: no top-level class {name}")
+    return found[0]
 
 
 def _methods(class_node):
@@ -97,12 +93,8 @@ def _first_line(node, lines):
     """1-based first line of a method: its decorators and the comment lines right above them."""
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
     indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
-    while start > 1:
-        above = lines[start - 2]
-        if above.startswith(indent + "#") and above[: len(indent)].strip() == "":
-            start -= 1
-        else:
-            break
+    while start > 1 and lines[start - 2].startswith(indent + "#"):
+        start -= 1
     return start
 
 
@@ -112,11 +104,8 @@ def _top_level_bindings(module_node, package):
     for node in module_node.body:
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.asname:
-                    bound[a.asname] = ("import", a.name, None)
-                else:
-                    top = a.name.split(".")[0]
-                    bound[top] = ("import", top, None)
+                name = a.asname or a.name.split(".")[0]
+                bound[name] = ("import", a.name if a.asname else name, None)
         elif isinstance(node, ast.ImportFrom):
             source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
             for a in node.names:
@@ -124,11 +113,8 @@ def _top_level_bindings(module_node, package):
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             bound[node.name] = ("def", type(node).__name__)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for t in targets:
-                for n in ast.walk(t):
-                    if isinstance(n, ast.Name):
-                        bound[n.id] = ("def", "assignment")
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                bound.update({n.id: ("def", "assignment") for n in ast.walk(t) if isinstance(n, ast.Name)})
     return bound
 
 
@@ -158,22 +144,16 @@ def _names_read_at_definition(node):
 
 def _import_line(source_module, package, names):
     """``from .x import a, b`` text (relative when ``source_module`` is in ``package``)."""
-    if source_module.startswith(package + "."):
-        mod = "." + source_module[len(package) + 1 :]
-    else:
-        mod = source_module
+    mod = "." + source_module[len(package) + 1 :] if source_module.startswith(package + ".") else source_module
     # isort's order (profile black, order_by_type): classes, then functions
     names = sorted(names, key=lambda n: (not n[:1].isupper(), n))
     one = f"from {mod} import {', '.join(names)}"
-    if len(one) <= 80:
-        return [one]
-    return [f"from {mod} import ("] + [f"    {n}," for n in names] + [")"]
+    return [one] if len(one) <= 80 else [f"from {mod} import ("] + [f"    {n}," for n in names] + [")"]
 
 
 def splice(target_text, overlay_text, class_name, target_name="<target>", overlay_name="<overlay>"):
-    """Target module text with the overlay class's methods spliced into ``class_name``; raises
-    :class:`PatchError` when that cannot be done faithfully (wrapped method missing, tree patched
-    already, a module-level name the patch cannot carry, an import bound otherwise in the target)."""
+    """Target module text with the overlay class's methods spliced into ``class_name``; PatchError when
+    that cannot be done faithfully (wrapped method missing, tree patched, a name it cannot carry)."""
     overlay_mod, target_mod = ast.parse(overlay_text, overlay_name), ast.parse(target_text, target_name)
     o_lines, t_lines = overlay_text.splitlines(), target_text.splitlines()
     t_cls = _find_class(target_mod, class_name, target_name)
@@ -182,7 +162,6 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     for name in wraps:
         if name not in o_methods:
             raise PatchError(f"{overlay_name}: OVERLAY_WRAPS names {name}, which the class does not define")
-
     # Imports: every global a method reads must be a builtin or an overlay import that the
     # target module binds the same way (or gets added).
     o_bound = _top_level_bindings(overlay_mod, TARGET_PACKAGE)
@@ -213,10 +192,8 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
             elif there != how:
                 raise PatchError(f"{target_name}: {name} is bound to {there[1:]} but {class_name}.{method} "
                                  f"expects {how[1:]} (from {overlay_name})")
-
     # Method edits, as (first line, last line, new lines) on the target; 1-based, inclusive.
-    edits = []
-    appended = []
+    edits, appended = [], []
     for name, node in o_methods.items():
         text = o_lines[_first_line(node, o_lines) - 1 : node.end_lineno]
         if name in wraps:
@@ -225,24 +202,21 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
             if origin_name(name) in t_methods:
                 raise PatchError(f"{target_name}: {class_name}.{origin_name(name)} exists: the tree is already patched")
             orig = t_methods[name]
-            def_line = t_lines[orig.lineno - 1]
-            renamed, n = re.subn(rf"\bdef\s+{re.escape(name)}\s*\(", f"def {origin_name(name)}(", def_line, count=1)
+            renamed, n = re.subn(rf"\bdef\s+{re.escape(name)}\s*\(", f"def {origin_name(name)}(",
+                                 t_lines[orig.lineno - 1], count=1)
             if n != 1:
                 raise PatchError(f"{target_name}:{orig.lineno}: cannot find 'def {name}(' to rename")
             start = _first_line(orig, t_lines)
             edits.append((orig.lineno, orig.lineno, [renamed]))
             edits.append((start, start - 1, text + [""]))  # insertion above the original
         elif name in t_methods:
-            orig = t_methods[name]
-            edits.append((_first_line(orig, t_lines), orig.end_lineno, text))
+            edits.append((_first_line(t_methods[name], t_lines), t_methods[name].end_lineno, text))
         else:
             appended.extend([""] + text)
     if appended:
         edits.append((t_cls.end_lineno + 1, t_cls.end_lineno, appended))
-
     if missing:
         edits.append(_import_edit(target_mod, t_lines, missing))
-
     out = list(t_lines)
     # Apply bottom-up so earlier line numbers stay valid; insertions (end < start) at the same
     # line as a replacement go after it is applied, i.e. sort by start, then by end.
@@ -257,8 +231,7 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
 
 
 def _overlay_wraps(overlay_mod, overlay_name, class_name=None):
-    """The names ``class_name`` wraps: a module-level ``OVERLAY_WRAPS`` tuple, or its
-    entry in an ``OVERLAY_WRAPS`` dict keyed by class name."""
+    """The names ``class_name`` wraps: the module's ``OVERLAY_WRAPS`` tuple, or its entry in such a dict."""
     for node in overlay_mod.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OVERLAY_WRAPS" for t in node.targets):
             value = ast.literal_eval(node.value)
@@ -275,10 +248,8 @@ def _import_edit(target_mod, t_lines, missing):
     imports = [n for n in target_mod.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     if not imports:
         raise PatchError("target module has no top-level imports to place new ones after")
-    new_lines = []
+    new_lines = [line for module in sorted(missing) for line in _import_line(module, TARGET_PACKAGE, missing[module])]
     relative_needed = any(m.startswith(TARGET_PACKAGE + ".") for m in missing)
-    for module in sorted(missing):
-        new_lines += _import_line(module, TARGET_PACKAGE, missing[module])
     same_kind = [n for n in imports if (isinstance(n, ast.ImportFrom) and n.level > 0) == relative_needed]
     after = (same_kind or imports)[-1].end_lineno
     return (after + 1, after, new_lines)
@@ -299,69 +270,13 @@ def test_files():
 
 def patch_source_files():
     """Repository paths of every file whose text goes into the patch."""
-    overlay = [name for name, _ in SPLICED] + new_modules()
-    rel_overlay = os.path.relpath(OVERLAY_DIR, ROOT)
-    rel_test = os.path.relpath(TEST_DIR, ROOT)
-    return [f"{rel_overlay}/{n}" for n in sorted(overlay)] + [f"{rel_test}/{n}" for n in sorted(test_files())]
-
-
-def _optional(tree):
-    """Import nodes inside ``try: ... except ImportError`` (may name modules the patch lacks)."""
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id in (
-                "ImportError", "ModuleNotFoundError") for h in node.handlers):
-            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
-    return out
-
-
-def dangling(folder, carried, package=None):
-    """{carried file: sorted sibling files of ``folder`` it needs and the patch lacks}: modules it
-    imports (``package``: the dotted name of ``folder``, for relative imports) and, for
-    drivers, the ``*.py`` files it names."""
-    here = {n for n in os.listdir(folder) if n.endswith(".py")}
-    out = {}
-    for name in carried:
-        text = _read(os.path.join(folder, name))
-        tree = ast.parse(text, name)
-        optional, needed = _optional(tree), set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                mods = [node.module] if node.module else [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and package and (node.module or "").startswith(package + "."):
-                mods = [node.module[len(package) + 1 :]]
-            elif isinstance(node, (ast.Import, ast.ImportFrom)) and not package:
-                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and name.startswith("test_"):
-                needed.update({node.value} & here)
-                continue
-            else:
-                continue
-            if id(node) not in optional:
-                needed.update(f"{m.split('.')[0]}.py" for m in mods if f"{m.split('.')[0]}.py" in here)
-        missing = sorted(needed - set(carried))
-        if missing:
-            out[name] = missing
-    return out
-
-
-def check_selection():
-    """Raise :class:`PatchError` unless every listed file exists and needs nothing left out."""
-    for folder, names in ((OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules()), (TEST_DIR, test_files())):
-        absent = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
-        if absent:
-            raise PatchError(f"listed in tools/make_patch.py but not in {os.path.relpath(folder, ROOT)}: {absent}")
-    problems = dangling(OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules(), TARGET_PACKAGE)
-    problems.update(dangling(TEST_DIR, test_files()))
-    if problems:
-        raise PatchError("files the patch carries need files it leaves out (add them to the lists in tools/make_patch.py, "
-                         "or make the import optional): "
-                         + "; ".join(f"{k} needs {', '.join(v)}" for k, v in sorted(problems.items())))
+    overlay, tests = os.path.relpath(OVERLAY_DIR, ROOT), os.path.relpath(TEST_DIR, ROOT)
+    return [f"{overlay}/{n}" for n in sorted([name for name, _ in SPLICED] + new_modules())] + [
+        f"{tests}/{n}" for n in sorted(test_files())]
 
 
 def testslist_rows():
-    """The lines of our testslist.csv whose driver the patch carries, as written; raises
-    :class:`PatchError` for a malformed row or a row without a driver."""
+    """The lines of our testslist.csv whose driver the patch carries, as written; PatchError for a bad row."""
     path = os.path.join(TEST_DIR, "testslist.csv")
     if not os.path.isfile(path):
         return []
@@ -377,9 +292,12 @@ def testslist_rows():
 
 
 def patched_files(tree):
-    """{path in ``tree`` (a ``python/paddle/...`` tree): new text} of every file the patch adds or
-    changes; :class:`PatchError` when a file to splice is missing or one to add exists already."""
-    check_selection()
+    """{path in ``tree``: new text} of every file the patch adds or changes; PatchError when a file
+    to splice is missing or one to add exists already."""
+    for folder, names in ((OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules()), (TEST_DIR, test_files())):
+        absent = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
+        if absent:
+            raise PatchError(f"listed in tools/make_patch.py but not in {os.path.relpath(folder, ROOT)}: {absent}")
     opt_dir = os.path.join(tree, TREE_OPT_DIR)
     out = {}
     for filename, class_name in SPLICED:
@@ -414,8 +332,7 @@ def newer_test_base(tree):
 
 
 def adapt_test_base(tree, text):
-    """``text`` with ``TestMultipleGpus``/``run_mnist_2gpu`` renamed to the newer names when the
-    tree's ``LEGACY_BASE`` defines only ``TestMultipleAccelerators`` (a later Paddle)."""
+    """``text`` with the base's newer names when the tree's ``LEGACY_BASE`` has only those (a later Paddle)."""
     if not newer_test_base(tree):
         return text
     (old_cls, old_fn), (new_cls, new_fn) = BASE_NAMES
@@ -425,29 +342,29 @@ def adapt_test_base(tree, text):
     return re.sub(rf"\b{old_fn}\(", f"{new_fn}(", re.sub(rf"\b{old_cls}\b", new_cls, text))
 
 
+HEADER = """\
+Sharding stage 1 (DygraphShardingOptimizer V1): parameter broadcast overlapped
+with the next forward, for {description}.
+
+Generated by tools/make_patch.py of paddle_overlay from its overlay source; do not
+edit by hand. It changes files under python/ and adds new files only, so it applies
+with plain git apply to a checkout at the matching tag:
+    git apply --check FILE && git apply FILE
+"""
+REGISTER = f"""\
+Then register the new tests: append each line below that starts with
+"{ROW_PREFIX.strip()}", without that prefix, to {TREE_TEST_DIR}/testslist.csv
+and regenerate the CMakeLists.txt next to it with
+    python3 tools/gen_ut_cmakelists.py -f {TREE_TEST_DIR}/testslist.csv
+(tools/apply_patch.sh PADDLE_SRC FILE of paddle_overlay does both steps).
+
+"""
+
+
 def header(description, rows):
-    """The patch's leading text (``git apply`` ignores it): what it is, how to apply it, and
-    the testslist.csv rows to register, one per line after :data:`ROW_PREFIX`."""
-    text = (
-        "Sharding stage 1 (DygraphShardingOptimizer V1): parameter broadcast overlapped\n"
-        f"with the next forward, for {description}.\n"
-        "\n"
-        "Generated by tools/make_patch.py of paddle_overlay from its overlay source; do not\n"
-        "edit by hand. It changes files under python/ and adds new files only, so it applies\n"
-        "with plain git apply to a checkout at the matching tag:\n"
-        "    git apply --check FILE && git apply FILE\n"
-    )
-    if rows:
-        text += (
-            "Then register the new tests: append each line below that starts with\n"
-            f'"{ROW_PREFIX.strip()}", without that prefix, to {TREE_TEST_DIR}/testslist.csv\n'
-            "and regenerate the CMakeLists.txt next to it with\n"
-            f"    python3 tools/gen_ut_cmakelists.py -f {TREE_TEST_DIR}/testslist.csv\n"
-            "(tools/apply_patch.sh PADDLE_SRC FILE of paddle_overlay does both steps).\n"
-            "\n"
-        )
-        text += "".join(f"{ROW_PREFIX}{row}\n" for row in rows)
-    return text + "\n"
+    """The patch's leading text (``git apply`` ignores it), with the rows to register after :data:`ROW_PREFIX`."""
+    return HEADER.format(description=description) + (REGISTER if rows else "") + "".join(
+        f"{ROW_PREFIX}{row}\n" for row in rows) + "\n"
 
 
 def git(repo, *args):
@@ -500,8 +417,8 @@ def wheel_version(pkg_dir):
 
 
 def layout_wheel_tree(pkg_dir, dest):
-    """The files the patch touches, from an installed wheel, as a git repository at ``dest`` laid out
-    as ``python/paddle/...`` and tagged ``v<version>`` like a checkout. Returns the version."""
+    """The wheel's files the patch touches as a git repository at ``dest``, laid out and tagged as a
+    checkout (``python/paddle/...``, ``v<version>``). Returns the version."""
     version, _ = wheel_version(pkg_dir)
     src_dir = os.path.join(pkg_dir, *TREE_OPT_DIR.split("/")[2:])
     dst_dir = os.path.join(dest, TREE_OPT_DIR)

@@ -1,20 +1,12 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 #
-# The README's test command (.ci/run calls it): every collective test (up to 4 ranks) on the
-# oldest and newest tested Paddle (2.6.2, 3.3.1) with coverage across ranks (the start-up hook's
-# launches on 3.3.1 only: docs/harness.md, "Suite time", says why), the harness's fault injection
-# once (on 3.3.1, without coverage: it never applies the overlay), the unit tests (test/tools,
-# test/unit, benchmarks) once, and one coverage figure over all of them (fails under
-# COV_FAIL_UNDER percent). Every step runs even if another failed; the exit code is non-zero if
-# any did. Ends with a recap table (step, result, time, log) and the coverage reports' paths.
-# Outputs: .test-out/ci/.
-#
-# Time: the four steps (2.6.2's rows, from the start, making its venv; once 3.3.1's venv is made,
-# 3.3.1's product rows, the harness then 3.3.1's other rows, the unit tests) run at the same time,
-# each writing its own log; a collective run spends much of its time waiting (rank start-up, gloo,
-# the launcher's polling; the fault injection mostly sleeps), so on 2 cores running them side
-# by side is what keeps the suite inside its budget (docs/harness.md, "Suite time").
+# The README's test command (.ci/run calls it): every collective test (up to 4 ranks) on the oldest
+# and newest tested Paddle with coverage across ranks, the unit tests, and one merged coverage figure
+# (fails under COV_FAIL_UNDER percent). Steps run side by side, each into its own log under
+# .test-out/ci/; every step runs even if another failed, the exit code is non-zero if any did, and a
+# recap table ends it. Which rows run where and without coverage, and why: docs/harness.md ("Suite
+# time").
 set -euo pipefail
 for var in PADDLE_OVERLAY PADDLE_OVERLAY_CHECK; do  # the tests set them where needed
   if [[ -n "${!var:-}" ]]; then echo "note: ignoring $var=${!var} from the environment" >&2; fi
@@ -22,8 +14,7 @@ for var in PADDLE_OVERLAY PADDLE_OVERLAY_CHECK; do  # the tests set them where n
 done
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# Threshold on the merged figure (ranks of 3.3.1 and 2.6.2 plus the in-process unit tests):
-# measured 94.2% with branches on a fresh clone at 851bf98, 2026-11-30.
+# Threshold on the merged figure: measured 94.2% with branches on a fresh clone, 2026-12-01.
 COV_FAIL_UNDER="${COV_FAIL_UNDER:-92}"
 OLDEST=2.6.2
 NEWEST=3.3.1
@@ -33,7 +24,7 @@ rm -rf "$REPORTS"
 mkdir -p "$REPORTS/unit/coverage"
 status=0
 recap=()
-declare -A step_name=() step_log=() step_start=()
+declare -A step_name=() step_log=() step_start=() step_rc=()
 
 # start NAME LOG COMMAND...: run COMMAND in the background, its output into LOG.
 start() {
@@ -42,28 +33,25 @@ start() {
   step_name[$!]=$1 step_log[$!]=$2 step_start[$!]=$SECONDS
 }
 
-# finish [PID]: wait for step PID to end (default: every started step); as each step ends, print
-# its result and the end of its log. Returns non-zero if step PID failed.
+# finish [PID]: wait for step PID (default: every step), printing each ended step's result and log
+# tail; non-zero if step PID failed (also when it ended during an earlier finish).
 finish() {
-  local pid rc result failed=0
+  local pid rc result
   while ((${#step_name[@]})) && { (($# == 0)) || [[ -n "${step_name[$1]:-}" ]]; }; do
     rc=0
     wait -n -p pid "${!step_name[@]}" || rc=$?
+    step_rc[$pid]=$rc
     result=ok
-    if ((rc != 0)); then
-      result="FAILED (exit $rc)" status=1
-      if (($# == 1)) && [[ "$pid" == "$1" ]]; then failed=1; fi
-    fi
+    if ((rc != 0)); then result="FAILED (exit $rc)" status=1; fi
     echo -e "\n::: ${step_name[$pid]}: $result ($((SECONDS - step_start[$pid]))s); last lines of ${step_log[$pid]}:"
     tail -n 25 "${step_log[$pid]}" | sed 's/^/    /'
     recap+=("${step_name[$pid]}|$result|$((SECONDS - step_start[$pid]))s|${step_log[$pid]}")
     unset "step_name[$pid]" "step_log[$pid]" "step_start[$pid]"
   done
-  return $failed
+  if (($# == 1)); then return "${step_rc[$1]:-0}"; fi
 }
 
-# merge_coverage OUT DATA_DIR...: one report (OUT/coverage-report.txt, OUT/coverage.xml) over the
-# data files of every DATA_DIR; fails under COV_FAIL_UNDER.
+# merge_coverage OUT DATA_DIR...: OUT/coverage-report.txt and OUT/coverage.xml over every DATA_DIR.
 merge_coverage() {
   local out="$1" rc=0
   shift
@@ -75,49 +63,56 @@ merge_coverage() {
   return $rc
 }
 
-# harness_then_the_rest: the harness's fault injection once, on the newest release, in its own run
-# folder and without coverage (its ranks never apply the overlay: measured, none of paddle_overlay's
-# lines), then the newest release's rows outside test/collective/fleet (examples, start-up hook,
-# patched tree) with coverage.
+# The fault injection (its ranks never apply the overlay) and the patched-tree rows (their ranks run
+# the patched Paddle) run without coverage: measured, they cover no line of paddle_overlay.
 harness_then_the_rest() {
   local rc=0
   export PORT_RANGE=55000:64000
   bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$harness" --run-dir "$REPORTS/runs-harness" \
     --junit-xml "$REPORTS/junit-harness-$NEWEST.xml" || rc=$?
-  bash tools/run_collective_tests.sh --paddle "$NEWEST" --exclude "$fleet|$harness" "${cov[@]}" \
+  bash tools/run_collective_tests.sh --paddle "$NEWEST" --exclude "$fleet|$harness|$patched" "${cov[@]}" \
     --run-dir "$REPORTS/runs-examples" --junit-xml "$REPORTS/junit-examples-$NEWEST.xml" || rc=$?
+  bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$patched" --run-dir "$REPORTS/runs-patched" \
+    --junit-xml "$REPORTS/junit-patched-$NEWEST.xml" || rc=$?
   return $rc
 }
 
-# The collective steps run side by side: their launchers pick ports from disjoint ranges (Paddle's
-# PORT_RANGE, default 35100:64000), so two launches are never handed the same port. The newest
-# release's rows go to two steps: the product's (test/collective/fleet) in one, the others after
-# the harness in another, so that no step's chain is much longer than the rest.
+# test/unit with coverage (tools/coveragerc follows what it starts); test/tools and benchmarks,
+# which run none of paddle_overlay, without.
+unit_tests() {
+  local rc=0
+  COVERAGE_FILE="$PWD/$REPORTS/unit/coverage/.coverage" "$py" -m coverage run --rcfile=tools/coveragerc \
+    -m pytest -q -rfEs -p no:cacheprovider --junit-xml "$REPORTS/junit-unit.xml" test/unit || rc=$?
+  "$py" -m pytest -q -rfEs -p no:cacheprovider --junit-xml "$REPORTS/junit-tools.xml" test/tools benchmarks || rc=$?
+  return $rc
+}
+
+# Disjoint PORT_RANGEs (Paddle's launcher; default 35100:64000): side-by-side launches never share a port.
 fleet='^test_dygraph_sharding_stage1_'
 harness='^test_collective_launch_fault_injection$'
+patched='^test_patched_tree_broadcast_overlap$'
 cov=(--nproc 4 --coverage)
-# The newest release's venv serves three steps; the oldest release's step makes its own venv
-# (log: its step's) while the newest's is made, and starts its tests as soon as it has it.
 start "venv $NEWEST" "$REPORTS/venv-$NEWEST.log" bash tools/run_collective_tests.sh --paddle "$NEWEST" --venv-only
 venv_newest=$!
-# The start-up hook's launches run on the newest release only (docs/harness.md, "Suite time").
-start "collective $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=45000:54999 \
-  bash tools/run_collective_tests.sh --paddle "$OLDEST" --exclude "$harness|^test_startup_launch\$" \
-  "${cov[@]}" --run-dir "$REPORTS/runs" --junit-xml "$REPORTS/junit-collective-$OLDEST.xml"
-if ! finish "$venv_newest"; then
-  echo "::: the venv of Paddle $NEWEST could not be made; see its log above"
-  finish
-else
+start "venv $OLDEST" "$REPORTS/venv-$OLDEST.log" bash tools/run_collective_tests.sh --paddle "$OLDEST" --venv-only
+venv_oldest=$!
+if finish "$venv_newest"; then
   start "collective $NEWEST" "$REPORTS/collective-$NEWEST.log" env PORT_RANGE=35100:44999 \
     bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$fleet" "${cov[@]}" --run-dir "$REPORTS/runs" \
     --junit-xml "$REPORTS/junit-collective-$NEWEST.xml"
   start "harness, examples $NEWEST" "$REPORTS/harness-examples-$NEWEST.log" harness_then_the_rest
-  # coverage's own subprocess measurement (tools/coveragerc) follows what the unit tests start.
-  start "unit tests" "$REPORTS/unit.log" env COVERAGE_FILE="$PWD/$REPORTS/unit/coverage/.coverage" \
-    "$py" -m coverage run --rcfile=tools/coveragerc -m pytest -q -rfEs -p no:cacheprovider \
-    --junit-xml "$REPORTS/junit-unit.xml" test/tools test/unit benchmarks
-  finish
-  # One coverage figure for the package: every rank of both releases plus the in-process tests.
+  start "unit tests" "$REPORTS/unit.log" unit_tests
+fi
+if finish "$venv_oldest"; then
+  start "collective $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=45000:49999 \
+    bash tools/run_collective_tests.sh --paddle "$OLDEST" --exclude "$harness|^test_startup_launch\$|$patched" \
+    "${cov[@]}" --run-dir "$REPORTS/runs" --junit-xml "$REPORTS/junit-collective-$OLDEST.xml"
+  start "patched tree $OLDEST" "$REPORTS/patched-$OLDEST.log" env PORT_RANGE=50000:54999 \
+    bash tools/run_collective_tests.sh --paddle "$OLDEST" -k "$patched" --run-dir "$REPORTS/runs-patched" \
+    --junit-xml "$REPORTS/junit-patched-$OLDEST.xml"
+fi
+finish
+if [[ -x "$py" ]]; then
   start "coverage" "$REPORTS/coverage.log" merge_coverage "$REPORTS/coverage" "$REPORTS/runs/paddle-$NEWEST/coverage" \
     "$REPORTS/runs-examples/paddle-$NEWEST/coverage" "$REPORTS/runs/paddle-$OLDEST/coverage" "$REPORTS/unit/coverage"
   finish

@@ -6,10 +6,10 @@ cell are ``;``-separated; ``timeout`` in seconds (empty: upstream's ``bash_test_
 350 s). Used by ``gen_ut_cmakelists.py`` and ``collective_runner.py``.
 """
 
+import collections
 import csv
 import re
 import sys
-from dataclasses import dataclass
 
 FIELDS = ("name", "os", "arch", "timeout", "run_type", "launcher", "num_port", "run_serial", "envs", "conditions")
 DEFAULT_TIMEOUT = 350  # seconds, as upstream's bash_test_modules
@@ -18,21 +18,8 @@ ARCH_NAMES = ("GPU", "ROCM", "XPU", "ASCEND", "ASCEND_CL")
 RUN_TYPES = ("NIGHTLY", "EXCLUSIVE", "CINN", "DIST", "GPUPS", "INFER", "EXCLUSIVE:NIGHTLY", "DIST:NIGHTLY")
 
 
-@dataclass(frozen=True)
-class TestRow:
+class TestRow(collections.namedtuple("TestRow", FIELDS + ("line",))):
     """One row. Tuples hold the ``;``-separated items; ``timeout`` is seconds or None."""
-
-    name: str
-    os: tuple
-    arch: tuple
-    timeout: object
-    run_type: str
-    launcher: str
-    num_port: int
-    run_serial: bool
-    envs: tuple
-    conditions: tuple
-    line: int = 0
 
     @property
     def timeout_seconds(self):
@@ -67,11 +54,8 @@ def parse_row(cells, line=0):
     for bad, message in checks:
         if bad:
             raise ValueError(message)
-    return TestRow(
-        name=c["name"], os=os_, arch=arch, timeout=int(c["timeout"]) if c["timeout"] else None,
-        run_type=c["run_type"], launcher=c["launcher"], num_port=int(c["num_port"] or 0),
-        run_serial=c["run_serial"] == "1", envs=envs, conditions=_items(c["conditions"]), line=line,
-    )  # fmt: skip
+    return TestRow(c["name"], os_, arch, int(c["timeout"]) if c["timeout"] else None, c["run_type"], c["launcher"],
+                   int(c["num_port"] or 0), c["run_serial"] == "1", envs, _items(c["conditions"]), line)
 
 
 def read_testslist(path):
@@ -96,8 +80,7 @@ def platform_facts(cuda=False):
 
 
 def eval_condition(expr, facts):
-    """A CMake condition of symbols, AND, OR, NOT and parentheses, evaluated with ``facts``;
-    ValueError for anything else (e.g. ``VERSION_GREATER_EQUAL``) or an unknown symbol."""
+    """A CMake condition of symbols, AND, OR, NOT and parentheses; ValueError for anything else."""
     def word(m):
         if m.group() in ("AND", "OR", "NOT"):
             return m.group().lower()
@@ -116,9 +99,7 @@ def eval_condition(expr, facts):
 
 def unmet_requirements(row, device, facts):
     """Why ``row`` cannot run on ``device`` (``cpu``/``gpu``) here (list of str); empty if it can."""
-    reasons = []
-    if row.os and not any(facts.get(o) for o in row.os):
-        reasons.append(f"needs os {' or '.join(row.os)}")
+    reasons = [f"needs os {' or '.join(row.os)}"] if row.os and not any(facts.get(o) for o in row.os) else []
     if row.arch and not (device == "gpu" and "GPU" in row.arch):
         reasons.append(f"needs arch {' or '.join(row.arch)}, running on {device}")
     for cond in row.conditions:

@@ -1,5 +1,7 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""The README's training snippet is examples/readme_train.py, and its checkpoint resumes.
+"""The README's training snippet is examples/readme_train.py, its checkpoint resumes, and
+the race checker (PADDLE_OVERLAY_CHECK=1, report mode: it records, never waits) finds no read
+of a pending parameter in it.
 
 Runs with this venv's Paddle (``sys.executable``): run it once per Paddle venv.
 """
@@ -11,6 +13,7 @@ import tempfile
 import unittest
 
 from collective_launch import launch_collective
+from test_race_check_launch import summary_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SNIPPET = os.path.join(ROOT, "examples", "readme_train.py")
@@ -35,9 +38,10 @@ class TestReadmeSnippet(unittest.TestCase):
             "into the README's training block (or edit the file to match)",
         )
 
-    def test_two_ranks_save_and_a_fresh_model_loads_it(self):
+    def test_two_ranks_save_a_fresh_model_loads_it_and_no_read_races(self):
         out = tempfile.mkdtemp(prefix="readme-train-", dir=os.environ.get("PADDLE_OVERLAY_RUN_DIR"))
-        result = launch_collective(CHECK, nproc=2, timeout=TIMEOUT, env={"README_TRAIN_DIR": out})
+        result = launch_collective(
+            CHECK, nproc=2, timeout=TIMEOUT, env={"README_TRAIN_DIR": out, "PADDLE_OVERLAY_CHECK": "1"})
         self.assertEqual(sorted(os.listdir(out)), ["model.pdparams"])
         for rank, log in enumerate(result.rank_logs):
             lines = [l for l in log.splitlines() if l.startswith("README-CHECK ")]
@@ -54,6 +58,8 @@ class TestReadmeSnippet(unittest.TestCase):
                     "overlay_applied": True,
                 },
             )
+            self.assertEqual(summary_lines(log, rank), (0, []), f"rank {rank}: {result.log_dir}")
+            self.assertIn("none: every read waited for its broadcast", log)
 
 
 if __name__ == "__main__":

@@ -316,12 +316,58 @@ def test_patch_changes_python_only_and_adds_new_files(version):
         assert f"{make_patch.TREE_TEST_DIR}/{row.split(',')[0]}.py" in added
 
 
+def optional_imports(tree):
+    """Import nodes inside ``try: ... except ImportError`` (may name modules the patch lacks)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id in (
+                "ImportError", "ModuleNotFoundError") for h in node.handlers):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def dangling(folder, carried, package=None):
+    """{carried file: sorted sibling files of ``folder`` it needs and the patch lacks}: modules it
+    imports (``package``: the dotted name of ``folder``, for relative imports) and, for
+    drivers, the ``*.py`` files it names."""
+    here = {n for n in os.listdir(folder) if n.endswith(".py")}
+    out = {}
+    for name in carried:
+        tree = ast.parse(make_patch._read(os.path.join(folder, name)), name)
+        optional, needed = optional_imports(tree), set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                mods = [node.module] if node.module else [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and package and (node.module or "").startswith(package + "."):
+                mods = [node.module[len(package) + 1 :]]
+            elif isinstance(node, (ast.Import, ast.ImportFrom)) and not package:
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and name.startswith("test_"):
+                needed.update({node.value} & here)
+                continue
+            else:
+                continue
+            if id(node) not in optional:
+                needed.update(f"{m.split('.')[0]}.py" for m in mods if f"{m.split('.')[0]}.py" in here)
+        missing = sorted(needed - set(carried))
+        if missing:
+            out[name] = missing
+    return out
+
+
+def selection_problems(test_files=make_patch.TEST_FILES):
+    """What the files the patch carries need and it leaves out (see :func:`dangling`)."""
+    problems = dangling(make_patch.OVERLAY_DIR, [n for n, _ in make_patch.SPLICED] + list(make_patch.NEW_MODULES),
+                        make_patch.TARGET_PACKAGE)
+    return {**problems, **dangling(make_patch.TEST_DIR, test_files)}
+
+
 def test_patch_carries_upstream_form_tests_only_and_leaves_nothing_dangling():
-    """The lists in make_patch.py name existing files; every carried file's sibling imports and
-    every per-rank script a carried driver names are carried too; the project's own test
-    tooling (the CPU shim, the wait checker) stays here; carried drivers launch through one of
-    Paddle's own multi-process bases."""
-    make_patch.check_selection()
+    """Every carried file's sibling imports and every per-rank script a carried driver names are
+    carried too (else: add them to the lists in tools/make_patch.py, or make the import optional);
+    the project's own test tooling (the CPU shim, the wait checker) stays here; carried drivers
+    launch through one of Paddle's own multi-process bases."""
+    assert selection_problems() == {}
     for kept_here in ("hybrid_parallel_cpu_shim.py", "broadcast_overlap_checker.py"):
         assert kept_here not in make_patch.test_files()
     bases = {  # Paddle's own multi-process bases: import, class, the call that launches
@@ -352,21 +398,20 @@ def test_dangling_names_what_a_carried_file_needs(tmp_path):
     }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    assert make_patch.dangling(str(tmp_path), ["test_drv.py"]) == {"test_drv.py": ["rank.py"]}
-    assert make_patch.dangling(str(tmp_path), ["test_drv.py", "rank.py"]) == {"rank.py": ["checker.py", "helper.py"]}
-    assert make_patch.dangling(str(tmp_path), ["test_drv.py", "rank.py", "helper.py", "checker.py"]) == {}
+    assert dangling(str(tmp_path), ["test_drv.py"]) == {"test_drv.py": ["rank.py"]}
+    assert dangling(str(tmp_path), ["test_drv.py", "rank.py"]) == {"rank.py": ["checker.py", "helper.py"]}
+    assert dangling(str(tmp_path), ["test_drv.py", "rank.py", "helper.py", "checker.py"]) == {}
     pkg = "paddle.distributed.fleet.meta_optimizers.dygraph_optimizer"
     (tmp_path / "owner.py").write_text(f"from .helper import x\nfrom {pkg}.checker import y\nfrom paddle import z\n")
-    assert make_patch.dangling(str(tmp_path), ["owner.py"], pkg) == {"owner.py": ["checker.py", "helper.py"]}
+    assert dangling(str(tmp_path), ["owner.py"], pkg) == {"owner.py": ["checker.py", "helper.py"]}
 
 
-def test_a_selection_that_leaves_a_dependency_out_is_refused(monkeypatch):
-    monkeypatch.setattr(make_patch, "TEST_FILES", make_patch.TEST_FILES + ("dygraph_sharding_stage1_broadcast_overlap_reads.py",))
-    with pytest.raises(PatchError, match="dygraph_sharding_stage1_broadcast_overlap_reads.py needs broadcast_overlap_checker.py"):
-        make_patch.check_selection()
+def test_a_selection_that_leaves_a_dependency_out_is_found(monkeypatch, tmp_path):
+    reads = "dygraph_sharding_stage1_broadcast_overlap_reads.py"
+    assert "broadcast_overlap_checker.py" in selection_problems(make_patch.TEST_FILES + (reads,))[reads]
     monkeypatch.setattr(make_patch, "NEW_MODULES", ("no_such_module.py",))
     with pytest.raises(PatchError, match=r"not in paddle_overlay/.*\['no_such_module.py'\]"):
-        make_patch.check_selection()
+        make_patch.patched_files(str(tmp_path))
 
 
 def test_upstream_bf16_names_are_not_taken():
@@ -439,7 +484,7 @@ def test_patch_for_a_checkout_like_tree_is_the_committed_one(version, tmp_path):
 def test_drivers_follow_the_checkouts_name_of_the_test_base(legacy_classes, tmp_path):
     """A later Paddle names upstream's base TestMultipleAccelerators (run_mnist_2accelerators):
     drivers generated for such a checkout use it, still formatted as Paddle wants."""
-    import paddle_format
+    from test_format import formatted
 
     tree = wheel_tree("3.3.1", tmp_path)
     legacy = os.path.join(tree, make_patch.LEGACY_BASE)
@@ -458,8 +503,8 @@ def test_drivers_follow_the_checkouts_name_of_the_test_base(legacy_classes, tmp_
         assert "TestMultipleGpus" not in text and "run_mnist_2gpu" not in text
         assert "(TestMultipleAccelerators):" in text and "self.run_mnist_2accelerators(" in text
         # the renaming adds no formatting change of its own
-        clean = paddle_format.formatted(original, rel, header=True)
-        assert paddle_format.formatted(text, rel, header=True) == make_patch.adapt_test_base(tree, clean), rel
+        new = formatted({"original.py": original, "renamed.py": text})
+        assert new["renamed.py"] == make_patch.adapt_test_base(tree, new["original.py"]), rel
 
 
 def test_names_read_by_defaults_decorators_and_annotations_get_imported():

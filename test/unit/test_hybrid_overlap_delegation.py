@@ -80,3 +80,29 @@ def test_v1_method_around_v2_names_the_v2_method():
 def test_flag_must_be_a_bool():
     with pytest.raises(TypeError, match="must be a Python bool"):
         HybridParallelOptimizer._set_broadcast_overlap(hybrid(object()), 1, "model")
+
+
+@pytest.mark.parametrize(
+    "cls, method, expected",
+    [
+        (DygraphShardingOptimizer, "_set_broadcast_overlap",
+         "broadcast overlap needs sharding stage 1 with sharding_degree >= 2; this optimizer's sharding "
+         "degree is 1. Set strategy.hybrid_configs['sharding_degree'] to the number of sharding ranks."),
+        (DygraphShardingOptimizerV2, "_set_all_gather_overlap_forward",
+         "the all-gather overlap needs sharding stage 1 with sharding_degree >= 2; this optimizer's "
+         "sharding degree is 1."),
+    ],
+)
+def test_sharding_degree_1_is_refused_before_anything_changes(cls, method, expected):
+    """Data parallel only (hybrid_configs sharding_degree 1): the sharding optimizer refuses
+    turning the overlap on, with no hook registered and no owner made."""
+    import paddle
+
+    opt = cls.__new__(cls)
+    opt._sharding_world_size = 1
+    model = paddle.nn.Sequential(paddle.nn.Linear(2, 2), paddle.nn.Linear(2, 2))
+    with pytest.raises(ValueError) as error:
+        getattr(getattr(sharding_overlay, cls.__name__), method)(opt, True, layers=model)
+    assert str(error.value) == expected
+    assert sum(len(layer._forward_pre_hooks) for layer in model.sublayers(include_self=True)) == 0
+    assert vars(opt) == {"_sharding_world_size": 1}

@@ -12,8 +12,7 @@ import zipfile
 from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F401,F403  (every other hook unchanged)
 
-PTH_NAME = "paddle_overlay_startup.pth"
-PTH_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), PTH_NAME)
+PTH_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paddle_overlay_startup.pth")
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
@@ -45,15 +44,10 @@ def add_pth(wheel_path, pth_source=PTH_SOURCE):
     names = [info.filename for info, _ in entries]
     records = [n for n in names if n.endswith(".dist-info/RECORD") and n.count("/") == 1]
     if len(records) != 1 or arcname in names:
-        raise ValueError(
-            f"{wheel_path}: expected one top-level *.dist-info/RECORD and no {arcname}; "
-            f"found RECORD {records}, {arcname} present: {arcname in names}"
-        )
-    tmp_path = wheel_path + ".tmp"
-    with zipfile.ZipFile(tmp_path, "w", zipfile.ZIP_DEFLATED) as dst:
+        raise ValueError(f"{wheel_path}: expected one top-level *.dist-info/RECORD and no {arcname}; "
+                         f"found RECORD {records}, {arcname} present: {arcname in names}")
+    with zipfile.ZipFile(wheel_path + ".tmp", "w", zipfile.ZIP_DEFLATED) as dst:
         dst.writestr(arcname, pth)
         for info, data in entries:
-            if info.filename == records[0]:
-                data = record_line(arcname, pth).encode() + data
-            dst.writestr(info, data)
-    os.replace(tmp_path, wheel_path)
+            dst.writestr(info, record_line(arcname, pth).encode() + data if info.filename == records[0] else data)
+    os.replace(wheel_path + ".tmp", wheel_path)

@@ -1,17 +1,15 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Launch a per-rank script on N ranks with ``python -m paddle.distributed.launch`` (test harness only).
 
-One timeout per launch, rank start-up not counted (docs/harness.md, "Timeouts"): start-up lasts
-until every local rank has imported Paddle (:mod:`rank_signals`), with its own limit
-(``$PADDLE_OVERLAY_STARTUP_TIMEOUT``, 300 s), while the test's pytest-timeout clock stands still;
-then the launch has what is left of that clock less :data:`REPORT_MARGIN`. On a timeout or a failing
-rank every process carrying the launch's signal folder in its environment is killed and
+One timeout per launch, rank start-up not counted (docs/harness.md, "Timeouts"): while the ranks import
+Paddle (:mod:`rank_signals`; limit ``$PADDLE_OVERLAY_STARTUP_TIMEOUT``, 300 s) the test's pytest-timeout
+clock stands still. On a timeout or a failing rank the launch's processes are killed and
 :class:`CollectiveLaunchError` names the rank that failed first, with every rank's log tail.
 Environment: ``PADDLE_OVERLAY_TEST_DEVICE``, ``PADDLE_OVERLAY_TEST_NPROC`` (ranks allowed),
 ``PADDLE_OVERLAY_LAUNCH_ARGS`` (extra launcher arguments), ``PADDLE_OVERLAY_RUN_DIR`` (log folders).
 """
 
-import dataclasses
+import collections
 import os
 import shlex
 import signal
@@ -27,21 +25,13 @@ import rank_signals
 TAIL_LINES = 60
 DEFAULT_TIMEOUT = 300.0  # seconds of behaviour when no test clock runs
 REPORT_MARGIN = 15.0  # seconds of the test's clock kept to kill the tree and report
+# A launch whose ranks all exited 0; startup_seconds: until every rank had imported Paddle.
+LaunchResult = collections.namedtuple("LaunchResult", "seconds log_dir rank_logs startup_seconds returncode",
+                                      defaults=(0,))
 
 
 class CollectiveLaunchError(AssertionError):
     """A launch timed out or a rank exited non-zero; the message holds the rank log tails."""
-
-
-@dataclasses.dataclass
-class LaunchResult:
-    """A launch whose ranks all exited 0; ``startup_seconds``: until every rank had imported Paddle."""
-
-    seconds: float
-    log_dir: str
-    rank_logs: list  # text of workerlog.N
-    startup_seconds: float
-    returncode: int = 0
 
 
 def _gpus():
@@ -77,23 +67,21 @@ def _kill_tree(signal_dir, grace=5.0):
                 p.terminate()
         except psutil.Error:
             continue
-    alive = psutil.wait_procs(procs, timeout=grace)[1]
-    for p in alive:
+    for p in psutil.wait_procs(procs, timeout=grace)[1]:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=grace)
+    psutil.wait_procs(procs, timeout=grace)
 
 
 def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, startup_timeout=None):
-    """Run ``script`` on ``nproc`` ranks; a :class:`LaunchResult` when every rank exits 0.
+    """Run ``script`` on ``nproc`` ranks; a :class:`LaunchResult` when every rank exits 0, else
+    :class:`CollectiveLaunchError`; :class:`unittest.SkipTest` when the ranks or GPUs are not there.
 
-    ``timeout``: seconds after every rank is ready (default: what the test's pytest-timeout has left,
-    less :data:`REPORT_MARGIN` (at most a quarter of it), else :data:`DEFAULT_TIMEOUT`);
-    ``startup_timeout``: default ``$PADDLE_OVERLAY_STARTUP_TIMEOUT`` or 300; ``env``: added to the ranks';
-    ``log_dir``: default a new folder under ``$PADDLE_OVERLAY_RUN_DIR`` (or the temp folder).
-    Raises :class:`unittest.SkipTest` when the ranks or GPUs are not there, :class:`CollectiveLaunchError`.
+    ``timeout``: seconds after every rank is ready (default: what the test's pytest-timeout has left less
+    :data:`REPORT_MARGIN`, at most a quarter of it, else :data:`DEFAULT_TIMEOUT`); ``env``: added to the
+    ranks'; ``log_dir``: default a new folder under ``$PADDLE_OVERLAY_RUN_DIR`` (or the temp folder).
     """
     script = os.path.abspath(script)
     if not os.path.isfile(script):
@@ -104,14 +92,11 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     if timeout is None:
         timeout = clock - min(REPORT_MARGIN, clock / 4) if clock else DEFAULT_TIMEOUT
     timeout = _seconds(timeout, "timeout")
-    device = resolve_device(None, nproc)
-    limit = os.environ.get("PADDLE_OVERLAY_TEST_NPROC")
+    device, limit = resolve_device(None, nproc), os.environ.get("PADDLE_OVERLAY_TEST_NPROC")
     if limit and int(limit) < nproc:
         raise unittest.SkipTest(f"needs {nproc} ranks, PADDLE_OVERLAY_TEST_NPROC={limit}")
     if device == "gpu" and _gpus() < nproc:
-        import paddle
-
-        raise unittest.SkipTest(f"needs {nproc} GPUs, {_gpus()} visible to Paddle {paddle.__version__}")
+        raise unittest.SkipTest(f"needs {nproc} GPUs, {_gpus()} visible to Paddle {sys.modules['paddle'].__version__}")
     rank_signals.install_pth()
     parent = os.environ.get("PADDLE_OVERLAY_RUN_DIR")
     os.makedirs(log_dir or parent or tempfile.gettempdir(), exist_ok=True)
@@ -123,6 +108,8 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     cmd += ["--devices", ",".join(map(str, range(nproc)))] if device == "gpu" else []
     cmd += shlex.split(os.environ.get("PADDLE_OVERLAY_LAUNCH_ARGS", "")) + ["--log_dir", log_dir, script]
     full_env = {**os.environ, **(env or {}), "PADDLE_OVERLAY_TEST_DEVICE": device, rank_signals.DIR_ENV: signal_dir}
+    if "COVERAGE_PROCESS_CONFIG" in full_env:  # measured in the ranks only (rank_signals.COVERAGE_ENV)
+        full_env[rank_signals.COVERAGE_ENV] = full_env.pop("COVERAGE_PROCESS_CONFIG")
 
     start = time.monotonic()
     if clock:

@@ -1,12 +1,9 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Rank signals: each rank says when it is ready (Paddle imported) and how it exited.
+"""Rank signals: each rank says when it is ready (Paddle imported) and how it exited (docs/harness.md).
 
-:func:`install_pth` puts a ``.pth`` line in the venv that runs this file at start-up in a process
-with ``PADDLE_OVERLAY_RANK_SIGNAL_DIR`` and ``PADDLE_TRAINER_ID`` set (a rank of the launcher): a
-daemon thread writes ``<dir>/rank-<id>`` once ``import paddle`` has finished (the script under test
-runs unchanged), and at exit ``<dir>/exit-<id>.<pid>`` records the time and how the rank ended
-(``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``), so :func:`first_failure` can tell which rank
-went first (Paddle's launcher blames whichever failed rank it polls first).
+:func:`install_pth` puts a ``.pth`` line in the venv that runs :func:`_start` in each rank of a launch: a
+thread writes ``<dir>/rank-<id>`` once ``import paddle`` has finished, and at exit ``<dir>/exit-<id>.<pid>``
+records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``).
 """
 
 import atexit
@@ -18,6 +15,9 @@ import threading
 import time
 
 DIR_ENV = "PADDLE_OVERLAY_RANK_SIGNAL_DIR"
+# coverage's subprocess configuration (``COVERAGE_PROCESS_CONFIG``), renamed by launch_collective so
+# that Paddle's launcher, which runs none of paddle_overlay, starts no coverage; ranks start it here
+COVERAGE_ENV = "PADDLE_OVERLAY_RANK_COVERAGE"
 RANK_ENV = "PADDLE_TRAINER_ID"
 _HOOK_RUN_NAME = "__paddle_overlay_rank_signals__"
 _THREAD_NAME = "paddle_overlay_rank_signals"
@@ -38,34 +38,30 @@ def install_pth():
     return path
 
 
-def _names(folder):
+def _matches(folder, pattern):
     try:
-        return os.listdir(folder)
+        return [m for m in map(re.compile(pattern).fullmatch, os.listdir(folder)) if m]
     except OSError:
         return []
 
 
 def ready_ranks(ready_dir):
     """Sorted ranks that have signalled readiness in ``ready_dir``."""
-    return sorted(int(n[5:]) for n in _names(ready_dir) if n.startswith("rank-") and n[5:].isdigit())
+    return sorted(int(m.group(1)) for m in _matches(ready_dir, r"rank-(\d+)"))
 
 
 def exit_order(signal_dir):
-    """``[(wall time, rank, how)]`` of the ranks that exited through Python, earliest first (a rank's
-    last record counts when its children recorded too)."""
+    """``[(wall time, rank, how)]`` of the ranks that exited through Python, earliest first (a rank's last
+    record counts when its children recorded too)."""
     last = {}
-    for name in _names(signal_dir):
-        m = re.match(r"exit-(\d+)\.\d+$", name)
-        if not m:
-            continue
+    for m in _matches(signal_dir, r"exit-(\d+)\.\d+"):
         try:
-            with open(os.path.join(signal_dir, name)) as f:
+            with open(os.path.join(signal_dir, m.group())) as f:
                 stamp, how = f.read().strip().split(" ", 1)
+            record = (float(stamp), int(m.group(1)), how)
         except (OSError, ValueError):
             continue
-        rank = int(m.group(1))
-        if rank not in last or float(stamp) > last[rank][0]:
-            last[rank] = (float(stamp), rank, how)
+        last[record[1]] = max(last.get(record[1], record), record)
     return sorted(last.values())
 
 
@@ -114,4 +110,7 @@ def _start():
 
 
 if __name__ == _HOOK_RUN_NAME:
+    if os.environ.get(COVERAGE_ENV):
+        os.environ["COVERAGE_PROCESS_CONFIG"] = os.environ.pop(COVERAGE_ENV)
+        __import__("coverage").process_startup()
     _start()

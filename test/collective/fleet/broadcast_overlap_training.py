@@ -301,20 +301,18 @@ def all_ranks_equal(values):
 
 
 def init_fleet():
-    """fleet.init with sharding degree = env BROADCAST_OVERLAP_SHARDING_DEGREE
-    (default: every rank), the rest data parallel."""
+    """fleet.init with every rank in one sharding group."""
     hybrid_parallel_cpu_shim.install()  # gloo group creation (no-op on GPUs)
     if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
         # set by the CPU test harness; Paddle's CI keeps its default device
         paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "2"))
-    sharding = int(os.environ.get("BROADCAST_OVERLAP_SHARDING_DEGREE", world))
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {
-        "dp_degree": world // sharding,
+        "dp_degree": 1,
         "mp_degree": 1,
         "pp_degree": 1,
-        "sharding_degree": sharding,
+        "sharding_degree": world,
     }
     fleet.init(is_collective=True, strategy=strategy)
 

@@ -592,42 +592,5 @@ def case_bad_input_raises_before_any_change():
     opt._set_broadcast_overlap(False)
 
 
-def case_without_sharding_refused():
-    """Run with BROADCAST_OVERLAP_SHARDING_DEGREE=1 (data parallel only)."""
-    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
-        DygraphShardingOptimizer,
-    )
-
-    hcg = fleet.get_hybrid_communicate_group()
-    assert (
-        hcg.get_sharding_parallel_world_size() == 1
-    ), "needs sharding degree 1"
-    model = TinyLM()
-    opt = fleet.distributed_optimizer(adamw(model.parameters()))
-    for target in (
-        opt,
-        DygraphShardingOptimizer(adamw(model.parameters()), hcg),
-    ):
-        try:
-            target._set_broadcast_overlap(True, layers=model)
-        except ValueError as e:
-            assert "sharding_degree" in str(e), str(e)
-        else:
-            raise AssertionError(f"{type(target).__name__} accepted degree 1")
-    assert sum(len(l._forward_pre_hooks) for l in model.sublayers(True)) == 0
-
-
-def launch_cases():
-    """case_without_sharding_refused needs its own launch with sharding
-    degree 1 (env BROADCAST_OVERLAP_SHARDING_DEGREE=1); the rest need
-    sharding."""
-    degree_one = os.environ.get("BROADCAST_OVERLAP_SHARDING_DEGREE") == "1"
-    return {
-        name: fn
-        for name, fn in cases_of(globals()).items()
-        if (name == "without_sharding_refused") == degree_one
-    }
-
-
 if __name__ == "__main__":
-    sys.exit(run_cases(launch_cases()))
+    sys.exit(run_cases(cases_of(globals())))

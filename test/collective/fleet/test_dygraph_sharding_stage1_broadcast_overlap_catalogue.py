@@ -16,7 +16,6 @@ import json
 import unittest
 
 from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus
-from parameterized import parameterized
 
 MODELS = "dygraph_sharding_stage1_broadcast_overlap_models.py"
 LOOPS = "dygraph_sharding_stage1_broadcast_overlap_loops.py"
@@ -41,7 +40,8 @@ SHARDING2_GROUPS = [
     # (bucket_size_mb=0); the foundation cases (on vs off, order, waits,
     # hooks) run in both modes in test_dygraph_sharding_stage1_broadcast_overlap
     [READS, "", 0],
-    # model kinds and state: every case but without_sharding_refused
+    # model kinds and state (sharding degree 1 is refused in-process:
+    # test/unit/test_hybrid_overlap_delegation.py)
     [MODELS, "", SMALL_BUCKETS],
     [LOOPS, "", SMALL_BUCKETS],
     # bucket storage itself: tied, frozen, dtypes, sizes, checkpoints, ...
@@ -55,32 +55,19 @@ SHARDING2_GROUPS = [
     [BF16_CPU, "", None],
 ]
 
-# (launch name, per-rank script, extra env)
-LAUNCHES = [
-    (
-        "sharding2",
-        GROUPS,
-        {"BROADCAST_OVERLAP_GROUPS": json.dumps(SHARDING2_GROUPS)},
-    ),
-    (
-        "sharding_degree_1_refused",
-        MODELS,
-        {
-            "BROADCAST_OVERLAP_CASES": "without_sharding_refused",
-            "BROADCAST_OVERLAP_SHARDING_DEGREE": "1",
-        },
-    ),
-]
-
 
 class TestDygraphShardingStage1BroadcastOverlapCatalogue(TestMultipleGpus):
-    # Each case is one launch on 2 ranks running groups of cases (start-up
-    # costs seconds, so cases share a launch): broadcast overlap on vs off
-    # bitwise equal, waits checked by instrumentation, hooks, orders and
-    # misuse, buckets, with Paddle's gradient-communication overlap.
-    @parameterized.expand(LAUNCHES)
-    def test_launch(self, _name, script, env):
-        self.run_mnist_2gpu(script, need_envs=env)
+    # One launch on 2 ranks running every group of cases (start-up costs
+    # seconds): broadcast overlap on vs off bitwise equal, waits checked by
+    # instrumentation, hooks, orders and misuse, buckets, with Paddle's
+    # gradient-communication overlap.
+    def test_sharding2_groups(self):
+        self.run_mnist_2gpu(
+            GROUPS,
+            need_envs={
+                "BROADCAST_OVERLAP_GROUPS": json.dumps(SHARDING2_GROUPS)
+            },
+        )
 
 
 if __name__ == "__main__":

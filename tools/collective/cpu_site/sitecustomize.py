@@ -1,23 +1,14 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Test harness only: a CPU rank of a per-rank script beside the test-only CPU shim gets the
-shim's gloo group creation (its item 1) before the script runs, so per-rank scripts in upstream's
-form, which never import the shim, run on gloo unchanged.
-
-The ``TestMultipleGpus`` stand-in puts this folder first on the ranks' ``PYTHONPATH`` and names the
-shim in ``PADDLE_OVERLAY_CPU_SHIM`` when ``hybrid_parallel_cpu_shim.py`` lies beside the script.
-Python imports ``sitecustomize`` once ``site`` is done (every ``.pth`` processed, the overlay's
-start-up hook in place), so the shim may import Paddle here; a ``.pth`` line may not (Paddle 2.6
-reads ``site.USER_SITE``, unset while the venv's ``.pth`` files run). The launcher process (no
-``PADDLE_TRAINER_ID``) and GPU ranks are left alone. Another ``sitecustomize`` further on the path
-(the runner's ``--slow-start`` one, a system one) runs first, as it would without this one.
+"""Test harness only: a CPU rank of a script beside the CPU shim (``PADDLE_OVERLAY_CPU_SHIM``, set by the
+``TestMultipleGpus`` stand-in with this folder on ``PYTHONPATH``) gets the shim's gloo group creation
+before the script runs. Here, not in a ``.pth`` line: Paddle 2.6 reads ``site.USER_SITE``, unset while
+``.pth`` files run. Another ``sitecustomize`` further on the path (``--slow-start``'s) runs first.
 """
 
 import importlib.util
 import os
 import runpy
 import sys
-
-SHIM_ENV = "PADDLE_OVERLAY_CPU_SHIM"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _folder in sys.path:
@@ -26,12 +17,9 @@ for _folder in sys.path:
         runpy.run_path(_other, run_name="sitecustomize")
         break
 
-if (
-    os.environ.get(SHIM_ENV)
-    and os.environ.get("PADDLE_TRAINER_ID") is not None
-    and os.environ.get("PADDLE_OVERLAY_TEST_DEVICE") == "cpu"
-):
-    _spec = importlib.util.spec_from_file_location("hybrid_parallel_cpu_shim", os.environ[SHIM_ENV])
-    _shim = sys.modules["hybrid_parallel_cpu_shim"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_shim)
-    _shim.install_group_creation()
+_shim = os.environ.get("PADDLE_OVERLAY_CPU_SHIM")
+if _shim and os.environ.get("PADDLE_TRAINER_ID") is not None and os.environ.get("PADDLE_OVERLAY_TEST_DEVICE") == "cpu":
+    _spec = importlib.util.spec_from_file_location("hybrid_parallel_cpu_shim", _shim)
+    _module = sys.modules["hybrid_parallel_cpu_shim"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_module)
+    _module.install_group_creation()

@@ -1,12 +1,8 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Test-only stand-in for upstream Paddle's ``test/legacy_test/test_parallel_dygraph_dataparallel.py``.
-
-The drivers in ``test/collective/fleet`` are in upstream's form; upstream's base runs one process
-per GPU and passes having run nothing without CUDA. The runner puts ``tools/collective`` first on
-``sys.path``, so the drivers get this module: same names and signatures, the script run on 2 ranks
-by :func:`collective_launch.launch_collective` (gloo on the CPU, NCCL on 2 GPUs), skipped with the
-reason where 2 ranks cannot run. In overlay mode (default; ``PADDLE_OVERLAY_MODE=patched`` turns it
-off) the ranks get ``PADDLE_OVERLAY=1``. Never shipped upstream.
+"""Test-only stand-in for upstream Paddle's ``test/legacy_test/test_parallel_dygraph_dataparallel.py``
+(docs/harness.md): same names and signatures, the script run on 2 ranks by
+:func:`collective_launch.launch_collective`, on the CPU too. In overlay mode (default;
+``PADDLE_OVERLAY_MODE=patched`` turns it off) the ranks get ``PADDLE_OVERLAY=1``. Never shipped upstream.
 """
 
 import os
@@ -15,7 +11,7 @@ import unittest
 
 from collective_launch import launch_collective
 
-__all__ = ["TestMultipleGpus", "TestMultipleAccelerators"]
+__all__ = ["TestMultipleGpus"]
 
 CPU_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cpu_site")
 
@@ -23,11 +19,8 @@ CPU_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 def script_path(test_case, target_file_name):
     """``target_file_name`` next to the driver (as upstream's ``dist_test.sh``), else from the working directory."""
     driver = getattr(sys.modules.get(type(test_case).__module__), "__file__", None)
-    if driver and not os.path.isabs(target_file_name):
-        beside = os.path.join(os.path.dirname(os.path.abspath(driver)), target_file_name)
-        if os.path.isfile(beside):
-            return beside
-    return os.path.abspath(target_file_name)
+    beside = driver and os.path.join(os.path.dirname(os.path.abspath(driver)), target_file_name)
+    return beside if beside and os.path.isfile(beside) else os.path.abspath(target_file_name)
 
 
 def rank_env(allocator_strategy, need_envs):
@@ -45,25 +38,11 @@ def run(test_case, script, nproc, env, timeout=None):
     if os.path.isfile(shim):  # its gloo group creation on CPU ranks: cpu_site/sitecustomize.py
         path = [CPU_SITE, env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]
         env = {**env, "PADDLE_OVERLAY_CPU_SHIM": shim, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
-    try:
-        return launch_collective(script, nproc=nproc, env=env, timeout=timeout)
-    except unittest.SkipTest as e:
-        test_case.skipTest(str(e))
+    return launch_collective(script, nproc=nproc, env=env, timeout=timeout)  # unittest.SkipTest: a skip
 
 
 class TestMultipleGpus(unittest.TestCase):
     """Upstream's base for 2-process collective drivers (Paddle 2.6 to 3.x name)."""
 
     def run_mnist_2gpu(self, target_file_name, allocator_strategy="auto_growth", need_envs={}):  # noqa: B006
-        return run(self, target_file_name, 2, rank_env(allocator_strategy, need_envs))
-
-
-class TestMultipleAccelerators(unittest.TestCase):
-    """Upstream develop's newer name; ``accelerator_type`` other than ``"gpu"`` is skipped."""
-
-    def run_mnist_2accelerators(
-        self, target_file_name, allocator_strategy="auto_growth", need_envs={}, accelerator_type="gpu"  # noqa: B006
-    ):
-        if accelerator_type != "gpu":
-            self.skipTest(f"accelerator_type {accelerator_type!r}: the test stand-in runs on GPUs or the CPU only")
         return run(self, target_file_name, 2, rank_env(allocator_strategy, need_envs))
