@@ -51,12 +51,11 @@ NEW_MODULES = (
 )
 # Files of test/collective/fleet in upstream's form added as new files: drivers (their
 # testslist.csv rows travel in the header) and the per-rank scripts they launch: the on/off
-# driver with its foundation and bf16/AMP scripts (test_make_patch.py fails for a carried file that
-# imports one left out, such as the wait checker or the CPU shim).
+# driver with its per-rank script (foundation cases and the bf16/AMP case; test_make_patch.py
+# fails for a carried file that imports one left out, such as the wait checker or the CPU shim).
 TEST_FILES = (
     "test_dygraph_sharding_stage1_broadcast_overlap.py",
     "dygraph_sharding_stage1_broadcast_overlap.py",
-    "dygraph_sharding_stage1_broadcast_overlap_bf16.py",
 )
 # Prefix of the patch-header lines that carry the testslist.csv rows.
 ROW_PREFIX = "testslist.csv row: "

@@ -12,16 +12,16 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """Per-rank script: sharding stage 1 (V1) with the parameter broadcast
-overlapped with the next forward (``_set_broadcast_overlap``).
+overlapped with the next forward (``_set_broadcast_overlap``), on vs off.
 
-Run on 2 ranks under ``python -m paddle.distributed.launch``. Every case runs
-in both modes, one broadcast per parameter (``bucket_size_mb=0``) and small
-buckets (2 KB: bucket boundaries fall inside layers), and checks the
-overlap's public counters (``get_broadcast_overlap(optimizer)``); env
-``BROADCAST_OVERLAP_BUCKET_MB`` is ignored. Env ``BROADCAST_OVERLAP_CASES``
-picks cases (comma list; empty: all). A rank exits non-zero at its first
-failed case; the launcher then stops the others, so none is left waiting in
-a collective.
+Run on 2 ranks under ``python -m paddle.distributed.launch``. Env
+``BROADCAST_OVERLAP_CASES`` picks cases (comma list; empty: all but
+``bf16``). The others run with one broadcast per parameter and with 2 KB
+buckets (boundaries inside layers) and check the public counters.
+``bf16`` (2 GPUs with bf16), upstream's bf16 MLP: O1 vs O2 with
+``main_grad``, and overlap on vs off bitwise for O1, O2 with ``main_grad``
+and the ``GradScaler`` runs. A rank exits non-zero at its first failed
+case; the launcher then stops the others.
 """
 
 import importlib
@@ -39,6 +39,7 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     DygraphShardingOptimizer,
 )
+from paddle.distributed.fleet.utils import mix_precision_utils
 
 # From the package of _set_broadcast_overlap: Paddle's, or paddle_overlay's
 # when the overlay was applied at start-up (PADDLE_OVERLAY=1).
@@ -75,10 +76,35 @@ def batch(step, micro):
     return paddle.to_tensor(tokens), paddle.to_tensor(labels)
 
 
+def copies(tensors):
+    """{key: numpy copy} of a dict or list of tensors (list: by position)."""
+    items = tensors.items() if isinstance(tensors, dict) else enumerate(tensors)
+    return {k: np.array(v.numpy(), copy=True) for k, v in items}
+
+
+def assert_bitwise(expected, actual, what):
+    """Two runs' {part: {key: numpy array}} are bitwise equal, none empty."""
+    assert sorted(expected) == sorted(actual), (what, sorted(actual))
+    for part, want in expected.items():
+        got = actual[part]
+        assert sorted(want) == sorted(got), f"{what}: {part}: keys differ"
+        assert want, f"{what}: {part}: nothing to compare"
+        for key, a in want.items():
+            b = got[key]
+            same = a.dtype == b.dtype and a.tobytes() == b.tobytes()
+            assert same, f"{what}: {part} {key}: {a} vs {b}"
+
+
+def assert_waits_balanced(stats):
+    """Every unit launched was waited exactly once (nothing pending)."""
+    waits = {k: v for k, v in stats.items() if k.startswith("waited_")}
+    waits.pop("waited_out_of_order")  # counts layers out of order, not waits
+    assert sum(waits.values()) == stats["launched"], stats
+
+
 def train(mb, acc=1, minimize=False, steps=STEPS, on_step=None):
-    """Train TinyLM (overlap off when ``mb`` is None, else on with
-    ``bucket_size_mb=mb``); returns numpy copies of the losses and final
-    parameters, the model, the optimizer and its parameter list."""
+    """Train TinyLM, overlap off (``mb`` None) or on (``bucket_size_mb=mb``):
+    (numpy copies of losses and parameters), model, optimizer, parameters."""
     paddle.seed(2026)  # the same initial weights on every rank and run
     model = TinyLM()
     params = model.parameters()
@@ -94,7 +120,7 @@ def train(mb, acc=1, minimize=False, steps=STEPS, on_step=None):
             tokens, labels = batch(step, micro)
             loss = F.cross_entropy(model(tokens), labels).mean()
             (loss / acc).backward()
-            losses.append(loss.numpy().copy())
+            losses.append(loss)
         if minimize:
             opt.minimize(loss)
         else:
@@ -102,21 +128,20 @@ def train(mb, acc=1, minimize=False, steps=STEPS, on_step=None):
         opt.clear_grad()
         if on_step is not None:
             on_step(model, opt)
-    final = {k: v.numpy().copy() for k, v in model.state_dict().items()}
-    return losses, final, model, opt, params
+    result = {
+        "losses": copies(losses),
+        "parameters": copies(model.state_dict()),
+    }
+    return result, model, opt, params
 
 
 def case_on_off_bitwise(mb):
     """Losses and final parameters equal overlap off bit for bit: gradient
     accumulation 1 and 2 with step(), and minimize()."""
     for acc, minimize in ((1, False), (2, False), (1, True)):
-        off_losses, off_params, *_ = train(None, acc, minimize)
-        on_losses, on_params, *_ = train(mb, acc, minimize)
-        what = f"acc={acc} minimize={minimize}"
-        for i, (a, b) in enumerate(zip(off_losses, on_losses)):
-            assert a.tobytes() == b.tobytes(), f"{what}: loss {i}: {a} {b}"
-        for k, a in off_params.items():
-            assert a.tobytes() == on_params[k].tobytes(), f"{what}: {k}"
+        off, *_ = train(None, acc, minimize)
+        on, *_ = train(mb, acc, minimize)
+        assert_bitwise(off, on, f"acc={acc} minimize={minimize}")
 
 
 def case_order_is_forward_first_use(mb):
@@ -162,10 +187,8 @@ def case_units_and_waits(mb):
             own = {unit_of[id(p)] for p in layer.parameters(False)}
             split += len(own) > len({src_of[u] for u in own})
         assert split > 0, units
-    waits = {k: v for k, v in stats.items() if k.startswith("waited_")}
-    waits.pop("waited_out_of_order")  # counts layers out of order, not waits
     assert stats["launched"] == STEPS * len(units), stats
-    assert sum(waits.values()) == stats["launched"], stats
+    assert_waits_balanced(stats)
     # forward after each step but the last; then the final state_dict()
     assert stats["waited_in_forward"] == (STEPS - 1) * len(units), stats
     assert stats["waited_on_read"] == len(units), stats
@@ -180,7 +203,7 @@ def num_pre_hooks(model):
 def case_hooks_constant_and_removed(mb):
     """Hooks registered once; turning overlap off right after a step waits
     for its broadcasts and removes every hook."""
-    plain = num_pre_hooks(train(None, steps=1)[2])
+    plain = num_pre_hooks(train(None, steps=1)[1])
     seen = []
 
     def check(model, opt):
@@ -199,6 +222,120 @@ def case_hooks_constant_and_removed(mb):
     train(mb, on_step=check)
 
 
+# bf16: upstream's MLP and settings; O1 autocasts only these ops, so O1
+# and O2 compute the same values
+SIZE, MLP_BATCH, MLP_BATCHES = 1000, 50, 8  # 4 updates with acc 2
+O1_WHITE_LIST = ["matmul_v2", "elementwise_add", "relu"]
+
+
+def mlp():
+    linears = [nn.Linear(SIZE, SIZE), nn.Linear(SIZE, SIZE)]
+    return nn.Sequential(*linears, nn.Linear(SIZE, 10), nn.ReLU())
+
+
+@paddle.utils.unique_name.guard()  # the same names in every run
+def train_mlp(
+    initial, data, o2=False, main_grad=False, acc=1, overlap=False, scaler=False
+):
+    """Train a fresh MLP from ``initial`` on ``data`` (bf16 O2 if ``o2``,
+    else O1; ``scaler``: static loss scale 1024); returns numpy copies of the
+    losses, parameters, optimizer state and (O2) master weights."""
+    assert not (scaler and acc != 1), "the scaler runs use acc 1"
+    assert o2 or not main_grad, "main_grad goes with pure bf16 (O2)"
+    model = mlp()
+    model.set_state_dict({k: paddle.to_tensor(v) for k, v in initial.items()})
+    if main_grad:  # fp32 main_grad hooks on the parameters
+        _hooks = mix_precision_utils.MixPrecisionLayer(model, "bfloat16")
+    opt = paddle.optimizer.AdamW(
+        parameters=model.parameters(),
+        learning_rate=1e-5,
+        weight_decay=1e-5,
+        grad_clip=paddle.nn.ClipGradByGlobalNorm(clip_norm=1.0),
+        multi_precision=o2,
+    )
+    if main_grad:
+        opt = mix_precision_utils.MixPrecisionOptimizer(opt)
+    level, white_list = "O1", O1_WHITE_LIST
+    if o2:
+        level, white_list = "O2", None
+        model = paddle.amp.decorate(models=model, dtype="bfloat16", level="O2")
+    params = model.parameters()  # the optimizer's (O2 casts them in place)
+    model = fleet.distributed_model(model)
+    opt = fleet.distributed_optimizer(opt)
+    if overlap:
+        opt._set_broadcast_overlap(True, layers=model)
+    if scaler:  # a static loss scale: bf16 needs no dynamic scaling
+        static = dict(init_loss_scaling=1024, use_dynamic_loss_scaling=False)
+        scaler = fleet.distributed_scaler(paddle.amp.GradScaler(**static))
+    losses = []
+    for i, batch_i in enumerate(data):
+        with paddle.amp.auto_cast(
+            True, level=level, dtype="bfloat16", custom_white_list=white_list
+        ):
+            out = model(paddle.to_tensor(batch_i))
+        loss = paddle.mean(out.astype("float32"))  # loss in fp32
+        if acc != 1:
+            loss = loss / acc
+        losses.append(loss.detach())  # no .item(): no host sync per step
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.clear_grad()
+        else:
+            loss.backward()
+            if (i + 1) % acc == 0:
+                opt.step()
+                opt.clear_grad()
+    # the model's and the optimizer's state_dict() wait for pending
+    # broadcasts (no synchronize), so the parameters are read after it
+    model.state_dict()
+    state = opt.state_dict()
+    tensors = {k: v for k, v in state.items() if isinstance(v, paddle.Tensor)}
+    result = {
+        "losses": copies(losses),
+        "parameters": copies({p.name: p for p in params}),
+        "optimizer state": copies(tensors),
+    }
+    if o2:
+        result["master weights"] = copies(state.get("master_weights", {}))
+    if overlap:
+        stats = get_broadcast_overlap(opt).stats
+        opt._set_broadcast_overlap(False)
+        assert_waits_balanced(stats)
+    return result
+
+
+def case_bf16(_mb):
+    """bf16 O1 vs O2 with main_grad; overlap on vs off for O1, O2 with
+    main_grad and the GradScaler runs (bucket_size_mb: the default)."""
+    paddle.seed(2023)  # initial weights bf16 represents exactly
+    state = mlp().state_dict().items()
+    bf16 = {k: paddle.cast(v, "bfloat16").astype("float32") for k, v in state}
+    initial = copies(bf16)
+    rng = np.random.RandomState(2023 + dist.get_rank())
+    batches = [
+        rng.rand(MLP_BATCH, SIZE).astype("float32") for _ in range(MLP_BATCHES)
+    ]
+    for acc in (1, 2):  # O1 parameters equal O2's master weights
+        o1 = train_mlp(initial, batches, acc=acc)
+        o2 = train_mlp(initial, batches, True, True, acc)
+        for k, loss in o1["losses"].items():
+            np.testing.assert_array_equal(o2["losses"][k], loss)
+        assert o2["master weights"], "O2 run has no master weights"
+        for key, master in o2["master weights"].items():
+            np.testing.assert_array_equal(
+                o1["parameters"][key], master, err_msg=f"O1 vs O2 {key}"
+            )
+    runs = [dict(acc=acc) for acc in (1, 2)]
+    runs += [dict(o2=True, main_grad=True, acc=acc) for acc in (1, 2)]
+    runs += [dict(o2=True, main_grad=g, scaler=True) for g in (True, False)]
+    for kwargs in runs:
+        off = train_mlp(initial, batches, **kwargs)
+        on = train_mlp(initial, batches, overlap=True, **kwargs)
+        assert_bitwise(off, on, f"bf16 overlap on vs off {kwargs}")
+
+
 def init_fleet():
     strategy = fleet.DistributedStrategy()
     degrees = dict(dp_degree=1, mp_degree=1, pp_degree=1, sharding_degree=2)
@@ -209,13 +346,22 @@ def init_fleet():
 def main():
     cases = {k[5:]: f for k, f in globals().items() if k.startswith("case_")}
     wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
-    names = [n for n in wanted.split(",") if n] or list(cases)
+    names = [n for n in wanted.split(",") if n]
+    names = names or [n for n in cases if n != "bf16"]
     if not set(names) <= set(cases):
         print(f"unknown cases {names}; known: {list(cases)}", flush=True)
         return 2
+    if "bf16" in names:
+        paddle.set_device(os.environ.get("PADDLE_OVERLAY_TEST_DEVICE", "gpu"))
+        if not paddle.amp.is_bfloat16_supported():
+            raise RuntimeError(
+                f"bf16 is not supported on {paddle.get_device()}; the driver "
+                "should have skipped this test"
+            )
     init_fleet()
     for name in names:
-        for mode, mb in MODES.items():
+        modes = {"default": None} if name == "bf16" else MODES
+        for mode, mb in modes.items():
             try:
                 cases[name](mb)
             except Exception:
@@ -223,7 +369,7 @@ def main():
                 traceback.print_exc()
                 return 1  # at the first failure (see the docstring)
             print(f"CASE {name} [{mode}] PASS", flush=True)
-    print(f"{len(names) * len(MODES)} passed", flush=True)
+    print(f"{sum(1 + (n != 'bf16') for n in names)} passed", flush=True)
     return 0
 
 

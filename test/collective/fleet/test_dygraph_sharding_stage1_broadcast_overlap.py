@@ -19,8 +19,8 @@ from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus
 import paddle
 
 SCRIPT = "dygraph_sharding_stage1_broadcast_overlap.py"
-BF16_SCRIPT = "dygraph_sharding_stage1_broadcast_overlap_bf16.py"
-BF16_ENVS = {"NVIDIA_TF32_OVERRIDE": "0"}
+# the script's bf16 case (upstream's bf16 test's env)
+BF16_ENVS = {"NVIDIA_TF32_OVERRIDE": "0", "BROADCAST_OVERLAP_CASES": "bf16"}
 
 
 def bf16_skip_reason():
@@ -36,19 +36,17 @@ def bf16_skip_reason():
 
 class TestDygraphShardingStage1BroadcastOverlap(TestMultipleGpus):
     def test_broadcast_overlap_on_off(self):
-        # overlap on vs off bitwise equal, with one broadcast per parameter
-        # and with buckets; the agreed order; waits and hooks through the
-        # overlap's public counters
+        # on vs off bitwise, per parameter and with buckets; the agreed
+        # order; waits and hooks through the public counters
         self.run_mnist_2gpu(SCRIPT)
 
     def test_broadcast_overlap_bf16(self):
-        # bf16 O1 vs O2 with main_grad, and overlap on vs off bitwise equal
-        # (with and without GradScaler), on 2 GPUs; skipped with the reason,
-        # instead of passing having run nothing, where it cannot run
+        # bf16 O1 vs O2 with main_grad, overlap on vs off bitwise (with and
+        # without GradScaler); skipped with the reason where it cannot run
         reason = bf16_skip_reason()
         if reason:
             self.skipTest(reason)
-        self.run_mnist_2gpu(BF16_SCRIPT, need_envs=BF16_ENVS)
+        self.run_mnist_2gpu(SCRIPT, need_envs=BF16_ENVS)
 
 
 if __name__ == "__main__":

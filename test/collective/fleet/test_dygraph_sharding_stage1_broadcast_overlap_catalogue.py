@@ -22,6 +22,8 @@ LOOPS = "dygraph_sharding_stage1_broadcast_overlap_loops.py"
 BUCKETS = "dygraph_sharding_stage1_broadcast_overlap_buckets.py"
 READS = "dygraph_sharding_stage1_broadcast_overlap_reads.py"
 GRAD_COMM = "dygraph_sharding_stage1_grad_comm_overlap.py"
+# the patch script's bf16 case as far as a CPU allows (O1 runs in float32)
+BF16_CPU = "dygraph_sharding_stage1_broadcast_overlap_bf16_cpu.py"
 # runs several scripts' case groups in one launch (env
 # BROADCAST_OVERLAP_GROUPS: [script, cases ("" = every case of the
 # script's launch), bucket_size_mb])
@@ -50,6 +52,7 @@ SHARDING2_GROUPS = [
     # every bucket mode; V2 with comm_overlap (Paddle 3.x; on 2.6 Paddle's
     # own refusal); collectives per step counted
     [GRAD_COMM, "", 0],
+    [BF16_CPU, "", None],
 ]
 
 

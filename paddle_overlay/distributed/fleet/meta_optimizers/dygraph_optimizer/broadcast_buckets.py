@@ -15,36 +15,14 @@
 """Broadcast buckets for sharding stage 1: planning and contiguous storage.
 
 NOTE [broadcast buckets]
-One async broadcast per parameter costs host time per call and leaves the
-link idle between small messages, and copying parameters into a separate
-bucket every step gives most of a bucket's gain back (torch+NCCL stand-in on
-2x H200, ``docs/performance.md`` section 5). So a bucket's parameters become
-views into the bucket's 1-D buffer, as Paddle's tensor fusion does
-(``tensor_fusion_helper.ShardingGradView._share_param_buffer``: copy the
-value into ``buffer._slice(begin, end)``, ``_share_buffer_to(param)``, then
-``param.get_tensor()._set_dims(shape)``). The parameter objects, names,
-``stop_gradient`` and the optimizer state keyed by name stay as they were;
-only the memory under them moves, once.
-
-Planning (:func:`plan_buckets`, pure, the same on every rank) walks the
-agreed order and closes a window once it holds at least the cap; inside a
-window each (owner rank, dtype) gets one bucket. Not bucketed: frozen
-parameters (never broadcast), a repeat of a tensor already placed (tied),
-empty tensors. With Paddle's tensor fusion the parameters already live in
-fused buffers: :func:`plan_fused_slices` sends, per window and buffer, one
-slice per run of neighbouring parameters, and nothing moves. Each slot
-starts at a multiple of ``ALIGN_BYTES`` (Paddle's fused-buffer alignment);
-the zero padding travels with the broadcast.
-
-A parameter whose memory was replaced after bucketing (``model.to(dtype=
-...)``, ``_share_data_with``) no longer points into its slot:
-:meth:`BucketStorage.replaced` sees it (one ``data_ptr()`` compare each) and
-the owner agrees across the group before every rank plans again.
-``set_value``/``set_state_dict`` copy in place and keep the views.
-
-``DEFAULT_BUCKET_SIZE_MB = 256``: the lowest exposed broadcast at 4k tokens
-in the stand-in's cap sweep (``benchmarks/data/h200_bucket_sweep.json``), and
-Paddle's own default for fused buffers (``comm_buffer_size_MB``).
+A bucket's parameters become views into its 1-D buffer, once, as Paddle's
+tensor fusion does (``ShardingGradView._share_param_buffer``); parameter
+objects, names and optimizer state stay. Planning is pure, the same on every
+rank: windows of the agreed order closed at the cap, one bucket per
+(window, owner rank, dtype), slots aligned to ``ALIGN_BYTES``; frozen, tied
+repeats and empty tensors get none. With tensor fusion buckets are slices of
+Paddle's fused buffers. Why, and the 256 MB default: paddle_overlay's
+``docs/design.md`` and ``docs/performance.md``.
 """
 
 import collections
@@ -66,14 +44,12 @@ _SHORT_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
 def dtype_name(dtype):
-    """str: ``paddle.float32`` / ``VarType.FP32`` / ``'float32'`` ->
-    ``'float32'`` (rank-independent; a bucket key)."""
+    """``paddle.float32`` / ``VarType.FP32`` / ``'float32'`` -> ``'float32'``."""
     name = str(dtype).rsplit(".", 1)[-1].lower()
     return _SHORT_NAMES.get(name, "float64" if name == "fp64" else name)
 
 
 def itemsize(dtype):
-    """int: bytes per element of ``dtype``; ``ValueError`` if unknown."""
     name = dtype_name(dtype)
     if name not in _ITEMSIZE:
         raise ValueError(f"broadcast buckets: unsupported dtype {dtype}.")
@@ -85,13 +61,9 @@ def _numel(param):
 
 
 def check_bucket_size_mb(bucket_size_mb):
-    """The cap in bytes (int; 0: one broadcast per parameter) of
-    ``bucket_size_mb`` (int | float, MB = 2**20 bytes).
-
-    Raises:
-        TypeError: not an int or float. ValueError: negative, not finite,
-            or above 0 but under one byte.
-    """
+    """The cap in bytes (0: one broadcast per parameter) of
+    ``bucket_size_mb`` (int | float, MB = 2**20 bytes); TypeError if not a
+    number, ValueError if negative, not finite, or under one byte."""
     if isinstance(bucket_size_mb, bool) or not isinstance(
         bucket_size_mb, (int, float)
     ):
@@ -113,42 +85,18 @@ def check_bucket_size_mb(bucket_size_mb):
     return cap
 
 
+# offsets, numels and length (padding included) in elements
 BucketSpec = collections.namedtuple(
-    "BucketSpec",
-    ["window", "src", "dtype", "indices", "offsets", "numels", "length"],
+    "BucketSpec", "window src dtype indices offsets numels length"
 )
-BucketSpec.__doc__ = """One bucket: its window (int), owner global rank
-``src``, ``dtype`` name, the ``indices`` of its parameters (in the agreed
-order), each slot's element ``offsets`` and ``numels``, and the buffer's
-``length`` in elements (padding included)."""
 
 
 def plan_buckets(
     order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES, alone=()
 ):
-    """Group parameters into broadcast buckets (no memory is touched).
-
-    Args:
-        order (list[int]): the agreed order, a permutation of
-            ``range(len(params))``.
-        params (list): the optimizer's parameters (``.shape``, ``.dtype``
-            and ``.stop_gradient`` are read).
-        src_ranks (list[int]): owner global rank of each parameter.
-        cap_bytes (int): a window closes once it holds this many bytes.
-        align_bytes (int): each slot starts at a multiple of this.
-        alone (iterable[int]): positions never bucketed (no layer waits for
-            them, so a bucket holding one would lose its overlap).
-
-    Returns:
-        list[BucketSpec]: in launch order; ``alone``, tied repeats, frozen
-        and empty parameters are in none. Depends only on the arguments'
-        values (object identity only spots a tied tensor), so every rank
-        gets the same plan.
-
-    Raises:
-        ValueError: ``order`` is not a permutation, the lengths differ, or
-            ``cap_bytes`` <= 0.
-    """
+    """list[BucketSpec] in launch order, no memory touched; ``alone`` (no
+    layer waits for them): never bucketed. ValueError: ``order`` not a
+    permutation, lengths differ, cap <= 0."""
     specs = []
     windows = _windows(order, params, src_ranks, cap_bytes, alone)
     for window_no, window in enumerate(windows):
@@ -169,8 +117,6 @@ def plan_buckets(
 
 
 def _windows(order, params, src_ranks, cap_bytes, alone):
-    """list[list[int]]: the windows of the bucketable positions, in
-    ``order`` (rule and errors: :func:`plan_buckets`)."""
     n = len(params)
     if len(src_ranks) != n:
         raise ValueError(
@@ -207,27 +153,9 @@ def _windows(order, params, src_ranks, cap_bytes, alone):
 
 
 def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
-    """Plan broadcasts of slices of the fused buffers the parameters live in
-    (``sharding_configs.tensor_fusion``: one 1-D buffer per owner rank and
-    group, ``tensor_fusion_helper.fused_parameters``). Nothing moves.
-
-    Windows as in :func:`plan_buckets`; inside one, the parameters of each
-    buffer split into runs of neighbours (no other slot between them), one
-    slice each, so no memory is sent twice or early. Positions come from
-    ``data_ptr()`` differences, the same on every rank.
-
-    Args:
-        order, params, src_ranks, cap_bytes, alone: as :func:`plan_buckets`.
-        storages (list[paddle.Tensor]): the fused 1-D buffers, every rank's.
-
-    Returns:
-        list[tuple[BucketSpec, int, int]]: per slice, in launch order: its
-        spec (offsets from the slice start), its buffer's index in
-        ``storages`` and the slice's first element there.
-
-    Raises:
-        ValueError: a bucketable parameter lies in no buffer of its dtype.
-    """
+    """[(spec, buffer index, first element)]: slices of Paddle's fused
+    ``storages``, one per run of neighbours in a window; ValueError if a
+    parameter lies in no buffer of its dtype."""
     bounds = [(t.data_ptr(), end_ptr(t)) for t in storages]
     windows = _windows(order, params, src_ranks, cap_bytes, alone)
     where = {}  # position -> (storage index, element offset)
@@ -268,28 +196,20 @@ def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
     return plan
 
 
+def param_unit(param, covered, group, src):
+    """One broadcast of ``param``, delivering positions ``covered``."""
+    return CommUnit(
+        "broadcast", param, covered, [param], group, src=src, label=param.name
+    )
+
+
 def end_ptr(tensor):
-    """int: the address one past ``tensor``'s last byte."""
     return tensor.data_ptr() + int(tensor._numel()) * itemsize(tensor.dtype)
 
 
 class BucketStorage:
-    """Contiguous storage for planned buckets, and the units to launch.
-
-    Args:
-        specs (list[BucketSpec]): from :func:`plan_buckets` or
-            :func:`plan_fused_slices`.
-        params (list[paddle.Tensor]): the list the plan was made from.
-        src_ranks (list[int]): owner global rank of each parameter.
-        order (list[int]): the agreed order (units come in it).
-
-    Raises:
-        ValueError: a spec does not match the parameters (dtype, size, or a
-            position in two buckets): the plan is from another list.
-
-    The constructor only checks; :meth:`materialize` (own buffers) or
-    :meth:`use_views` (fused slices) sets the storage.
-    """
+    """Storage for planned buckets (set by :meth:`materialize` or
+    :meth:`use_views`), and the units to launch."""
 
     def __init__(self, specs, params, src_ranks, order):
         self._slot_numel = {}  # position -> elements of its slot
@@ -326,24 +246,19 @@ class BucketStorage:
 
     @property
     def specs(self):
-        """list[BucketSpec]: the plan."""
         return list(self._specs)
 
     @property
     def buffers(self):
-        """list[paddle.Tensor]: the 1-D bucket buffers."""
         return list(self._buffers)
 
     def bucket_of(self, index):
-        """int | None: the bucket holding position ``index`` (a tied repeat
-        answers for its slot), None without a slot."""
+        """int | None: the bucket holding position ``index`` (or its tie)."""
         return self._bucket_of.get(self._alias_of.get(index, index))
 
     def materialize(self):
-        """Move every bucketed parameter into a zeroed 1-D buffer per bucket
-        (on the parameters' place) and make it a view of its slot. Each old
-        allocation is freed as its parameter moves, so the peak is the
-        parameters plus one bucket. Call once, with nothing pending."""
+        """Move each bucketed parameter into its zeroed bucket buffer and make
+        it a view of its slot (peak: the parameters plus one bucket)."""
         assert not self._buffers, "materialize() called twice"
         with paddle.no_grad():
             for spec in self._specs:
@@ -364,12 +279,8 @@ class BucketStorage:
                 self._buffers.append(buffer)
 
     def use_views(self, buffers):
-        """Adopt ``buffers`` (one 1-D tensor per spec, slices of fused
-        storage) in which the parameters already live; nothing is copied.
-
-        Raises:
-            ValueError: a parameter is not at its spec's offset in its buffer.
-        """
+        """Adopt ``buffers`` (fused slices the parameters already live in);
+        ValueError if a parameter is not at its spec's offset."""
         assert not self._buffers, "storage already set"
         for spec, buffer in zip(self._specs, buffers):
             size = itemsize(spec.dtype)
@@ -384,13 +295,8 @@ class BucketStorage:
         self._buffers = list(buffers)
 
     def replaced(self):
-        """list[int]: bucketed positions whose memory is no longer their
-        slot (replaced since planning), in order position.
-
-        Raises:
-            RuntimeError: a bucketed parameter was resized in place: the
-                write overran its slot into its neighbours.
-        """
+        """list[int]: bucketed positions whose memory is no longer their slot,
+        in order; RuntimeError if one was resized in place."""
         params = self._params
         for i in self._slot_ptr:
             numel = _numel(params[i])
@@ -410,11 +316,9 @@ class BucketStorage:
         return sorted(moved, key=self._rank_in_order.get)
 
     def units(self, group):
-        """list[CommUnit]: the broadcasts of one launch over ``group``, by
-        the order position of each unit's first index: one per bucket (the
-        whole buffer, always sent) and one per parameter outside any bucket
-        that is trainable now (frozen at planning, unfrozen since). The same
-        list while nothing changed, so a caller may cache tables of it."""
+        """list[CommUnit]: one broadcast per bucket (always sent) and per
+        unslotted parameter trainable now, in order; the same list while
+        nothing changed."""
         assert self._buffers or not self._specs, "set the storage first"
         params = self._params
         loose = tuple(i for i in self._unslotted if not params[i].stop_gradient)
@@ -446,14 +350,8 @@ class BucketStorage:
             )
             units.append((rank_of(spec.indices[0]), unit))
         for i in loose:
-            unit = CommUnit(
-                "broadcast",
-                params[i],
-                [i, *aliases[i]],
-                [params[i]],
-                group,
-                src=self._src_ranks[i],
-                label=params[i].name,
+            unit = param_unit(
+                params[i], [i, *aliases[i]], group, self._src_ranks[i]
             )
             units.append((rank_of(i), unit))
         units.sort(key=lambda item: item[0])

@@ -12,51 +12,29 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Sharding stage 1: the post-update parameter sync overlapped with the next
-forward (V1 broadcast, V2 all-gather), with one owner.
+"""Sharding stage 1: the post-update parameter sync (V1 broadcast, V2
+all-gather) overlapped with the next forward, with one owner.
 
 NOTE [broadcast overlap]
-In sharding stage 1 (ZeRO-1, https://arxiv.org/abs/1910.02054) each rank
-updates only its share of the parameters, which are then synced: V1
-(``DygraphShardingOptimizer``) broadcasts each from its owner, V2
-(``split_param``) all-gathers each comm buffer. Upstream overlaps that sync
-with the next forward (PR #63945 for V1, ``_set_all_gather_overlap_forward``
-for V2): collectives with ``sync_op=False``, forward pre-hooks waiting.
-:class:`StageOneBroadcastOverlap` does it for both, and differs in:
+As upstream (PR #63945 for V1, ``_set_all_gather_overlap_forward`` for V2),
+``sync_op=False`` collectives waited by forward pre-hooks, by these rules
+(why: paddle_overlay's ``docs/design.md``):
 
-* Units: ``comm_unit.CommUnit`` s planned by ``unit_plan.plan_units`` (a
-  parameter, a bucket, a slice of Paddle's fused buffer, or a V2 comm buffer
-  in Paddle's exact layout); this owner never touches a task itself.
-* Order: the order forward first uses the parameters, recorded by the
-  pre-hooks before the first update and broadcast once from rank 0 of the
-  group, so every rank issues the same collectives in the same order.
-  Upstream V1 sorts by the integer in ``param.name``; upstream V2 starts
-  buffers from hooks in ``set`` order, so two ranks can gather different
-  buffers at once (gloo aborts, NCCL hangs).
-* Depth: ``max_in_flight`` units in flight (None: all at the step, V1's
-  default; V2 keeps 1 like upstream, Paddle PR #73406). Whatever starts a
-  unit (step, hook, read, compiled program) starts every unit before it
-  first, so a read on one rank alone (``if rank == 0: paddle.save(...)``)
-  neither hangs nor reads stale values.
-* Waits on every read: a pre-hook (first in its layer's hook order) per
-  layer owning managed parameters, every Python read of a parameter and
-  every compiled program (``read_interception.py``), the optimizer's
-  ``state_dict()`` and the next ``step()``: no synchronize before
-  ``paddle.save``. Not seen: a tensor reference taken before ``step()``.
-* Hooks: registered once and removed together on disable (upstream V1
-  registers them every step and never removes them).
-* Said: a training forward that uses the units out of the agreed order
-  warns once, naming the layer (as Megatron-LM does); launch and waits are
-  ``paddle.profiler.RecordEvent`` spans (``paddle_overlay::launch``,
-  ``paddle_overlay::wait <unit>``).
-* Replaced memory (bucket modes): one int64 [1] max-reduce per launch tells
-  every rank whether any rank's parameter memory was replaced; then all
-  plan again.
-
-Waits are safe to call again. On GPUs ``task.wait()`` makes the compute
-stream wait for the comm stream without blocking the host. A garbage-
-collection finalizer never waits: a collected optimizer's overlap is waited
-and unhooked at the next explicit call.
+* Units (``comm_unit.CommUnit``, planned by ``unit_plan``) own their tasks.
+* Order: forward's first use, recorded before the first update and sent
+  once from rank 0 of the group: all ranks issue the same collectives in
+  the same order (upstream V1 sorts by ``param.name``, V2 uses ``set`` order).
+* Depth: ``max_in_flight`` units in flight (V1: all; V2: 1, as PR #73406).
+  Whatever starts a unit starts every unit before it first.
+* Waits: a pre-hook (first in its layer's order) per layer owning managed
+  parameters, every Python read of a parameter and compiled program, the
+  optimizer's ``state_dict()`` and ``step()``; safe to call again, never in
+  a GC finalizer. Not seen: a tensor reference taken before ``step()``.
+* Hooks: registered once, removed together on disable.
+* A training forward using units out of the agreed order warns once.
+* Profiler spans: ``paddle_overlay::launch``, ``paddle_overlay::wait <unit>``.
+* Buckets: one int64 [1] max-reduce per launch tells every rank whether any
+  rank's parameter memory was replaced; then all plan again.
 """
 
 import collections
@@ -76,15 +54,12 @@ from .unit_plan import plan_units
 
 __all__ = []
 
-# Read when max_in_flight is not passed (PaddleFormers calls
-# _set_all_gather_overlap_forward(True, model) with two arguments).
+# read when max_in_flight is not passed (PaddleFormers passes two arguments)
 MAX_IN_FLIGHT_ENV = "PADDLE_OVERLAY_MAX_IN_FLIGHT"
-# The attribute of a sharding optimizer that holds its owner.
 _OWNER_ATTR = "_broadcast_overlap_impl"
 
 
 def check_broadcast_overlap_flag(flag):
-    """Raise ``TypeError`` unless ``flag`` is a Python bool."""
     if not isinstance(flag, bool):
         kind = type(flag)
         raise TypeError(
@@ -94,14 +69,9 @@ def check_broadcast_overlap_flag(flag):
 
 
 def check_max_in_flight(max_in_flight, default):
-    """The launch depth (int, or None for all): ``max_in_flight`` (an int
-    >= 1 or ``"all"``) if given, else :data:`MAX_IN_FLIGHT_ENV`, else
-    ``default``.
-
-    Raises:
-        TypeError / ValueError: not an int >= 1 or ``"all"`` (the message
-            names where the value came from).
-    """
+    """The launch depth (int, None: all) from ``max_in_flight`` (int >= 1
+    or ``"all"``), else :data:`MAX_IN_FLIGHT_ENV`, else ``default``; raises
+    TypeError / ValueError naming where a bad value came from."""
     where = "max_in_flight"
     if max_in_flight is None:
         env = os.environ.get(MAX_IN_FLIGHT_ENV, "").strip()
@@ -126,8 +96,11 @@ def check_max_in_flight(max_in_flight, default):
 
 def get_broadcast_overlap(optimizer):
     """The :class:`StageOneBroadcastOverlap` of ``optimizer`` (V1, V2, or a
-    ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around
-    one), or None when overlap is off."""
+    ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around one),
+    or None when overlap is off. Public counters: ``stats`` (dict[str, int]:
+    ``launched``, ``waited_*`` by who waited, ``waited_out_of_order``,
+    ``replanned``), ``read_paths`` (``waited_on_read`` by path), ``order``,
+    ``units``, ``num_pending``, ``num_hooks``, ``state``."""
     while optimizer is not None:
         owner = vars(optimizer).get(_OWNER_ATTR)
         if owner is not None:
@@ -137,9 +110,7 @@ def get_broadcast_overlap(optimizer):
 
 
 def switch_owner(optimizer, new):
-    """Close the owner of a sharding ``optimizer`` (if any; and any owner
-    abandoned since), then open ``new`` (a :class:`StageOneBroadcastOverlap`
-    tied to the optimizer's lifetime) or leave overlap off (None)."""
+    """Close ``optimizer``'s owner, then open ``new`` (None: overlap off)."""
     sweep_abandoned()
     current = vars(optimizer).get(_OWNER_ATTR)
     if current is not None:
@@ -151,8 +122,7 @@ def switch_owner(optimizer, new):
 
 
 def launch_or_sync(optimizer, blocking_sync):
-    """The optimizers' ``_sharding_sync_parameters``: launch the owner's
-    units (async) when overlap is on, else run Paddle's ``blocking_sync``."""
+    """Launch the owner's units if overlap is on, else ``blocking_sync()``."""
     overlap = get_broadcast_overlap(optimizer)
     if overlap is None:
         return blocking_sync()
@@ -161,9 +131,7 @@ def launch_or_sync(optimizer, blocking_sync):
 
 
 def wait_then(optimizer, reason, call, *args):
-    """Wait for every pending unit of ``optimizer`` (counted under the
-    :attr:`~StageOneBroadcastOverlap.stats` key ``reason``), then return
-    ``call(*args)``."""
+    """Wait for pending units (counted as ``reason``), then ``call(*args)``."""
     overlap = get_broadcast_overlap(optimizer)
     if overlap is not None:
         overlap.wait_all(reason)
@@ -171,16 +139,13 @@ def wait_then(optimizer, reason, call, *args):
 
 
 class BroadcastOverlapState(enum.Enum):
-    """Life cycle of :class:`StageOneBroadcastOverlap`."""
-
     RECORDING = "recording"  # hooks record the first-use order
     ORDERED = "ordered"  # order agreed; units launched after each update
     CLOSED = "closed"  # nothing pending; hooks removed (or to be)
 
 
 class _Hook:
-    """A hook that a ``copy.deepcopy`` or pickle of the model turns into a
-    no-op, instead of a reference to this overlap."""
+    """A hook that ``copy.deepcopy`` or pickle of the model makes a no-op."""
 
     def __init__(self, fn):
         self._fn = fn
@@ -207,17 +172,17 @@ _HAS_PREPEND = (
     "prepend"
     in inspect.signature(paddle.nn.Layer.register_forward_pre_hook).parameters
 )
-# Every owner between open() and close(); paddle_overlay.remove() checks it.
-_OPEN = weakref.WeakSet()
-# Owners whose optimizer was collected with overlap on: closed by the
-# finalizer (which never waits), waited and unhooked at the next explicit
-# call (unhooking inside garbage collection could mutate a hook dict that
-# Paddle is iterating).
+_STATS = (
+    "launched waited_in_forward waited_before_update waited_unreachable "
+    "waited_on_read waited_on_demand waited_out_of_order replanned"
+).split()
+_OPEN = weakref.WeakSet()  # owners between open() and close()
+# owners whose optimizer was collected: unhooked at the next explicit call,
+# never inside garbage collection (Paddle may be iterating a hook dict)
 _ABANDONED = []
 
 
 def sweep_abandoned():
-    """Wait for and unhook the owners whose optimizer was collected."""
     while _ABANDONED:
         owner = _ABANDONED.pop()
         try:
@@ -227,15 +192,14 @@ def sweep_abandoned():
 
 
 def open_overlaps():
-    """list[StageOneBroadcastOverlap]: every one opened and not closed."""
+    """list[StageOneBroadcastOverlap]: opened and not closed."""
     sweep_abandoned()
     return list(_OPEN)
 
 
 def _waiting_layer(layer, parent_of, root):
-    """The layer whose pre-hook waits for ``layer``'s own parameters: a
-    container without ``forward`` (``ParameterList``) never runs, so its
-    nearest ancestor with a ``forward`` waits."""
+    # a container without forward (ParameterList) never runs: its nearest
+    # ancestor with a forward waits
     while layer is not root and type(layer).forward is paddle.nn.Layer.forward:
         layer = parent_of.get(id(layer), root)
     return layer
@@ -243,35 +207,8 @@ def _waiting_layer(layer, parent_of, root):
 
 class StageOneBroadcastOverlap:
     """Owns the order, the units, the launch depth and the hook handles.
-
-    The units own their collectives (``comm_unit.py``); this object decides
-    when each starts and who waits for it: the optimizers call
-    :meth:`launch` after an update and :meth:`wait_all` before one; forward
-    pre-hooks, parameter reads and compiled programs call :meth:`wait`.
-
-    Args:
-        params (list[paddle.Tensor]): the optimizer's parameter list, the
-            same on every rank of the group.
-        src_ranks (list[int] | None): V1: owner global rank of each
-            parameter; None with ``comm_buffers``.
-        group: the sharding process group (``.ranks``: global ranks).
-        layers (paddle.nn.Layer): the model that runs the forward.
-        strict (bool): the first hooked layer of a forward waits for
-            everything (no overlap).
-        comm: the collectives (``comm_unit.PaddleComm``); tests pass a fake.
-        bucket_size_mb (int | float): V1: 0 for one broadcast per parameter,
-            else the bucket window in MB (``broadcast_buckets.py``).
-        fused_storages (list[paddle.Tensor] | None): V1: Paddle's fused 1-D
-            buffers holding the parameters; buckets are slices of them.
-        comm_buffers (list | callable | None): V2: Paddle's
-            ``FusedCommBuffer`` list, or a callable giving it at the first
-            launch; one all-gather each.
-        max_in_flight (int | None): units in flight at once; None starts
-            all at the step.
-
-    Raises:
-        TypeError / ValueError: bad arguments, before anything changes.
-    """
+    ``src_ranks``: V1 owner global ranks (None with V2's ``comm_buffers``, a
+    list or a callable); ``comm``: ``PaddleComm`` or a test fake."""
 
     def __init__(
         self,
@@ -288,11 +225,8 @@ class StageOneBroadcastOverlap:
     ):
         self._check_arguments(params, src_ranks, layers, strict, comm_buffers)
         self._bucket_cap = check_bucket_size_mb(bucket_size_mb)
-        self._max_in_flight = (
-            None
-            if max_in_flight is None
-            else check_max_in_flight(max_in_flight, None)
-        )
+        depth = "all" if max_in_flight is None else max_in_flight
+        self._max_in_flight = check_max_in_flight(depth, None)
         self._fused_storages = fused_storages
         self._comm_buffers = comm_buffers
         self._comm = comm if comm is not None else PaddleComm()
@@ -308,30 +242,14 @@ class StageOneBroadcastOverlap:
         # units before _next_start are started (or not due); _in_flight of
         # them are not waited; the order check looks from _first_unsynced
         self._next_start = self._in_flight = self._first_unsynced = 0
-        # order warning: armed at launch for the first training forward of
-        # the root, shown once
         self._order_check_armed = self._in_root_forward = False
         self._warned_order = False
         self._pre_hook_handles = {}  # id(layer) -> handle
         self._post_hook_handle = self._finalizer = None
         self._defer_depth, self._launch_deferred = 0, False
-        # Counts for tests, benchmarks and users: collectives started; units
-        # waited, by who waited; waits of a unit while an earlier one was
-        # not synced (forward order differs from the agreed one: less
-        # overlap, same results); plans rebuilt after replaced memory.
-        self.stats = dict.fromkeys(
-            (
-                "launched",
-                "waited_in_forward",
-                "waited_before_update",
-                "waited_unreachable",
-                "waited_on_read",
-                "waited_on_demand",
-                "waited_out_of_order",
-                "replanned",
-            ),
-            0,
-        )
+        # public counters (get_broadcast_overlap); waited_out_of_order: a
+        # layer waited while an earlier unit was not synced (less overlap)
+        self.stats = dict.fromkeys(_STATS, 0)
         # waited_on_read by path ("attribute", "iteration", "launch")
         self.read_paths = collections.Counter()
 
@@ -360,8 +278,7 @@ class StageOneBroadcastOverlap:
             )
 
     def _map_waiting_layers(self, layers, strict):
-        """Which hooked layer waits for which positions: every layer owning
-        managed parameters directly (tied ones under each owner)."""
+        # every layer owning managed parameters directly waits for them
         self._layers, self._strict = layers, strict
         all_layers = layers.sublayers(include_self=True)
         parent_of = {}
@@ -382,8 +299,7 @@ class StageOneBroadcastOverlap:
                     dict.fromkeys(indices)
                 )
         self._indices_of_layer = {k: tuple(v) for k, (_, v) in waiting.items()}
-        # the root always gets a pre-hook: strict mode, the order check and
-        # the order of root-owned parameters run there
+        # the root always gets a pre-hook (strict mode, the order check)
         self._hooked_layers = [layer for layer, _ in waiting.values()]
         if id(layers) not in waiting:
             self._hooked_layers.insert(0, layers)
@@ -399,17 +315,15 @@ class StageOneBroadcastOverlap:
             i for i in range(len(self._params)) if i not in reachable
         )
 
-    # ------------------------------------------------------------------
-    # read-only views
     @property
     def state(self):
-        """:class:`BroadcastOverlapState`: where the life cycle is."""
+        """:class:`BroadcastOverlapState`."""
         return self._state
 
     @property
     def order(self):
         """list[int] | None: the agreed order (positions in the optimizer's
-        parameter list), None while recording."""
+        parameter list); None while recording."""
         return None if self._order is None else list(self._order)
 
     @property
@@ -441,16 +355,9 @@ class StageOneBroadcastOverlap:
         """list[CommUnit]: the units that deliver parameter ``index``."""
         return [u for u in self._units if index in u.indices]
 
-    # ------------------------------------------------------------------
-    # life cycle
     def open(self):
-        """Install the pre-hooks (first in each layer's hook order, so a
-        user's pre-hook reads waited parameters) and the read interception,
-        once; they stay until :meth:`close`.
-
-        Raises:
-            RuntimeError: the owner is not freshly constructed.
-        """
+        """Install the pre-hooks (first in each layer's hook order) and the
+        read interception, until :meth:`close`."""
         self._check_state(BroadcastOverlapState.RECORDING)
         if self._pre_hook_handles:
             raise RuntimeError("StageOneBroadcastOverlap.open() called twice.")
@@ -481,9 +388,7 @@ class StageOneBroadcastOverlap:
 
     def close_with(self, owner):
         """Close this overlap when ``owner`` (the optimizer) is collected:
-        marked closed then, waited and unhooked at the next explicit call
-        (:func:`open_overlaps`, :meth:`open` or :meth:`close` of any
-        overlap), never inside garbage collection."""
+        marked closed then, unhooked at the next explicit call."""
         self._finalizer = weakref.finalize(owner, self._abandon)
         self._finalizer.atexit = False
 
@@ -495,8 +400,7 @@ class StageOneBroadcastOverlap:
             _ABANDONED.append(self)
 
     def close(self):
-        """Wait for every pending unit and remove every hook and guard.
-        Idempotent; closed even if a step of it fails."""
+        """Wait for pending units, remove every hook and guard; idempotent."""
         sweep_abandoned()
         if self._state is BroadcastOverlapState.CLOSED:
             return
@@ -519,18 +423,11 @@ class StageOneBroadcastOverlap:
         read_interception.release(self, self._owning_layers)
         self._recorded = {}
 
-    # ------------------------------------------------------------------
-    # launching
     @contextlib.contextmanager
     def deferred_launch(self):
-        """Hold :meth:`launch` back until the block ends (even if it raised
-        after the update: the blocking order had synced by then).
-
-        ``HybridParallelOptimizer._step`` syncs some parameters across the
-        model- and pipeline-parallel groups right after the sharding update
-        (``mp_configs.sync_param``, on by default in Paddle 3.x); launching
-        after those syncs gives the blocking order's values.
-        """
+        """Hold :meth:`launch` back until the block ends (even if it raised):
+        ``HybridParallelOptimizer._step``'s mp/pp parameter syncs come first,
+        as in the blocking order."""
         self._defer_depth += 1
         try:
             yield
@@ -542,16 +439,9 @@ class StageOneBroadcastOverlap:
 
     def launch(self):
         """Mark the units due after an update and start them in the agreed
-        order (all, or the first ``max_in_flight``), async. The first call
-        agrees the order across the group (:meth:`_agree_order`). Units
-        whose parameters are all frozen are skipped; units of parameters no
-        layer owns are waited at once.
-
-        Raises:
-            RuntimeError (names the rank): the owner is closed, a unit of
-                the previous launch was never waited, or the ranks disagree
-                on the optimizer's parameter list.
-        """
+        order (the first call agrees it); frozen units are skipped, units no
+        layer waits for are waited at once. RuntimeError (names the rank):
+        closed, a unit still pending, or the ranks' parameter lists differ."""
         self._check_state(
             BroadcastOverlapState.RECORDING, BroadcastOverlapState.ORDERED
         )
@@ -585,15 +475,9 @@ class StageOneBroadcastOverlap:
         self.wait(self._unreachable_units, "waited_unreachable")
 
     def _agree_order(self):
-        """Rank 0 of the group decides; every rank adopts its order: two
-        blocking broadcasts, once: the parameter count (int64 [1]), checked
-        before the order (int64 [n]) is sent, so ranks with different lists
-        stop with an error instead of pairing the wrong tensors.
-
-        Raises:
-            RuntimeError: the count differs from the group's first rank, or
-                the order received is not a permutation (names this rank).
-        """
+        # rank 0 of the group decides: the count (int64 [1]) is checked
+        # before the order (int64 [n]) is sent, so ranks with different
+        # lists stop with an error instead of pairing the wrong tensors
         n = len(self._params)
         first_rank = self._group.ranks[0]
         count = self._broadcast_int64([n], first_rank)
@@ -620,8 +504,6 @@ class StageOneBroadcastOverlap:
         return [int(v) for v in message.numpy().tolist()]
 
     def _make_plan(self):
-        """The units of the agreed order (bucket mode moves the parameters
-        into contiguous storage now)."""
         buffers = self._comm_buffers
         return plan_units(
             self._order,
@@ -635,9 +517,6 @@ class StageOneBroadcastOverlap:
         )
 
     def _replan_if_replaced(self):
-        """Plan again when any rank's parameter memory was replaced: seen
-        per rank by a pointer check, agreed by one blocking int64 [1]
-        max-reduce per launch, so every rank plans again together."""
         replaced = self._plan.replaced()
         (anywhere,) = self._comm.all_reduce_max([len(replaced)], self._group)
         if not anywhere:
@@ -654,7 +533,6 @@ class StageOneBroadcastOverlap:
         self.stats["replanned"] += 1
 
     def _use_units(self, units):
-        """Adopt ``units`` (launch order) and index them."""
         self._units = units
         self._position_of = {id(u): k for k, u in enumerate(units)}
         unit_of = collections.defaultdict(dict)  # index -> {id: unit}
@@ -675,8 +553,7 @@ class StageOneBroadcastOverlap:
         self._unreachable_units = units_for(self._unreachable)
 
     def _start_more(self, through=-1):
-        """Start due units in the agreed order: every one up to position
-        ``through``, then more while fewer than the depth are in flight."""
+        # every due unit up to position through, then up to the depth
         units, depth = self._units, self._max_in_flight
         while self._next_start < len(units) and (
             self._next_start <= through
@@ -689,27 +566,18 @@ class StageOneBroadcastOverlap:
                 self._in_flight += 1
                 self.stats["launched"] += 1
 
-    # ------------------------------------------------------------------
-    # waiting: safe to call again
     def wait(self, units, reason, path=None):
-        """Finish ``units`` (iterable[CommUnit]); a due one first starts
-        every unit before it in the agreed order, so all ranks start the
-        same collectives in the same order whatever triggers a start. Then
-        start more up to the depth. Counted under :attr:`stats` key
-        ``reason`` and :attr:`read_paths` key ``path`` (if given).
-
-        Returns:
-            int: units waited now.
-        """
+        """Finish ``units`` (a due one first starts every unit before it),
+        then start more up to the depth; counted under ``stats[reason]``
+        (and ``read_paths[path]``). Returns the number waited now."""
         waited = 0
         for unit in units:
             if unit.state is UnitState.SYNCED:
                 continue
             if unit.state is UnitState.DUE:
                 self._start_more(self._position_of[id(unit)])
-            with paddle.profiler.RecordEvent(
-                f"paddle_overlay::wait {unit.label}"
-            ):
+            span = f"paddle_overlay::wait {unit.label}"
+            with paddle.profiler.RecordEvent(span):
                 unit.finish()
             self._in_flight -= 1
             waited += 1
@@ -721,19 +589,13 @@ class StageOneBroadcastOverlap:
         return waited
 
     def wait_all(self, reason="waited_on_demand"):
-        """Wait for every pending unit, in launch order; returns how many."""
         return self.wait(self._units, reason)
 
     def wait_before_update(self):
-        """``wait_all("waited_before_update")``: before ``step()``."""
         self.wait_all("waited_before_update")
 
-    # ------------------------------------------------------------------
-    # hooks
     def _on_forward_pre(self, layer, _inputs):
-        """Pre-hook of every hooked layer: record the first-use order while
-        RECORDING; afterwards wait for the layer's own units (everything in
-        strict mode, at the first hooked layer to run)."""
+        # RECORDING: record first use; then wait for the layer's own units
         state = self._state
         if state is BroadcastOverlapState.RECORDING:
             self._recorded.update(
@@ -753,13 +615,12 @@ class StageOneBroadcastOverlap:
             self.wait(units, "waited_in_forward")
 
     def _on_root_forward_post(self, layer, _inputs, _outputs):
-        # the first root forward after a launch is over: later ones
-        # (micro-batches, recompute, eval) are not checked
+        # only the first root forward after a launch is order-checked
         self._in_root_forward = self._order_check_armed = False
 
     def _check_order(self, layer, units):
-        """Count (and warn once, for a training forward) a layer that needs
-        a unit while an earlier one in the agreed order is not synced."""
+        # count (and warn once, in training) a layer that needs a unit while
+        # an earlier one in the agreed order is not synced
         cursor, all_units = self._first_unsynced, self._units
         while (
             cursor < len(all_units)

@@ -12,21 +12,11 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""One communication unit of the post-update parameter sync, and the one
-registry of parameters whose sync is not finished.
-
-A :class:`CommUnit` is one collective that brings some parameters up to date
-after an update: a broadcast from the owner rank (V1: a parameter, a bucket
-of ``broadcast_buckets.py`` or a slice of Paddle's fused buffer) or an
-all-gather of a V2 comm buffer (``FusedCommBuffer.param_storage``). It owns
-its task: :meth:`~CommUnit.start` launches with ``sync_op=False`` and
-:meth:`~CommUnit.finish` waits, both safe to call again (Megatron-LM's
-``start_param_sync``/``finish_param_sync``, FSDP2's
-``unshard``/``wait_for_unshard``). States (:class:`UnitState`): ``SYNCED``
--> ``DUE`` (:meth:`~CommUnit.mark_due`) -> ``IN_FLIGHT`` -> ``SYNCED``. From
-``DUE`` on, its parameters are in :data:`PENDING`, the only record of
-pending syncs, where a read (``read_interception.py``) finds the unit to
-wait for; with nothing pending a read costs one truth test of an empty dict.
+"""One collective of the post-update parameter sync, owning its task: start
+and finish are safe to call again (Megatron-LM's ``start_param_sync`` /
+``finish_param_sync``, FSDP2's ``unshard`` / ``wait_for_unshard``). From
+``DUE`` until finished its parameters are in :data:`PENDING`, the one
+registry where a read finds the unit to wait for.
 """
 
 import enum
@@ -35,24 +25,17 @@ import paddle
 
 __all__ = []
 
-# id(parameter) -> the CommUnit whose sync of it is due or in flight.
-# Filled by CommUnit.mark_due, emptied by CommUnit.finish.
-PENDING = {}
+PENDING = {}  # id(parameter) -> its CommUnit, from mark_due to finish
 
 
 class UnitState(enum.Enum):
-    """Where a :class:`CommUnit` is in one update's sync."""
-
     SYNCED = "synced"  # the parameters hold the latest values here
     DUE = "due"  # updated at the source; waiting for its turn to start
     IN_FLIGHT = "in_flight"  # launched; its task is not waited yet
 
 
 class PaddleComm:
-    """The collectives a unit launches, looked up at call time (so test
-    instrumentation that wraps ``paddle.distributed.broadcast`` or the
-    process group's ``all_gather`` sees them). Unit tests pass a fake with
-    the same methods."""
+    """The collectives, looked up at call time (tests may wrap them)."""
 
     @staticmethod
     def broadcast(tensor, src, group, sync_op):
@@ -62,15 +45,11 @@ class PaddleComm:
 
     @staticmethod
     def all_gather(shard, full, group):
-        """Gather every rank's ``shard`` (a slice of ``full``) into ``full``
-        (V2's comm buffer layout; the same call as Paddle's
-        ``FusedCommBuffer.sync_params``). Returns the async task."""
+        # as Paddle's FusedCommBuffer.sync_params; returns the async task
         return group.process_group.all_gather(shard, full)
 
     @staticmethod
     def all_reduce_max(values, group):
-        """Element-wise max of ``values`` (list[int]) over ``group``,
-        blocking."""
         message = paddle.to_tensor(values, dtype="int64")
         paddle.distributed.all_reduce(
             message, op=paddle.distributed.ReduceOp.MAX, group=group
@@ -83,27 +62,11 @@ class PaddleComm:
 
 
 class CommUnit:
-    """One collective of the parameter sync, with its task.
-
-    Args:
-        kind (str): ``"broadcast"`` (``tensor`` from global rank ``src``) or
-            ``"all_gather"`` (every rank's slice ``shard_range`` of
-            ``tensor`` gathered into ``tensor``).
-        tensor (paddle.Tensor): what it writes: a parameter, a 1-D bucket
-            buffer or slice, or a V2 buffer's 1-D ``param_storage``.
-        indices (tuple[int]): positions in the optimizer's parameter list of
-            the parameters it delivers.
-        params (list[paddle.Tensor]): those parameters.
-        group: the process group (``.ranks``: global ranks).
-        src (int | None): a broadcast's global source rank.
-        shard_range (tuple[int, int] | None): ``[begin, end)`` elements of
-            ``tensor`` this rank contributes to an all-gather (sliced at
-            :meth:`start`, so storage Paddle reset meanwhile is fresh).
-        always (bool): sync even when every parameter is frozen (a bucket is
-            sent whole); otherwise skipped while all are frozen (as Paddle's
-            V2 skips such a buffer, ``need_reduce_scale_sync``).
-        label (str): a short name for profiler spans and messages.
-    """
+    """One collective of the parameter sync, with its task: ``"broadcast"``
+    of ``tensor`` from global rank ``src``, or ``"all_gather"`` of every
+    rank's ``shard_range`` of ``tensor`` (sliced at :meth:`start`). It
+    delivers ``params`` (positions ``indices``); skipped while all are
+    frozen (as Paddle V2's ``need_reduce_scale_sync``) unless ``always``."""
 
     def __init__(
         self,
@@ -123,18 +86,15 @@ class CommUnit:
         self.indices, self.params = tuple(indices), list(params)
         self.src, self.shard_range = src, shard_range
         self.always, self.label = always, label
-        self.owner = None  # the owner that launches it (set at mark_due)
+        self.owner = None  # set at mark_due
         self.state = UnitState.SYNCED
         self._task = None
 
     def needs_sync(self):
-        """bool: whether an update can have changed what this unit sends."""
         return self.always or any(not p.stop_gradient for p in self.params)
 
     def mark_due(self, owner):
-        """The update changed the source: register the parameters as
-        pending on ``owner`` (a second owner with one of them pending is
-        waited for first)."""
+        # a parameter still pending on another owner is waited for first
         assert (
             self.state is UnitState.SYNCED
         ), f"unit {self.label} marked due while {self.state.value}"
@@ -147,11 +107,7 @@ class CommUnit:
         self.state = UnitState.DUE
 
     def start(self, comm):
-        """Launch the collective (``sync_op=False``). Safe to call again.
-
-        Returns:
-            bool: True if it was launched now.
-        """
+        """Launch (``sync_op=False``) if due; True if launched now."""
         if self.state is not UnitState.DUE:
             return False
         if self.kind == "broadcast":
@@ -173,12 +129,7 @@ class CommUnit:
         return True
 
     def finish(self):
-        """Wait for the task and clear the parameters' pending entries.
-        Safe to call again; the caller starts a ``DUE`` unit first.
-
-        Returns:
-            bool: True if a task was waited now.
-        """
+        """Wait for the task and clear its pending entries; True if waited."""
         if self.state is UnitState.SYNCED:
             return False
         assert (

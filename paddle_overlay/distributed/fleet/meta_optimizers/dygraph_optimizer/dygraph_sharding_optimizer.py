@@ -66,11 +66,11 @@ class DygraphShardingOptimizer:
         When on, after each ``step()``/``minimize()`` the owner ranks
         broadcast the updated parameters with ``sync_op=False`` in the order
         forward first uses them (agreed across the sharding group at the
-        first update), and each layer's forward pre-hook waits for its own
-        broadcasts only. Every read of a parameter through its layer and the
-        optimizer's ``state_dict()`` wait first: no synchronize is needed
-        before ``paddle.save``. The entry point of upstream PR #63945; NOTE
-        [broadcast overlap] in ``broadcast_overlap.py`` says what differs.
+        first update); each layer's forward pre-hook waits for its own
+        broadcasts only, and every read of a parameter and the optimizer's
+        ``state_dict()`` wait first (no synchronize before ``paddle.save``).
+        The entry point of upstream PR #63945; NOTE [broadcast overlap] in
+        ``broadcast_overlap.py`` says what differs.
 
         Args:
             broadcast_overlap (bool): on, or off (waits for pending
@@ -78,14 +78,13 @@ class DygraphShardingOptimizer:
             layers (paddle.nn.Layer): the model that runs the forward;
                 required to turn it on.
             strict (bool): the first hooked layer of each forward waits for
-                everything (safe, no overlap); only for models that read a
-                tensor reference to a parameter kept across ``step()``.
-            bucket_size_mb (int | float): at the first update the parameters
-                move into one contiguous buffer per (window of this many MB
-                in the agreed order, owner rank, dtype), one broadcast each
-                (NOTE [broadcast buckets] in ``broadcast_buckets.py``); with
-                ``tensor_fusion``/``comm_overlap`` the buckets are slices of
-                Paddle's fused buffers. 0: one broadcast per parameter.
+                everything (no overlap); for models that read a tensor
+                reference to a parameter kept across ``step()``.
+            bucket_size_mb (int | float): MB (2**20 bytes) per window of the
+                agreed order; at the first update the parameters move into
+                one contiguous buffer per (window, owner rank, dtype), one
+                broadcast each (with ``tensor_fusion``/``comm_overlap``:
+                slices of Paddle's fused buffers). 0: one per parameter.
             max_in_flight (int | str | None): broadcasts in flight at once
                 (>= 1) or ``"all"``; None reads ``PADDLE_OVERLAY_MAX_IN_FLIGHT``
                 and defaults to all at the step.
@@ -117,8 +116,7 @@ class DygraphShardingOptimizer:
             self, "comm_overlap", False
         )
         if fused_by_paddle and getattr(pp, "sharding_comm_overlap", False):
-            # Paddle refuses this when it builds the optimizer; reachable
-            # only if the strategy changed since
+            # Paddle refuses it at the build; the strategy changed since
             raise ValueError(
                 "Paddle cannot combine pp_configs.sharding_comm_overlap with "
                 "sharding_configs.tensor_fusion or comm_overlap (its own "
@@ -127,22 +125,17 @@ class DygraphShardingOptimizer:
                 "and comm_overlap to False."
             )
         group = self._hcg.get_sharding_parallel_group()
-        src_of = {
-            id(p): group.ranks[rank]
-            for rank, params in self._rank2params.items()
-            for p in params
-        }
+        rank_of = {id(p): r for r, ps in self._rank2params.items() for p in ps}
         params = list(self._origin_parameter_list)
         fused = None
         if fused_by_paddle and getattr(self, "_rank2fused", None):
-            # tensor_fusion (or comm_overlap alone) placed the parameters in
-            # per-rank fused buffers: send slices of them, never move them
+            # Paddle's per-rank fused buffers: send slices, never move them
             fused = [
                 t for r in sorted(self._rank2fused) for t in self._rank2fused[r]
             ]
         new = StageOneBroadcastOverlap(
             params,
-            [src_of[id(p)] for p in params],
+            [group.ranks[rank_of[id(p)]] for p in params],
             group,
             layers,
             strict,
@@ -154,12 +147,7 @@ class DygraphShardingOptimizer:
         self._broadcast_overlap = True
 
     def _sharding_sync_parameters(self):
-        """Broadcast the updated parameters from their owners.
-
-        With broadcast overlap on, launches them asynchronously in the agreed
-        forward order (waited by forward pre-hooks); otherwise runs the
-        installed Paddle's blocking version unchanged.
-        """
+        """Launch the broadcasts with overlap on, else Paddle's blocking sync."""
         return launch_or_sync(self, self._origin_sharding_sync_parameters)
 
     def step(self):
@@ -170,15 +158,9 @@ class DygraphShardingOptimizer:
         self, loss, startup_program=None, parameters=None, no_grad_set=None
     ):
         """Wait for pending broadcasts, then run Paddle's ``minimize()``."""
-        return wait_then(
-            self,
-            "waited_before_update",
-            self._origin_minimize,
-            loss,
-            startup_program,
-            parameters,
-            no_grad_set,
-        )
+        args = (loss, startup_program, parameters, no_grad_set)
+        reason = "waited_before_update"
+        return wait_then(self, reason, self._origin_minimize, *args)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending broadcasts."""
@@ -199,18 +181,15 @@ class DygraphShardingOptimizerV2:
     ):
         """Overlap the post-update parameter all-gather with the next forward.
 
-        V2 keeps each rank's slice of the parameters in Paddle's comm
-        buffers (``FusedCommBuffer``, ``comm_buffer_size_MB`` each); after
-        each ``step()`` every buffer is all-gathered. When on, the gathers
-        start asynchronously in the order forward first uses the buffers
-        (agreed across the group at the first update), at most
-        ``max_in_flight`` at a time; each layer's pre-hook waits for its
-        buffers and every read of a parameter (attribute, ``parameters()``,
-        ``state_dict``, compiled programs) for its own, so no synchronize is
-        needed before ``paddle.save``. Paddle's buffer layout is kept. The
-        entry point of Paddle 3.x's own (PaddleFormers
-        ``--stage1_allgather_overlap``); NOTE [broadcast overlap] in
-        ``broadcast_overlap.py`` lists upstream's faults.
+        After each ``step()`` V2 all-gathers every comm buffer
+        (``FusedCommBuffer``, ``comm_buffer_size_MB`` each; Paddle's layout
+        is kept). When on, the gathers start asynchronously in the order
+        forward first uses the buffers (agreed across the group at the first
+        update), at most ``max_in_flight`` at a time; each layer's pre-hook
+        waits for its buffers and every read of a parameter for its own (no
+        synchronize before ``paddle.save``). The entry point of Paddle 3.x's
+        own (PaddleFormers ``--stage1_allgather_overlap``); NOTE [broadcast
+        overlap] in ``broadcast_overlap.py`` lists upstream's faults.
 
         Args:
             all_gather_overlap_forward (bool): on, or off (waits for pending
@@ -229,9 +208,7 @@ class DygraphShardingOptimizerV2:
                 sharding degree 1; ``max_in_flight`` < 1; a setting that
                 moves gradient or optimizer-state storage is on (named:
                 ``release_gradients``, ``free_grads_in_comm``,
-                ``enable_fuse_optimizer_states``). ``comm_overlap`` and
-                ``pp_configs.sharding_comm_overlap`` are supported: units
-                are planned at the first launch from V2's buffers then.
+                ``enable_fuse_optimizer_states``).
             Nothing changes when an error is raised.
         """
         check_broadcast_overlap_flag(all_gather_overlap_forward)
@@ -254,18 +231,12 @@ class DygraphShardingOptimizerV2:
             comm_buffers=lambda: self._comm_buffer_list,
             max_in_flight=depth,
         )
-        # Paddle 3.x's own overlap stays off: step() then calls
-        # _sharding_sync_parameters, which launches the owner's units
+        # Paddle 3.x's own overlap stays off: step() launches the units
         self._all_gather_overlap_forward = False
         switch_owner(self, new)
 
     def _set_broadcast_overlap(self, broadcast_overlap, layers=None, **kwargs):
-        """Refused: V2 syncs parameters by all-gather, not broadcast.
-
-        Raises:
-            ValueError: always when turning on; names
-                ``_set_all_gather_overlap_forward``.
-        """
+        """V2 syncs by all-gather: ``ValueError`` naming the V2 method."""
         check_broadcast_overlap_flag(broadcast_overlap)
         if broadcast_overlap:
             raise ValueError(
@@ -278,9 +249,7 @@ class DygraphShardingOptimizerV2:
             )
 
     def _sharding_sync_parameters(self):
-        """All-gather the updated comm buffers: launched asynchronously in
-        the agreed order when the overlap is on; otherwise Paddle's
-        blocking version unchanged."""
+        """Launch the all-gathers with overlap on, else Paddle's blocking sync."""
         return launch_or_sync(self, self._origin_sharding_sync_parameters)
 
     def step(self):
@@ -292,8 +261,7 @@ class DygraphShardingOptimizerV2:
         return wait_then(self, "waited_on_demand", self._inner_opt.state_dict)
 
     def _check_all_gather_overlap_settings(self):
-        """Raise ``ValueError`` naming a V2 setting that moves gradient or
-        optimizer-state storage: not covered by a test with this overlap."""
+        # settings that move gradient or optimizer-state storage: untested
         strategy = fleet.fleet._user_defined_strategy
         if strategy is None:
             return

@@ -44,11 +44,10 @@ class HybridParallelOptimizer:
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
         max_in_flight=None,
     ):
-        """Turn broadcast overlap on or off for the wrapped V1 sharding
-        optimizer: arguments, behaviour and errors are those of
-        ``DygraphShardingOptimizer._set_broadcast_overlap``; turning it on
-        around another optimizer raises ``ValueError`` naming what to set
-        (V2: ``_set_all_gather_overlap_forward``)."""
+        """``DygraphShardingOptimizer._set_broadcast_overlap`` of the wrapped
+        V1 optimizer (same arguments, behaviour, errors); turning it on around
+        another raises ``ValueError`` naming what to set (V2:
+        ``_set_all_gather_overlap_forward``)."""
         self._set_overlap_of_inner(
             DygraphShardingOptimizer,
             "_set_broadcast_overlap",
@@ -84,9 +83,6 @@ class HybridParallelOptimizer:
         self._all_gather_overlap_forward = all_gather_overlap_forward
 
     def _set_overlap_of_inner(self, kind, method, flag, layers, **kwargs):
-        """Call ``method`` of the wrapped optimizer if it is a ``kind``;
-        refuse turning on around any other (``TypeError`` for a non-bool
-        ``flag``, ``ValueError`` naming the setting or method to use)."""
         check_broadcast_overlap_flag(flag)
         inner = self._inner_opt
         if isinstance(inner, kind):
@@ -107,9 +103,8 @@ class HybridParallelOptimizer:
         self._layers = layers if flag else None
 
     def _step(self, parameters_list):
-        """Paddle's ``_step``, with the sharding broadcast launched only after
-        its model/pipeline-parallel parameter syncs (see
-        ``StageOneBroadcastOverlap.deferred_launch``)."""
+        """Paddle's ``_step``; the sharding broadcast launches after its mp/pp
+        parameter syncs."""
         overlap = get_broadcast_overlap(self)
         if overlap is None:
             return self._origin_step(parameters_list)

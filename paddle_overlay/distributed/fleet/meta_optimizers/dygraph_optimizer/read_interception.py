@@ -12,28 +12,11 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Every read of a parameter waits for its own pending sync: the one place
-where reads are intercepted. Installed by :func:`acquire` while an overlap is
-open; the last :func:`release` restores everything.
-
-* Layer reads. Every Python path to a parameter goes through its layer's
-  ``_parameters`` dict: attributes (``Layer.__getattr__``, so also
-  ``F.linear(x, self.proj.weight)`` or a direct ``sub.forward(x)``) and
-  ``parameters()``/``state_dict()``/``set_state_dict()``/``to()``/
-  ``copy.deepcopy`` (``_parameters.items()``/``values()``). A
-  :class:`GuardedParameters` in its place waits for the unit of each
-  parameter it hands out, and only that unit.
-* Compiled programs. ``paddle.jit.to_static`` programs read parameters
-  without Python: ``StaticFunction.__call__`` waits for everything first.
-* SOT (``to_static``'s default in 3.x) simulates every function a compiled
-  forward calls, the owner's hooks too (on 3.3.1 they failed with
-  ``InnerError: ObjectVariable(_Hook) has no attribute _state``; on 2.6.2
-  they recorded a wrong order): this directory joins SOT's skip list, as
-  Paddle's own is.
-
-Pending state lives in :data:`comm_unit.PENDING`. Not seen: a tensor
-reference taken before ``step()`` and read after it, and layers outside
-``layers``.
+"""Every read of a parameter waits for its own pending sync, while an
+overlap is open: each layer's ``_parameters`` (every Python path to a
+parameter) becomes a :class:`GuardedParameters`; compiled programs
+(``StaticFunction.__call__``) wait for everything; this directory joins
+SOT's skip list, as Paddle's own files, so SOT does not trace the hooks.
 """
 
 import functools
@@ -66,15 +49,9 @@ def _wait_for_all(params, path):
 
 
 class GuardedParameters(OrderedDict):
-    """A layer's ``_parameters`` that waits before handing a parameter out.
-
-    ``d[name]``, ``d.get(name)``, ``d.pop(name)`` and ``d.popitem()`` (path
-    ``"attribute"``; ``copy()``, ``setdefault()`` and ``dict(d)`` go through
-    ``d[name]``), ``d.items()`` and ``d.values()`` (path ``"iteration"``)
-    wait for the pending sync of exactly the parameters they return.
-    Membership, ``keys()`` and writes are plain. A copy or pickle is a plain
-    ``OrderedDict`` made after the waits.
-    """
+    """A layer's ``_parameters`` whose reads (path ``"attribute"``: ``[]``,
+    ``get``, ``pop``, ``popitem``; ``"iteration"``: ``items``, ``values``)
+    wait for exactly what they return; copies and pickles are plain."""
 
     __slots__ = ()
 
@@ -119,18 +96,12 @@ class GuardedParameters(OrderedDict):
         return self.__reduce__()
 
 
-# layer -> WeakSet of owners that need its guard (several optimizers can
-# share one model). Weak both ways: owners refer to their layers.
+# layer -> WeakSet of owners using its guard (optimizers may share a model)
 _USERS = weakref.WeakKeyDictionary()
 
 
 def guard_layer(layer, owner):
-    """Install (or re-install) the guard on ``layer`` for ``owner``.
-
-    Returns:
-        bool: True when it was (re)installed, False when already in place
-        (user code may have replaced ``layer._parameters`` since).
-    """
+    """Guard ``layer`` for ``owner``; True if (re)installed now."""
     _USERS.setdefault(layer, weakref.WeakSet()).add(owner)
     current = layer.__dict__.get("_parameters")
     if current is None or type(current) is GuardedParameters:
@@ -143,8 +114,7 @@ def guard_layer(layer, owner):
 
 
 def unguard_layer(layer, owner):
-    """Drop ``owner``'s use of ``layer``'s guard; the last user puts a plain
-    ``OrderedDict`` with the same content back."""
+    """The last user of ``layer``'s guard puts a plain ``OrderedDict`` back."""
     users = _USERS.get(layer)
     if users is not None:
         users.discard(owner)
@@ -156,24 +126,18 @@ def unguard_layer(layer, owner):
         layer.__dict__["_parameters"] = OrderedDict(_odict_items(current))
 
 
-# ----------------------------------------------------------------------
-# compiled programs and SOT: installed once for all open owners
-# id(owner) -> finalizer: the owners holding the install (an owner
-# collected without release() drops out through its finalizer)
-_HOLDERS = {}
-# what _install() replaced, restored by _uninstall(): [restore()]
-_RESTORE = []
+# compiled programs and SOT, installed once for all open owners:
+_HOLDERS = {}  # id(owner) -> finalizer (a collected owner drops out)
+_RESTORE = []  # [restore()] of what _install() replaced
 
 
 def static_function_class():
-    """``paddle.jit``'s ``StaticFunction`` (every compiled program)."""
     from paddle.jit.dy2static.program_translator import StaticFunction
 
     return StaticFunction
 
 
 def sot_skip_files():
-    """SOT's ``skip_files`` module, or None in a Paddle without SOT."""
     try:
         from paddle.jit.sot.opcode_translator import skip_files
     except ImportError:
@@ -225,8 +189,7 @@ def _uninstall():
 
 
 def acquire(owner, layers):
-    """``owner`` opens: guard ``layers`` (each a ``paddle.nn.Layer`` owning
-    managed parameters) and, for the first open owner, install the
+    """Guard ``layers`` for ``owner``; the first holder installs the
     compiled-program wait and the SOT skip entry."""
     if not _HOLDERS:
         _install()
@@ -252,13 +215,11 @@ def refresh(owner, layers):
 
 
 def release(owner, layers):
-    """``owner`` closes: unguard ``layers``; the last holder restores
-    ``StaticFunction.__call__`` and SOT's skip list exactly."""
+    """Unguard ``layers``; the last holder restores what was installed."""
     for layer in layers:
         unguard_layer(layer, owner)
     _drop_holder(id(owner))
 
 
 def is_installed():
-    """bool: whether the compiled-program wait is in place."""
     return bool(_RESTORE)

@@ -12,24 +12,15 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""The one planner: the communication units of every mode, from the agreed
-order (positions in the optimizer's parameter list, in forward first use).
-
-:func:`plan_units` returns a plan whose ``units()`` are one launch's
-``CommUnit`` s in that order: one broadcast per parameter
-(``bucket_size_mb=0``, upstream PR #63945's unit), per bucket of parameters
-moved into contiguous storage (``broadcast_buckets.py``), or per slice of
-Paddle's fused buffers (``tensor_fusion``/``comm_overlap``); or, for sharding
-stage 1 V2, one all-gather per ``FusedCommBuffer`` in Paddle's exact layout
-(only the order and time of the gathers change), first used when forward
-first uses any of its parameters. A plan never communicates; ``replaced()``
-lists this rank's parameters whose memory moved (bucket modes), which the
-owner agrees across the group before it plans again.
+"""The units of every mode, in the agreed order: one broadcast per parameter
+(upstream PR #63945's unit), bucket or fused slice; V2: one all-gather per
+``FusedCommBuffer``, in Paddle's layout. A plan never communicates.
 """
 
 from .broadcast_buckets import (
     BucketStorage,
     end_ptr,
+    param_unit,
     plan_buckets,
     plan_fused_slices,
 )
@@ -48,43 +39,14 @@ def plan_units(
     comm_buffers=None,
     alone=(),
 ):
-    """The plan of one mode.
-
-    Args:
-        order (list[int]): the agreed order, a permutation of
-            ``range(len(params))``.
-        params (list[paddle.Tensor]): the optimizer's parameter list.
-        src_ranks (list[int] | None): owner rank of each (None for V2).
-        group: the sharding process group.
-        cap_bytes (int): bucket window in bytes; 0: one unit per parameter.
-        fused_storages (list[paddle.Tensor] | None): Paddle's fused 1-D
-            buffers the parameters live in (slices are sent, nothing moves).
-        comm_buffers (list | None): V2's ``FusedCommBuffer`` list.
-        alone (iterable[int]): positions never bucketed.
-
-    Returns:
-        a plan: ``units()`` (list[CommUnit], the same list while nothing
-        changed), ``replaced()`` (list[int]), ``can_go_stale`` (bool).
-
-    Raises:
-        ValueError: from the bucket planners (``broadcast_buckets.py``).
-    """
+    """A plan: ``units()`` (list[CommUnit], the same list while nothing
+    changed), ``replaced()`` (positions whose memory moved), ``can_go_stale``.
+    ``cap_bytes`` 0: one unit per parameter; ValueError from the planners."""
     if comm_buffers is not None:
-        return _FixedPlan(_comm_buffer_units(order, params, comm_buffers))
+        return _Plan(_comm_buffer_units(order, params, comm_buffers))
     if not cap_bytes:
-        return _FixedPlan(
-            [
-                CommUnit(
-                    "broadcast",
-                    params[i],
-                    (i,),
-                    [params[i]],
-                    group,
-                    src=src_ranks[i],
-                    label=params[i].name,
-                )
-                for i in order
-            ]
+        return _Plan(
+            [param_unit(params[i], (i,), group, src_ranks[i]) for i in order]
         )
     if fused_storages is not None:
         outside = _outside(fused_storages, params)
@@ -109,12 +71,11 @@ def plan_units(
         specs = plan_buckets(order, params, src_ranks, cap_bytes, alone=alone)
         storage = BucketStorage(specs, params, src_ranks, order)
         storage.materialize()
-    return _BucketPlan(storage, group)
+    return _Plan(storage=storage, group=group)
 
 
 def _outside(storages, params):
-    """set[int]: trainable positions whose memory lies in none of
-    ``storages`` (replaced since Paddle fused them): sent on their own."""
+    # trainable positions whose memory left the fused buffers: sent alone
     bounds = [(t.data_ptr(), end_ptr(t)) for t in storages]
     return {
         i
@@ -126,8 +87,7 @@ def _outside(storages, params):
 
 
 def _comm_buffer_units(order, params, buffers):
-    """One all-gather per V2 comm buffer (of >= 2 ranks, holding managed
-    parameters), ordered by its first parameter in ``order``."""
+    # one all-gather per comm buffer of >= 2 ranks holding managed parameters
     index_of = {id(p): i for i, p in enumerate(params)}
     rank_of = {i: k for k, i in enumerate(order)}
     ranked = []
@@ -152,32 +112,17 @@ def _comm_buffer_units(order, params, buffers):
     return [unit for *_, unit in sorted(ranked, key=lambda r: r[:2])]
 
 
-class _FixedPlan:
-    """Units that never change: per parameter, or per V2 comm buffer."""
+class _Plan:
+    """Fixed units, or those of a ``BucketStorage`` (buckets, fused slices)."""
 
-    can_go_stale = False
-
-    def __init__(self, units):
-        self._units = units
-
-    def units(self):
-        return self._units
-
-    def replaced(self):
-        return []
-
-
-class _BucketPlan:
-    """Buckets (or fused slices) of :class:`BucketStorage`."""
-
-    can_go_stale = True
-
-    def __init__(self, storage, group):
-        self.storage = storage
-        self._group = group
+    def __init__(self, units=None, storage=None, group=None):
+        self._units, self.storage, self._group = units, storage, group
+        self.can_go_stale = storage is not None
 
     def units(self):
+        if self.storage is None:
+            return self._units
         return self.storage.units(self._group)
 
     def replaced(self):
-        return self.storage.replaced()
+        return [] if self.storage is None else self.storage.replaced()
