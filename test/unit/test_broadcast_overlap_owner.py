@@ -206,6 +206,29 @@ def test_forward_waits_each_layer_for_its_own_tasks_just_before_it_runs():
     assert owner.stats["waited_on_read"] == 0
 
 
+@pytest.mark.parametrize("has_prepend", [True, False], ids=["prepend", "paddle_2_6_move_to_front"])
+def test_pre_hook_a_user_registered_first_still_runs_after_the_waits(has_prepend, monkeypatch):
+    # Paddle 2.6's register_forward_pre_hook has no prepend=: the owner moves
+    # its hook to the front of the layer's hook dict itself.
+    monkeypatch.setattr(bo, "_HAS_PREPEND", has_prepend)
+    model = Net()
+    box = []
+    for name, layer in (("first", model.first), ("second", model.second)):
+        layer.register_forward_pre_hook(lambda _l, _i, name=name: box[0].events.append(("forward", name)))
+    owner, comm = make_owner(model)
+    box.append(comm)
+    first_step(model, owner, comm, X)
+    model(X)
+    assert comm.take() == [
+        ("wait", "first.weight"),
+        ("wait", "first.bias"),
+        ("forward", "first"),
+        ("wait", "second.weight"),
+        ("wait", "second.bias"),
+        ("forward", "second"),
+    ]
+
+
 def test_attribute_read_outside_forward_waits_only_that_parameter():
     model = Net()
     owner, comm = make_owner(model)
