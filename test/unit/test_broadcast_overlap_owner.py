@@ -153,6 +153,15 @@ def first_step(model, owner, comm, x):
 
 
 X = paddle.ones([2, 4])
+# Net's forward after the first step: each layer's waits, then the layer's user pre-hook
+NET_FORWARD = [
+    ("wait", "first.weight"),
+    ("wait", "first.bias"),
+    ("forward", "first"),
+    ("wait", "second.weight"),
+    ("wait", "second.bias"),
+    ("forward", "second"),
+]
 IDS = paddle.to_tensor([[1, 2]], dtype="int64")
 
 
@@ -192,15 +201,7 @@ def test_forward_waits_each_layer_for_its_own_tasks_just_before_it_runs():
     first_step(model, owner, comm, X)
     record_forwards(model, comm)
     model(X)
-    assert comm.take() == [
-        ("forward", "<root>"),
-        ("wait", "first.weight"),
-        ("wait", "first.bias"),
-        ("forward", "first"),
-        ("wait", "second.weight"),
-        ("wait", "second.bias"),
-        ("forward", "second"),
-    ]
+    assert comm.take() == [("forward", "<root>")] + NET_FORWARD
     assert owner.stats["waited_in_forward"] == 4
     assert owner.stats["waited_out_of_order"] == 0
     assert owner.stats["waited_on_read"] == 0
@@ -219,14 +220,7 @@ def test_pre_hook_a_user_registered_first_still_runs_after_the_waits(has_prepend
     box.append(comm)
     first_step(model, owner, comm, X)
     model(X)
-    assert comm.take() == [
-        ("wait", "first.weight"),
-        ("wait", "first.bias"),
-        ("forward", "first"),
-        ("wait", "second.weight"),
-        ("wait", "second.bias"),
-        ("forward", "second"),
-    ]
+    assert comm.take() == NET_FORWARD
 
 
 def test_attribute_read_outside_forward_waits_only_that_parameter():
