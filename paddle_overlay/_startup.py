@@ -1,7 +1,7 @@
 """Apply the overlay in every Python process when ``PADDLE_OVERLAY=1`` is set.
 
 The installed package ships ``paddle_overlay_startup.pth`` at the top of
-site-packages (added to the wheel by ``tools/build_backend``). ``site`` runs its
+site-packages (added to the wheel by ``build_backend/``). ``site`` runs its
 one line at every interpreter start-up; the line imports this module only when
 ``PADDLE_OVERLAY`` is set to a non-empty value, so with the variable unset the
 cost is one ``os.environ`` lookup and nothing is imported.

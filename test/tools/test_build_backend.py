@@ -1,4 +1,4 @@
-"""tools/build_backend: the start-up .pth added to a wheel and recorded in its RECORD."""
+"""build_backend/ (the package's build backend): the start-up .pth added to a wheel and recorded in its RECORD."""
 
 import base64
 import hashlib
@@ -9,7 +9,7 @@ import unittest
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BACKEND_DIR = os.path.join(ROOT, "tools", "build_backend")
+BACKEND_DIR = os.path.join(ROOT, "build_backend")
 sys.path.insert(0, BACKEND_DIR)
 import paddle_overlay_build_backend as backend  # noqa: E402
 
@@ -64,7 +64,7 @@ class TestAddPth(unittest.TestCase):
         with open(os.path.join(ROOT, "pyproject.toml")) as f:
             lines = f.read().splitlines()
         self.assertIn('build-backend = "paddle_overlay_build_backend"', lines)
-        self.assertIn('backend-path = ["tools/build_backend"]', lines)
+        self.assertIn('backend-path = ["build_backend"]', lines)
 
     def test_license_is_an_spdx_string_and_its_setuptools_required(self):
         # The TOML-table form ({ text = ... }) warns on every build and stops building with

@@ -17,7 +17,7 @@ from parameterized import parameterized
 from paddle_overlay import _startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PTH_SOURCE = os.path.join(ROOT, "tools", "build_backend", "paddle_overlay_startup.pth")
+PTH_SOURCE = os.path.join(ROOT, "build_backend", "paddle_overlay_startup.pth")
 
 
 def run_python(code, value):
