@@ -105,7 +105,7 @@ def test_closed_form_matches_event_simulation():
 def test_vendored_anchor_matches_reference_when_present():
     ref = os.path.join(os.path.dirname(ts.HERE), "..", "shared", "reference", "h200_anchor.json")
     if not os.path.exists(ref):
-        pytest.skip("shared/reference not beside the repository")
+        pytest.skip("no shared/reference beside this clone (the development machines' originals of benchmarks/data/): nothing to compare")
     assert json.load(open(ref)) == ANCHOR
 
 
@@ -274,7 +274,7 @@ def test_vendored_stand_in_results_match_reference_when_present():
     for name in ("h200_issue_strategy.json", "h200_bucket_sweep.json"):
         ref = os.path.join(os.path.dirname(ts.HERE), "..", "shared", "reference", name)
         if not os.path.exists(ref):
-            pytest.skip("shared/reference not beside the repository")
+            pytest.skip("no shared/reference beside this clone (the development machines' originals of benchmarks/data/): nothing to compare")
         assert json.load(open(ref)) == json.load(open(os.path.join(ts.HERE, "data", name)))
 
 

@@ -71,7 +71,7 @@ def parse_args(argv=None):
         p.error(f"Paddle {v} is not a supported release; use one of: {' '.join(TESTED_PADDLE)}")
     for bad, message in ((len(args.versions) > 1 and "{paddle}" not in (args.junit_xml or "{paddle}"),
                           "with several --paddle versions, put {paddle} in the --junit-xml path"),
-                         (args.repeat < 1 or args.nproc < 1, "--repeat and --nproc must be >= 1"),
+                         (args.repeat < 1, "--repeat must be >= 1"), (args.nproc < 1, "--nproc must be >= 1"),
                          (args.cov_fail_under is not None and not args.coverage, "--cov-fail-under needs --coverage"),
                          (args.slow_start is not None and args.slow_start <= 0, "--slow-start must be a positive number of seconds")):
         if bad:

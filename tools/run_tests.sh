@@ -8,6 +8,12 @@
 # recap table ends it. Which rows run where and without coverage, and why: docs/harness.md ("Suite
 # time").
 set -euo pipefail
+usage="usage: bash tools/run_tests.sh (no options; COV_FAIL_UNDER=PCT sets the coverage threshold, default 92)"
+case "${1:-}" in
+  "") ;;
+  -h | --help) echo "$usage"; exit 0 ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
 for var in PADDLE_OVERLAY PADDLE_OVERLAY_CHECK; do  # the tests set them where needed
   if [[ -n "${!var:-}" ]]; then echo "note: ignoring $var=${!var} from the environment" >&2; fi
   unset "$var"
