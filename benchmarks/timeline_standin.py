@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import List, Mapping, Sequence, Tuple
 
 import timeline_sim as ts
 

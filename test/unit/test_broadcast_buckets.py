@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import unittest
-import warnings
 
 import numpy as np
 import paddle
