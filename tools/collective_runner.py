@@ -24,17 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HARNESS_DIR = os.path.join(ROOT, "tools", "collective")
 COVERAGERC = os.path.join(ROOT, "tools", "coveragerc")
 sys.path[:0] = [os.path.join(ROOT, "tools"), HARNESS_DIR, ROOT]
+import rank_signals  # noqa: E402
 import testslist  # noqa: E402
 from paddle_overlay._patching import TESTED_PADDLE  # noqa: E402  (the one list of releases)
-
-SLOW_START = '''\
-# Written by tools/collective_runner.py --slow-start: delay test processes as a loaded machine does.
-import time
-with open("/proc/self/cmdline", "rb") as f:
-    if any({marker!r} in a.decode(errors="replace") for a in f.read().split(b"\\0")):
-        time.sleep({seconds!r})
-'''
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
@@ -60,8 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report; {paddle} -> Paddle version")
     p.add_argument("--coverage", action="store_true", help="measure paddle_overlay in every rank and report")
     p.add_argument("--cov-fail-under", type=float, metavar="PCT", help="with --coverage: fail under PCT percent")
-    p.add_argument("--slow-start", type=float, metavar="SECONDS", help="delay every process running a script under "
-                   "test/ by SECONDS at start-up, as a loaded machine does (issue 13's reproduction)")
+    p.add_argument("--slow-start", type=float, metavar="SECONDS", help="delay every rank of every launch by SECONDS "
+                   "at start-up, as a loaded machine does (issue 13's reproduction)")
     p.add_argument("--skip-exit-code", type=int, default=0, metavar="CODE",
                    help="exit with CODE when every selected test was skipped (ctest uses 77)")
     p.add_argument("--bootstrap", action="store_true", help=argparse.SUPPRESS)  # run_collective_tests.sh
@@ -117,7 +109,10 @@ class CollectivePlugin:
 
     def __init__(self, rows, device, facts, run_dir, header):
         self.rows, self.device, self.facts, self.run_dir, self.header = rows, device, facts, run_dir, header
-        self.by_nodeid, self.environ = {}, dict(os.environ)  # the environment, put back after each test
+        self.by_nodeid, self.environ = {}, None
+
+    def pytest_sessionstart(self):  # the environment, put back after each test (pytest-cov has set its part)
+        self.environ = dict(os.environ)
 
     def pytest_report_header(self):
         return self.header
@@ -209,39 +204,26 @@ def run_releases(args, argv):
     if len(versions) == 1 and not args.venv_only:
         py = ensure_venv(versions[0], args.rebuild_venv)
         os.execv(py, [py, os.path.abspath(__file__), *passed])
-    out_dir = os.path.join(ROOT, ".test-out", "release-runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     table, status = [], 0
     for version in versions:
-        start, log = time.monotonic(), os.path.join(out_dir, f"paddle-{version}.log")
+        start = time.monotonic()
         try:
             py = ensure_venv(version, args.rebuild_venv)
+            rc = 0 if args.venv_only else subprocess.run([py, os.path.abspath(__file__), *passed]).returncode
+            result = "PASS" if rc == 0 else f"FAIL (exit {rc})"
         except SystemExit as e:
             print(e, file=sys.stderr)
-            table.append((version, "VENV FAILED", "pip could not install it", f"{time.monotonic() - start:.0f}s", "-"))
-            status = 1
-            continue
-        if args.venv_only:
+            py, rc, result = None, 1, "VENV FAILED (pip could not install it)"
+        if args.venv_only and py:
             print(py)
-            continue
-        os.makedirs(out_dir, exist_ok=True)
-        with open(log, "w") as f, subprocess.Popen([py, os.path.abspath(__file__), *passed], stdout=subprocess.PIPE,
-                                                     stderr=subprocess.STDOUT, text=True) as proc:
-            last = ""
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                f.write(line)
-                if re.search(r"\d+ (passed|failed|skipped|error)", line):
-                    last = line.strip(" =\n")
-        status = status or int(proc.returncode != 0)
-        table.append((version, "FAIL" if proc.returncode else "PASS", last or f"no summary (rc {proc.returncode})",
-                      f"{time.monotonic() - start:.0f}s", log))
-    table = [("paddle", "result", "tests", "time", "log")] + table if table else []
-    for r in table:
-        print("  ".join(str(c).ljust(max(len(str(t[i])) for t in table)) for i, c in enumerate(r)).rstrip())
+        status = status or int(rc != 0)
+        table.append(f"Paddle {version:8} {result:40} {time.monotonic() - start:5.0f}s")
+    if len(versions) > 1 and not args.venv_only:
+        print("\nrelease results:", *table, sep="\n  ")
     return status
 
 
-def _interrupt(signum, frame):  # a launch in progress kills its tree on the way out
+def _interrupt(signum, frame):  # a launch in progress kills its tree on the way out (coverage's handler calls this)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -283,20 +265,8 @@ def main(argv=None):
     run_dir = os.path.join(os.path.abspath(run_root), f"paddle-{version}")
     os.makedirs(run_dir, exist_ok=True)
     if args.slow_start:
-        folder = os.path.join(run_dir, "slow-start")
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
-            f.write(SLOW_START.format(marker=os.path.join(ROOT, "test") + os.sep, seconds=args.slow_start))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
-        print(f"slow start: every process running a script under test/ sleeps {args.slow_start:g}s at start-up")
-    cov = None
-    if args.coverage:
-        import coverage
-
-        os.environ["COVERAGE_FILE"] = os.path.join(run_dir, "coverage", ".coverage")
-        cov = coverage.Coverage(config_file=COVERAGERC)
-        cov.start()
-        signal.signal(signal.SIGTERM, _interrupt)  # coverage's own handler would end this process at once
+        os.environ[rank_signals.SLOW_START_ENV] = str(args.slow_start)
+        print(f"slow start: every rank sleeps {args.slow_start:g}s at start-up")
     cuda = paddle.is_compiled_with_cuda()
     header = (f"Paddle {version} ({'CUDA' if cuda else 'CPU build'}), device {device}, "
               f"{args.nproc} ranks per node, logs in {run_dir}")
@@ -305,21 +275,14 @@ def main(argv=None):
                    "-o", f"junit_suite_name=collective.paddle-{version}", "--keep-duplicates"]
     if args.junit_xml:
         pytest_args.append("--junit-xml=" + args.junit_xml.replace("{paddle}", version))
+    if args.coverage:  # pytest-cov; the ranks' data joins through `patch = subprocess` (tools/coveragerc)
+        os.makedirs(os.path.join(run_dir, "coverage"), exist_ok=True)
+        os.environ["COVERAGE_FILE"] = os.path.join(run_dir, "coverage", ".coverage")
+        pytest_args += ["--cov", f"--cov-config={COVERAGERC}", "--cov-report=term-missing",
+                        f"--cov-report=xml:{os.path.join(run_dir, 'coverage.xml')}"]
+        pytest_args += [f"--cov-fail-under={args.cov_fail_under}"] if args.cov_fail_under is not None else []
     pytest_args += [d for d in rows for _ in range(args.repeat)]
     rc = int(pytest.main(pytest_args, plugins=[plugin]))
-    if cov:
-        cov.stop()
-        cov.save()
-        cov.combine(keep=True)
-        report = os.path.join(run_dir, "coverage-report.txt")
-        with open(report, "w") as f:
-            percent = cov.report(file=f)
-        cov.xml_report(outfile=os.path.join(run_dir, "coverage.xml"))
-        print(f"\nCoverage of paddle_overlay across all ranks (Paddle {version}):\n{_read(report)}"
-              f"coverage report: {report}")
-        if args.cov_fail_under is not None and percent < args.cov_fail_under:
-            print(f"COVERAGE FAILED: {percent:.1f}% < {args.cov_fail_under}%")
-            rc = rc or 1
     return args.skip_exit_code if rc == 0 and args.skip_exit_code and getattr(plugin, "all_skipped", False) else rc
 
 

@@ -57,7 +57,7 @@ finish() {
   if (($# == 1)); then return "${step_rc[$1]:-0}"; fi
 }
 
-# merge_coverage OUT DATA_DIR...: OUT/coverage-report.txt and OUT/coverage.xml over every DATA_DIR.
+# merge_coverage OUT DATA...: OUT/coverage-report.txt and OUT/coverage.xml over every DATA file or folder.
 merge_coverage() {
   local out="$1" rc=0
   shift
@@ -119,14 +119,12 @@ if finish "$venv_oldest"; then
 fi
 finish
 if [[ -x "$py" ]]; then
-  start "coverage" "$REPORTS/coverage.log" merge_coverage "$REPORTS/coverage" "$REPORTS/runs/paddle-$NEWEST/coverage" \
-    "$REPORTS/runs-examples/paddle-$NEWEST/coverage" "$REPORTS/unit/coverage"
+  start "coverage" "$REPORTS/coverage.log" merge_coverage "$REPORTS/coverage" "$REPORTS/runs/paddle-$NEWEST/coverage/.coverage" \
+    "$REPORTS/runs-examples/paddle-$NEWEST/coverage/.coverage" "$REPORTS/unit/coverage"
   finish
 fi
 
 echo -e "\n::: recap (total ${SECONDS}s, exit $status)"
 printf '%s\n' "step|result|time|log" "----|------|----|---" "${recap[@]}" | column -t -s '|'
-for report in "$REPORTS"/coverage/coverage-report.txt "$REPORTS"/runs*/paddle-*/coverage-report.txt; do
-  if [[ -f "$report" ]]; then echo "coverage report: $report"; fi
-done
+if [[ -f "$REPORTS/coverage/coverage-report.txt" ]]; then echo "coverage report: $REPORTS/coverage/coverage-report.txt"; fi
 exit $status

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -16,7 +17,7 @@ import rank_signals  # noqa: E402
 from legacy_test import test_parallel_dygraph_dataparallel as stand_in  # noqa: E402
 
 
-def run_rank(tmp_path, rank, body):
+def run_rank(tmp_path, rank, body, **env):
     """Run ``body`` as a fake rank: the hook installed as the .pth would, a fake ``paddle``."""
     fake = tmp_path / "fake_site"
     (fake / "paddle").mkdir(parents=True, exist_ok=True)
@@ -27,7 +28,7 @@ def run_rank(tmp_path, rank, body):
         runpy.run_path({os.path.join(HARNESS, 'rank_signals.py')!r}, run_name={rank_signals._HOOK_RUN_NAME!r})
     """) + textwrap.dedent(body)
     env = dict(os.environ, PYTHONPATH=str(fake), PADDLE_TRAINER_ID=str(rank),
-               PADDLE_OVERLAY_RANK_SIGNAL_DIR=str(tmp_path / "signals"))
+               PADDLE_OVERLAY_RANK_SIGNAL_DIR=str(tmp_path / "signals"), **env)
     return subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -50,6 +51,15 @@ def test_ready_after_paddle_import_and_exit_records(tmp_path):
     order = [(rank, how) for _, rank, how in rank_signals.exit_order(signals)]
     assert order == [(1, "sys.exit(3)"), (0, "uncaught RuntimeError"), (2, "ended")]
     assert rank_signals.first_failure(signals) == (1, "sys.exit(3)")
+
+
+def test_slow_start_delays_the_rank_before_it_imports_paddle(tmp_path):
+    started = time.time()
+    done = run_rank(tmp_path, 0, "import paddle, time\ntime.sleep(0.5)\n", **{rank_signals.SLOW_START_ENV: "2"})
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "signals" / "rank-0") as f:
+        ready_at = float(f.read().split()[1])
+    assert ready_at - started >= 2.0  # the sleep came before the import: a lower bound, not a timing
 
 
 def test_pth_line_is_inert_without_the_variables():

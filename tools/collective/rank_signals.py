@@ -3,7 +3,9 @@
 
 :func:`install_pth` puts a ``.pth`` line in the venv that runs :func:`_start` in each rank of a launch: a
 thread writes ``<dir>/rank-<id>`` once ``import paddle`` has finished, and at exit ``<dir>/exit-<id>.<pid>``
-records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``).
+records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``). With
+``$PADDLE_OVERLAY_SLOW_START`` set (``run_collective_tests.sh --slow-start``), each rank first sleeps that
+many seconds, as a loaded machine delays Paddle's import.
 """
 
 import atexit
@@ -19,6 +21,7 @@ DIR_ENV = "PADDLE_OVERLAY_RANK_SIGNAL_DIR"
 # that Paddle's launcher, which runs none of paddle_overlay, starts no coverage; ranks start it here
 COVERAGE_ENV = "PADDLE_OVERLAY_RANK_COVERAGE"
 RANK_ENV = "PADDLE_TRAINER_ID"
+SLOW_START_ENV = "PADDLE_OVERLAY_SLOW_START"
 _HOOK_RUN_NAME = "__paddle_overlay_rank_signals__"
 _THREAD_NAME = "paddle_overlay_rank_signals"
 
@@ -110,6 +113,7 @@ def _start():
 
 
 if __name__ == _HOOK_RUN_NAME:
+    time.sleep(float(os.environ.get(SLOW_START_ENV) or 0))
     if os.environ.get(COVERAGE_ENV):
         os.environ["COVERAGE_PROCESS_CONFIG"] = os.environ.pop(COVERAGE_ENV)
         __import__("coverage").process_startup()

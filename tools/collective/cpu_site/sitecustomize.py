@@ -2,20 +2,12 @@
 """Test harness only: a CPU rank of a script beside the CPU shim (``PADDLE_OVERLAY_CPU_SHIM``, set by the
 ``TestMultipleGpus`` stand-in with this folder on ``PYTHONPATH``) gets the shim's gloo group creation
 before the script runs. Here, not in a ``.pth`` line: Paddle 2.6 reads ``site.USER_SITE``, unset while
-``.pth`` files run. Another ``sitecustomize`` further on the path (``--slow-start``'s) runs first.
+``.pth`` files run.
 """
 
 import importlib.util
 import os
-import runpy
 import sys
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-for _folder in sys.path:
-    _other = os.path.join(_folder or os.curdir, "sitecustomize.py")
-    if os.path.abspath(_folder or os.curdir) != _HERE and os.path.isfile(_other):
-        runpy.run_path(_other, run_name="sitecustomize")
-        break
 
 _shim = os.environ.get("PADDLE_OVERLAY_CPU_SHIM")
 if _shim and os.environ.get("PADDLE_TRAINER_ID") is not None and os.environ.get("PADDLE_OVERLAY_TEST_DEVICE") == "cpu":
