@@ -28,6 +28,7 @@ import rank_signals  # noqa: E402
 import testslist  # noqa: E402
 from paddle_overlay._patching import TESTED_PADDLE  # noqa: E402  (the one list of releases)
 
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="run_collective_tests.sh", description="Run the collective (multi-rank) tests of paddle_overlay "
