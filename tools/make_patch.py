@@ -260,19 +260,11 @@ def _read(path):
         return f.read()
 
 
-def new_modules():
-    return list(NEW_MODULES)
-
-
-def test_files():
-    return list(TEST_FILES)
-
-
 def patch_source_files():
     """Repository paths of every file whose text goes into the patch."""
     overlay, tests = os.path.relpath(OVERLAY_DIR, ROOT), os.path.relpath(TEST_DIR, ROOT)
-    return [f"{overlay}/{n}" for n in sorted([name for name, _ in SPLICED] + new_modules())] + [
-        f"{tests}/{n}" for n in sorted(test_files())]
+    return [f"{overlay}/{n}" for n in sorted([name for name, _ in SPLICED] + list(NEW_MODULES))] + [
+        f"{tests}/{n}" for n in sorted(TEST_FILES)]
 
 
 def testslist_rows():
@@ -294,7 +286,7 @@ def testslist_rows():
 def patched_files(tree):
     """{path in ``tree``: new text} of every file the patch adds or changes; PatchError when a file
     to splice is missing or one to add exists already."""
-    for folder, names in ((OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules()), (TEST_DIR, test_files())):
+    for folder, names in ((OVERLAY_DIR, [n for n, _ in SPLICED] + list(NEW_MODULES)), (TEST_DIR, TEST_FILES)):
         absent = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
         if absent:
             raise PatchError(f"listed in tools/make_patch.py but not in {os.path.relpath(folder, ROOT)}: {absent}")
@@ -307,8 +299,8 @@ def patched_files(tree):
         key = f"{TREE_OPT_DIR}/{filename}"
         out[key] = splice(out[key] if key in out else _read(target_path), _read(os.path.join(OVERLAY_DIR, filename)),
                           class_name, key, os.path.relpath(os.path.join(OVERLAY_DIR, filename), ROOT))
-    added = {f"{TREE_OPT_DIR}/{n}": os.path.join(OVERLAY_DIR, n) for n in new_modules()}
-    added.update({f"{TREE_TEST_DIR}/{n}": os.path.join(TEST_DIR, n) for n in test_files()})
+    added = {f"{TREE_OPT_DIR}/{n}": os.path.join(OVERLAY_DIR, n) for n in NEW_MODULES}
+    added.update({f"{TREE_TEST_DIR}/{n}": os.path.join(TEST_DIR, n) for n in TEST_FILES})
     for rel, src in sorted(added.items()):
         if os.path.lexists(os.path.join(tree, rel)):
             raise PatchError(f"{rel} exists in {tree}: the patch adds new files only (is the tree patched already, "
