@@ -4,7 +4,7 @@
 
 :data:`NEW_MODULES` and :data:`TEST_FILES` are added byte for byte (their ``testslist.csv`` rows go in
 the header); each class of :data:`SPLICED` has its methods spliced into Paddle's class of the same
-name. The patch is ``git diff`` from a throw-away repository with fixed identity and configuration:
+name. The patch is ``git diff`` in a throw-away repository without the user's git configuration:
 same inputs, same bytes. Exit codes: 0 ok, 2 bad input (the message says what to fix).
 """
 
@@ -60,13 +60,10 @@ TEST_FILES = (
 # Prefix of the patch-header lines that carry the testslist.csv rows.
 ROW_PREFIX = "testslist.csv row: "
 
-# git without the user's configuration, with a fixed identity and date
-GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
-           "TZ": "UTC", **{f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER") for what, value in (
-               ("NAME", "paddle_overlay make_patch"), ("EMAIL", "make_patch@paddle-overlay.invalid"),
-               ("DATE", "2000-01-01T00:00:00+0000"))}}
-GIT_CONFIG = [a for c in ("core.autocrlf=false", "core.fileMode=true", "core.quotePath=false", "init.defaultBranch=main",
-                           "commit.gpgSign=false", "tag.gpgSign=false") for a in ("-c", c)]
+# git with neither the user's nor the system's configuration (git's defaults apply), and an identity
+# for the commits of layout_wheel_tree
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
+GIT_IDENTITY = ["-c", "user.name=paddle_overlay make_patch", "-c", "user.email=make_patch@paddle-overlay.invalid"]
 
 
 class PatchError(Exception):
@@ -260,6 +257,11 @@ def _read(path):
         return f.read()
 
 
+def _write(path, text):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+
+
 def patch_source_files():
     """Repository paths of every file whose text goes into the patch."""
     overlay, tests = os.path.relpath(OVERLAY_DIR, ROOT), os.path.relpath(TEST_DIR, ROOT)
@@ -362,7 +364,7 @@ def header(description, rows):
 
 def git(repo, *args):
     """stdout of git in ``repo``, without the user's configuration; CalledProcessError on failure."""
-    return subprocess.run(["git", *GIT_CONFIG, *args], cwd=repo, env={**os.environ, **GIT_ENV},
+    return subprocess.run(["git", *GIT_IDENTITY, *args], cwd=repo, env={**os.environ, **GIT_ENV},
                           capture_output=True, text=True, check=True).stdout
 
 
@@ -371,19 +373,18 @@ def make_patch(tree, description):
     files = patched_files(tree)
     with tempfile.TemporaryDirectory(prefix="make_patch-") as repo:
         git(repo, "init", "-q")
-        for rel, text in sorted(files.items()):
+        for rel in files:
             os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
             if os.path.isfile(os.path.join(tree, rel)):
                 shutil.copyfile(os.path.join(tree, rel), os.path.join(repo, rel))
         git(repo, "add", "-A")
-        git(repo, "commit", "-q", "--allow-empty", "-m", "original")
+        original = git(repo, "write-tree").strip()
         for rel, text in files.items():
-            with open(os.path.join(repo, rel), "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+            _write(os.path.join(repo, rel), text)
         git(repo, "add", "-A")
-        body = git(repo, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
-                   "--full-index", "--diff-algorithm=myers", "--indent-heuristic", "--unified=3",
-                   "--src-prefix=a/", "--dst-prefix=b/")
+        # full blob ids; the options a later git might change the default of are pinned
+        body = git(repo, "diff", "--cached", "--full-index", "--no-renames", "--no-ext-diff", "--diff-algorithm=myers",
+                   "--indent-heuristic", "--unified=3", original)
     return header(description, testslist_rows()) + body
 
 
@@ -462,8 +463,7 @@ def main(argv=None):
         return 2
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        _write(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
