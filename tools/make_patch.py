@@ -115,28 +115,22 @@ def _top_level_bindings(module_node, package):
     return bound
 
 
-def _globals_used(overlay_text, filename, class_name, method_names):
-    """Global names each method of the overlay class reads (nested scopes included)."""
+def _globals_used(overlay_text, filename, class_name):
+    """{method: global names it reads (nested scopes included)} of the overlay class."""
     table = symtable.symtable(overlay_text, filename, "exec")
     cls = next(t for t in table.get_children() if t.get_type() == "class" and t.get_name() == class_name)
 
     def reads(t):
         return set(t.get_globals()).union(*map(reads, t.get_children()))
 
-    return {t.get_name(): reads(t) for t in cls.get_children()
-            if t.get_name() in method_names and t.get_type() == "function"}
+    return {t.get_name(): reads(t) for t in cls.get_children() if t.get_type() == "function"}
 
 
 def _names_read_at_definition(node):
     """Names a method's decorators, default values and annotations read: Python evaluates them
     where the ``def`` runs (the class body, then the module), not in the method's scope."""
-    args = node.args
-    exprs = list(node.decorator_list) + list(args.defaults) + [d for d in args.kw_defaults if d is not None]
-    exprs += [a.annotation for a in args.posonlyargs + args.args + args.kwonlyargs if a.annotation is not None]
-    exprs += [a.annotation for a in (args.vararg, args.kwarg) if a is not None and a.annotation is not None]
-    if node.returns is not None:
-        exprs.append(node.returns)
-    return {n.id for e in exprs for n in ast.walk(e) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    outside_body = [*node.decorator_list, node.args] + ([node.returns] if node.returns else [])
+    return {n.id for e in outside_body for n in ast.walk(e) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _import_line(source_module, package, names):
@@ -163,29 +157,26 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     # target module binds the same way (or gets added).
     o_bound = _top_level_bindings(overlay_mod, TARGET_PACKAGE)
     t_bound = _top_level_bindings(target_mod, TARGET_PACKAGE)
-    builtin_names = set(dir(builtins))
-    missing = {}  # absolute module -> [names]
-    used = _globals_used(overlay_text, overlay_name, class_name, set(o_methods))
+    missing = {}  # absolute module -> {names}
+    used = _globals_used(overlay_text, overlay_name, class_name)
     for method, node in o_methods.items():
-        used.setdefault(method, set()).update(_names_read_at_definition(node))
-    for method, names in used.items():
-        for name in sorted(names):
+        for name in sorted(used.get(method, set()) | _names_read_at_definition(node)):
             how = o_bound.get(name)
+            if how is None and hasattr(builtins, name):
+                continue
             if how is None:
-                if name in builtin_names:
-                    continue
-                raise PatchError(f"{overlay_name}: {class_name}.{method} reads {name}, which is neither imported nor builtin")
+                raise PatchError(f"{overlay_name}: {class_name}.{method} reads {name}, "
+                                 "which is neither imported nor builtin")
             if how[0] != "import":
                 raise PatchError(f"{overlay_name}: {class_name}.{method} reads module-level {name} ({how[1]}); "
                                  "the patch carries methods only: import it from a Paddle module instead")
             if how[1].split(".")[0] == "paddle_overlay":
                 raise PatchError(f"{overlay_name}: {class_name}.{method} uses {name} from {how[1]}, absent in Paddle")
             there = t_bound.get(name)
+            if there is None and how[2] is None:
+                raise PatchError(f"{overlay_name}: plain 'import' of {name} is not supported; use 'from ... import'")
             if there is None:
-                if how[2] is None:
-                    raise PatchError(f"{overlay_name}: plain 'import' of {name} is not supported; use 'from ... import'")
-                if how[2] not in missing.setdefault(how[1], []):
-                    missing[how[1]].append(how[2])
+                missing.setdefault(how[1], set()).add(how[2])
             elif there != how:
                 raise PatchError(f"{target_name}: {name} is bound to {there[1:]} but {class_name}.{method} "
                                  f"expects {how[1:]} (from {overlay_name})")
@@ -220,24 +211,22 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         out[start - 1 : end] = new
     result = "\n".join(out) + ("\n" if target_text.endswith("\n") else "")
-    try:
-        compile(result, target_name, "exec")
-    except SyntaxError as e:  # a bug of this tool, not of the input
-        raise AssertionError(f"spliced {target_name} does not parse: {e}") from e
+    compile(result, target_name, "exec")  # a SyntaxError here is a bug of this tool, not of the input
     return result
 
 
 def _overlay_wraps(overlay_mod, overlay_name, class_name=None):
     """The names ``class_name`` wraps: the module's ``OVERLAY_WRAPS`` tuple, or its entry in such a dict."""
-    for node in overlay_mod.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OVERLAY_WRAPS" for t in node.targets):
-            value = ast.literal_eval(node.value)
-            if isinstance(value, dict):
-                value = tuple(value.get(class_name, ()))
-            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-                raise PatchError(f"{overlay_name}: OVERLAY_WRAPS must be a tuple of str")
-            return value
-    raise PatchError(f"{overlay_name}: no module-level OVERLAY_WRAPS")
+    assigned = {t.id: node.value for node in overlay_mod.body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    if "OVERLAY_WRAPS" not in assigned:
+        raise PatchError(f"{overlay_name}: no module-level OVERLAY_WRAPS")
+    value = ast.literal_eval(assigned["OVERLAY_WRAPS"])
+    if isinstance(value, dict):
+        value = tuple(value.get(class_name, ()))
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise PatchError(f"{overlay_name}: OVERLAY_WRAPS must be a tuple of str")
+    return value
 
 
 def _import_edit(target_mod, t_lines, missing):
@@ -272,8 +261,6 @@ def patch_source_files():
 def testslist_rows():
     """The lines of our testslist.csv whose driver the patch carries, as written; PatchError for a bad row."""
     path = os.path.join(TEST_DIR, "testslist.csv")
-    if not os.path.isfile(path):
-        return []
     try:
         rows = testslist.read_testslist(path)
     except ValueError as e:
@@ -292,15 +279,13 @@ def patched_files(tree):
         absent = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
         if absent:
             raise PatchError(f"listed in tools/make_patch.py but not in {os.path.relpath(folder, ROOT)}: {absent}")
-    opt_dir = os.path.join(tree, TREE_OPT_DIR)
     out = {}
     for filename, class_name in SPLICED:
-        target_path = os.path.join(opt_dir, filename)
-        if not os.path.isfile(target_path):
-            raise PatchError(f"{target_path} not found: is {tree} a Paddle tree (python/paddle/...)?")
-        key = f"{TREE_OPT_DIR}/{filename}"
-        out[key] = splice(out[key] if key in out else _read(target_path), _read(os.path.join(OVERLAY_DIR, filename)),
-                          class_name, key, os.path.relpath(os.path.join(OVERLAY_DIR, filename), ROOT))
+        rel, overlay = f"{TREE_OPT_DIR}/{filename}", os.path.join(OVERLAY_DIR, filename)
+        if not os.path.isfile(os.path.join(tree, rel)):
+            raise PatchError(f"{os.path.join(tree, rel)} not found: is {tree} a Paddle tree (python/paddle/...)?")
+        target = out.get(rel) or _read(os.path.join(tree, rel))  # the second class of a file: the first's result
+        out[rel] = splice(target, _read(overlay), class_name, rel, os.path.relpath(overlay, ROOT))
     added = {f"{TREE_OPT_DIR}/{n}": os.path.join(OVERLAY_DIR, n) for n in NEW_MODULES}
     added.update({f"{TREE_TEST_DIR}/{n}": os.path.join(TEST_DIR, n) for n in TEST_FILES})
     for rel, src in sorted(added.items()):
@@ -317,19 +302,18 @@ LEGACY_BASE = "test/legacy_test/test_parallel_dygraph_dataparallel.py"
 BASE_NAMES = (("TestMultipleGpus", "run_mnist_2gpu"), ("TestMultipleAccelerators", "run_mnist_2accelerators"))
 
 
-def newer_test_base(tree):
-    """True when the tree's ``LEGACY_BASE`` defines only ``TestMultipleAccelerators``."""
+def base_classes(tree):
+    """The class names of :data:`BASE_NAMES` that the tree's ``LEGACY_BASE`` defines (none without that file)."""
     path = os.path.join(tree, LEGACY_BASE)
     legacy = _read(path) if os.path.isfile(path) else ""
-    return not re.search(r"^class TestMultipleGpus\b", legacy, re.M) and bool(
-        re.search(r"^class TestMultipleAccelerators\b", legacy, re.M))
+    return {cls for cls, _ in BASE_NAMES if re.search(rf"^class {cls}\b", legacy, re.M)}
 
 
 def adapt_test_base(tree, text):
     """``text`` with the base's newer names when the tree's ``LEGACY_BASE`` has only those (a later Paddle)."""
-    if not newer_test_base(tree):
-        return text
     (old_cls, old_fn), (new_cls, new_fn) = BASE_NAMES
+    if base_classes(tree) != {new_cls}:
+        return text
     module = "legacy_test.test_parallel_dygraph_dataparallel"
     # the longer name no longer fits one 80-column line: the form black and isort give it
     text = text.replace(f"from {module} import {old_cls}\n", f"from {module} import (\n    {new_cls},\n)\n")
