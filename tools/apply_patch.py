@@ -81,8 +81,6 @@ def main(argv=None):
     parser.add_argument("patch", metavar="PATCH", nargs="?",
                         help="default: the one file of patches/*.patch that applies to PADDLE_SRC")
     args = parser.parse_args(argv)
-    if not os.path.isdir(args.src):
-        parser.exit(2, f"error: {args.src} is not a folder\n")
     src = os.path.abspath(args.src)
     if not os.path.isdir(os.path.join(src, "python", "paddle")):
         parser.exit(2, f"error: {src} is not a Paddle tree: no python/paddle folder\n")

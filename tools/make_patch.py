@@ -49,10 +49,9 @@ NEW_MODULES = (
     "read_interception.py",
     "unit_plan.py",
 )
-# Files of test/collective/fleet in upstream's form added as new files: drivers (their
-# testslist.csv rows travel in the header) and the per-rank scripts they launch: the on/off
-# driver with its per-rank script (foundation cases and the bf16/AMP case; test_make_patch.py
-# fails for a carried file that imports one left out, such as the wait checker or the CPU shim).
+# Files of test/collective/fleet added as new files: drivers in upstream's form (their testslist.csv
+# rows travel in the header) and the per-rank scripts they launch (test_make_patch.py fails for a
+# carried file that needs one left out, such as the wait checker or the CPU shim).
 TEST_FILES = (
     "test_dygraph_sharding_stage1_broadcast_overlap.py",
     "dygraph_sharding_stage1_broadcast_overlap.py",
@@ -76,20 +75,17 @@ def origin_name(name):
 
 
 def _find_class(module, name, filename):
-    found = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name]
-    if not found:
-        raise PatchError(f"{filename}: no top-level class {name}")
-    return found[0]
-
-
-def _methods(class_node):
-    return {n.name: n for n in class_node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    """The top-level class ``name`` of ``module`` and its methods, {name: node}."""
+    for node in module.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node, {n.name: n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    raise PatchError(f"{filename}: no top-level class {name}")
 
 
 def _first_line(node, lines):
     """1-based first line of a method: its decorators and the comment lines right above them."""
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
+    indent = re.match(r"\s*", lines[start - 1]).group()
     while start > 1 and lines[start - 2].startswith(indent + "#"):
         start -= 1
     return start
@@ -147,8 +143,8 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     that cannot be done faithfully (wrapped method missing, tree patched, a name it cannot carry)."""
     overlay_mod, target_mod = ast.parse(overlay_text, overlay_name), ast.parse(target_text, target_name)
     o_lines, t_lines = overlay_text.splitlines(), target_text.splitlines()
-    t_cls = _find_class(target_mod, class_name, target_name)
-    o_methods, t_methods = _methods(_find_class(overlay_mod, class_name, overlay_name)), _methods(t_cls)
+    t_cls, t_methods = _find_class(target_mod, class_name, target_name)
+    _, o_methods = _find_class(overlay_mod, class_name, overlay_name)
     wraps = _overlay_wraps(overlay_mod, overlay_name, class_name)
     for name in wraps:
         if name not in o_methods:
@@ -419,11 +415,9 @@ def make_wheel_patch(venv, version=None):
     found, commit = wheel_version(pkg)
     if version and version != found:
         raise PatchError(f"{pkg} is Paddle {found}, not {version}")
-    with tempfile.TemporaryDirectory(prefix="paddle-wheel-tree-") as tmp:
-        tree = os.path.join(tmp, "Paddle")
+    with tempfile.TemporaryDirectory(prefix="paddle-wheel-tree-") as tree:
         layout_wheel_tree(pkg, tree)
-        desc = f"Paddle {found}" + (f" (commit {commit})" if commit else "")
-        return make_patch(tree, desc), found
+        return make_patch(tree, f"Paddle {found}" + (f" (commit {commit})" if commit else "")), found
 
 
 def main(argv=None):
