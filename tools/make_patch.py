@@ -129,15 +129,6 @@ def _names_read_at_definition(node):
     return {n.id for e in outside_body for n in ast.walk(e) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
-def _import_line(source_module, package, names):
-    """``from .x import a, b`` text (relative when ``source_module`` is in ``package``)."""
-    mod = "." + source_module[len(package) + 1 :] if source_module.startswith(package + ".") else source_module
-    # isort's order (profile black, order_by_type): classes, then functions
-    names = sorted(names, key=lambda n: (not n[:1].isupper(), n))
-    one = f"from {mod} import {', '.join(names)}"
-    return [one] if len(one) <= 80 else [f"from {mod} import ("] + [f"    {n}," for n in names] + [")"]
-
-
 def splice(target_text, overlay_text, class_name, target_name="<target>", overlay_name="<overlay>"):
     """Target module text with the overlay class's methods spliced into ``class_name``; PatchError when
     that cannot be done faithfully (wrapped method missing, tree patched, a name it cannot carry)."""
@@ -200,7 +191,7 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     if appended:
         edits.append((t_cls.end_lineno + 1, t_cls.end_lineno, appended))
     if missing:
-        edits.append(_import_edit(target_mod, t_lines, missing))
+        edits.append(_import_edit(target_mod, missing))
     out = list(t_lines)
     # Apply bottom-up so earlier line numbers stay valid; insertions (end < start) at the same
     # line as a replacement go after it is applied, i.e. sort by start, then by end.
@@ -225,12 +216,19 @@ def _overlay_wraps(overlay_mod, overlay_name, class_name=None):
     return value
 
 
-def _import_edit(target_mod, t_lines, missing):
-    """Insertion of the missing imports after the last top-level import of the same kind."""
+def _import_edit(target_mod, missing):
+    """Insertion of ``from module import names`` for ``missing`` ({absolute module: names}) after the
+    last top-level import of the same kind (relative for a module of ``TARGET_PACKAGE``)."""
     imports = [n for n in target_mod.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     if not imports:
         raise PatchError("target module has no top-level imports to place new ones after")
-    new_lines = [line for module in sorted(missing) for line in _import_line(module, TARGET_PACKAGE, missing[module])]
+    new_lines = []
+    for module in sorted(missing):
+        mod = "." + module[len(TARGET_PACKAGE) + 1 :] if module.startswith(TARGET_PACKAGE + ".") else module
+        # isort's order (profile black, order_by_type): classes, then functions
+        names = sorted(missing[module], key=lambda n: (not n[:1].isupper(), n))
+        one = f"from {mod} import {', '.join(names)}"
+        new_lines += [one] if len(one) <= 80 else [f"from {mod} import ("] + [f"    {n}," for n in names] + [")"]
     relative_needed = any(m.startswith(TARGET_PACKAGE + ".") for m in missing)
     same_kind = [n for n in imports if (isinstance(n, ast.ImportFrom) and n.level > 0) == relative_needed]
     after = (same_kind or imports)[-1].end_lineno
@@ -264,8 +262,8 @@ def testslist_rows():
     for row in rows:
         if not os.path.isfile(os.path.join(TEST_DIR, row.name + ".py")):
             raise PatchError(f"{path}:{row.line}: {row.name} has no {row.name}.py in {TEST_DIR}")
-    carried = {row.line for row in rows if row.name + ".py" in TEST_FILES}
-    return [ln for n, ln in enumerate(_read(path).splitlines(), start=1) if n in carried]
+    lines = _read(path).splitlines()
+    return [lines[row.line - 1] for row in rows if row.name + ".py" in TEST_FILES]
 
 
 def patched_files(tree):
