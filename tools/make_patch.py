@@ -91,7 +91,7 @@ def _first_line(node, lines):
     return start
 
 
-def _top_level_bindings(module_node, package):
+def _top_level_bindings(module_node):
     """name -> ('import', absolute source, imported name) or ('def', kind) for top-level names."""
     bound = {}
     for node in module_node.body:
@@ -100,7 +100,7 @@ def _top_level_bindings(module_node, package):
                 name = a.asname or a.name.split(".")[0]
                 bound[name] = ("import", a.name if a.asname else name, None)
         elif isinstance(node, ast.ImportFrom):
-            source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), TARGET_PACKAGE)
             for a in node.names:
                 bound[a.asname or a.name] = ("import", source, a.name)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -142,8 +142,7 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
             raise PatchError(f"{overlay_name}: OVERLAY_WRAPS names {name}, which the class does not define")
     # Imports: every global a method reads must be a builtin or an overlay import that the
     # target module binds the same way (or gets added).
-    o_bound = _top_level_bindings(overlay_mod, TARGET_PACKAGE)
-    t_bound = _top_level_bindings(target_mod, TARGET_PACKAGE)
+    o_bound, t_bound = _top_level_bindings(overlay_mod), _top_level_bindings(target_mod)
     missing = {}  # absolute module -> {names}
     used = _globals_used(overlay_text, overlay_name, class_name)
     for method, node in o_methods.items():
