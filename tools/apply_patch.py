@@ -117,7 +117,7 @@ def main(argv=None):
         paths = [os.path.join(src, LIST), os.path.join(src, CMAKE)]
         backup = {path: _read(path) if os.path.isfile(path) else None for path in paths}
         generator = register(src, rows)
-        if generator and generator.returncode:
+        if generator is not None and generator.returncode:
             for path, text in backup.items():
                 if text is not None:
                     _write(path, text)
@@ -127,7 +127,7 @@ def main(argv=None):
             err("error: registering the tests failed; the tree is as it was (patch reverted):",
                 *("  " + line for line in generator.stdout.splitlines()))
             return 1
-        print(f"registered in {LIST}{' and CMakeLists.txt' * bool(generator)}:",
+        print(f"registered in {LIST}{' and CMakeLists.txt' * (generator is not None)}:",
               *("  " + row.split(",")[0] for row in rows), sep="\n")
     return 0
 

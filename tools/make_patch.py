@@ -359,7 +359,7 @@ def make_patch(tree, description):
         for rel, text in files.items():
             _write(os.path.join(repo, rel), text)
         git(repo, "add", "-A")
-        # full blob ids; the options a later git might change the default of are pinned
+        # full blob ids; the rest pins what GIT_EXTERNAL_DIFF or a later git's defaults could change
         body = git(repo, "diff", "--cached", "--full-index", "--no-renames", "--no-ext-diff", "--diff-algorithm=myers",
                    "--indent-heuristic", "--unified=3", original)
     return header(description, testslist_rows()) + body
