@@ -4,7 +4,7 @@
 
 :data:`NEW_MODULES` and :data:`TEST_FILES` are added byte for byte (their ``testslist.csv`` rows go in
 the header); each class of :data:`SPLICED` has its methods spliced into Paddle's class of the same
-name. The patch is ``git diff`` from a throw-away repository with fixed identity and configuration:
+name. The patch is ``git diff`` in a throw-away repository without the user's git configuration:
 same inputs, same bytes. Exit codes: 0 ok, 2 bad input (the message says what to fix).
 """
 
@@ -49,10 +49,9 @@ NEW_MODULES = (
     "read_interception.py",
     "unit_plan.py",
 )
-# Files of test/collective/fleet in upstream's form added as new files: drivers (their
-# testslist.csv rows travel in the header) and the per-rank scripts they launch: the on/off
-# driver with its per-rank script (foundation cases and the bf16/AMP case; test_make_patch.py
-# fails for a carried file that imports one left out, such as the wait checker or the CPU shim).
+# Files of test/collective/fleet added as new files: drivers in upstream's form (their testslist.csv
+# rows travel in the header) and the per-rank scripts they launch (test_make_patch.py fails for a
+# carried file that needs one left out, such as the wait checker or the CPU shim).
 TEST_FILES = (
     "test_dygraph_sharding_stage1_broadcast_overlap.py",
     "dygraph_sharding_stage1_broadcast_overlap.py",
@@ -60,13 +59,10 @@ TEST_FILES = (
 # Prefix of the patch-header lines that carry the testslist.csv rows.
 ROW_PREFIX = "testslist.csv row: "
 
-# git without the user's configuration, with a fixed identity and date
-GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
-           "TZ": "UTC", **{f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER") for what, value in (
-               ("NAME", "paddle_overlay make_patch"), ("EMAIL", "make_patch@paddle-overlay.invalid"),
-               ("DATE", "2000-01-01T00:00:00+0000"))}}
-GIT_CONFIG = [a for c in ("core.autocrlf=false", "core.fileMode=true", "core.quotePath=false", "init.defaultBranch=main",
-                           "commit.gpgSign=false", "tag.gpgSign=false") for a in ("-c", c)]
+# git with neither the user's nor the system's configuration (git's defaults apply), and an identity
+# for the commits of layout_wheel_tree
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
+GIT_IDENTITY = ["-c", "user.name=paddle_overlay make_patch", "-c", "user.email=make_patch@paddle-overlay.invalid"]
 
 
 class PatchError(Exception):
@@ -79,26 +75,23 @@ def origin_name(name):
 
 
 def _find_class(module, name, filename):
-    found = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name]
-    if not found:
-        raise PatchError(f"{filename}: no top-level class {name}")
-    return found[0]
-
-
-def _methods(class_node):
-    return {n.name: n for n in class_node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    """The top-level class ``name`` of ``module`` and its methods, {name: node}."""
+    for node in module.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node, {n.name: n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    raise PatchError(f"{filename}: no top-level class {name}")
 
 
 def _first_line(node, lines):
     """1-based first line of a method: its decorators and the comment lines right above them."""
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-    indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
+    indent = re.match(r"\s*", lines[start - 1]).group()
     while start > 1 and lines[start - 2].startswith(indent + "#"):
         start -= 1
     return start
 
 
-def _top_level_bindings(module_node, package):
+def _top_level_bindings(module_node):
     """name -> ('import', absolute source, imported name) or ('def', kind) for top-level names."""
     bound = {}
     for node in module_node.body:
@@ -107,7 +100,7 @@ def _top_level_bindings(module_node, package):
                 name = a.asname or a.name.split(".")[0]
                 bound[name] = ("import", a.name if a.asname else name, None)
         elif isinstance(node, ast.ImportFrom):
-            source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), TARGET_PACKAGE)
             for a in node.names:
                 bound[a.asname or a.name] = ("import", source, a.name)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -118,37 +111,22 @@ def _top_level_bindings(module_node, package):
     return bound
 
 
-def _globals_used(overlay_text, filename, class_name, method_names):
-    """Global names each method of the overlay class reads (nested scopes included)."""
+def _globals_used(overlay_text, filename, class_name):
+    """{method: global names it reads (nested scopes included)} of the overlay class."""
     table = symtable.symtable(overlay_text, filename, "exec")
     cls = next(t for t in table.get_children() if t.get_type() == "class" and t.get_name() == class_name)
 
     def reads(t):
         return set(t.get_globals()).union(*map(reads, t.get_children()))
 
-    return {t.get_name(): reads(t) for t in cls.get_children()
-            if t.get_name() in method_names and t.get_type() == "function"}
+    return {t.get_name(): reads(t) for t in cls.get_children() if t.get_type() == "function"}
 
 
 def _names_read_at_definition(node):
     """Names a method's decorators, default values and annotations read: Python evaluates them
     where the ``def`` runs (the class body, then the module), not in the method's scope."""
-    args = node.args
-    exprs = list(node.decorator_list) + list(args.defaults) + [d for d in args.kw_defaults if d is not None]
-    exprs += [a.annotation for a in args.posonlyargs + args.args + args.kwonlyargs if a.annotation is not None]
-    exprs += [a.annotation for a in (args.vararg, args.kwarg) if a is not None and a.annotation is not None]
-    if node.returns is not None:
-        exprs.append(node.returns)
-    return {n.id for e in exprs for n in ast.walk(e) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-
-
-def _import_line(source_module, package, names):
-    """``from .x import a, b`` text (relative when ``source_module`` is in ``package``)."""
-    mod = "." + source_module[len(package) + 1 :] if source_module.startswith(package + ".") else source_module
-    # isort's order (profile black, order_by_type): classes, then functions
-    names = sorted(names, key=lambda n: (not n[:1].isupper(), n))
-    one = f"from {mod} import {', '.join(names)}"
-    return [one] if len(one) <= 80 else [f"from {mod} import ("] + [f"    {n}," for n in names] + [")"]
+    outside_body = [*node.decorator_list, node.args] + ([node.returns] if node.returns else [])
+    return {n.id for e in outside_body for n in ast.walk(e) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def splice(target_text, overlay_text, class_name, target_name="<target>", overlay_name="<overlay>"):
@@ -156,39 +134,35 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     that cannot be done faithfully (wrapped method missing, tree patched, a name it cannot carry)."""
     overlay_mod, target_mod = ast.parse(overlay_text, overlay_name), ast.parse(target_text, target_name)
     o_lines, t_lines = overlay_text.splitlines(), target_text.splitlines()
-    t_cls = _find_class(target_mod, class_name, target_name)
-    o_methods, t_methods = _methods(_find_class(overlay_mod, class_name, overlay_name)), _methods(t_cls)
+    t_cls, t_methods = _find_class(target_mod, class_name, target_name)
+    _, o_methods = _find_class(overlay_mod, class_name, overlay_name)
     wraps = _overlay_wraps(overlay_mod, overlay_name, class_name)
     for name in wraps:
         if name not in o_methods:
             raise PatchError(f"{overlay_name}: OVERLAY_WRAPS names {name}, which the class does not define")
     # Imports: every global a method reads must be a builtin or an overlay import that the
     # target module binds the same way (or gets added).
-    o_bound = _top_level_bindings(overlay_mod, TARGET_PACKAGE)
-    t_bound = _top_level_bindings(target_mod, TARGET_PACKAGE)
-    builtin_names = set(dir(builtins))
-    missing = {}  # absolute module -> [names]
-    used = _globals_used(overlay_text, overlay_name, class_name, set(o_methods))
+    o_bound, t_bound = _top_level_bindings(overlay_mod), _top_level_bindings(target_mod)
+    missing = {}  # absolute module -> {names}
+    used = _globals_used(overlay_text, overlay_name, class_name)
     for method, node in o_methods.items():
-        used.setdefault(method, set()).update(_names_read_at_definition(node))
-    for method, names in used.items():
-        for name in sorted(names):
+        for name in sorted(used.get(method, set()) | _names_read_at_definition(node)):
             how = o_bound.get(name)
+            if how is None and hasattr(builtins, name):
+                continue
             if how is None:
-                if name in builtin_names:
-                    continue
-                raise PatchError(f"{overlay_name}: {class_name}.{method} reads {name}, which is neither imported nor builtin")
+                raise PatchError(f"{overlay_name}: {class_name}.{method} reads {name}, "
+                                 "which is neither imported nor builtin")
             if how[0] != "import":
                 raise PatchError(f"{overlay_name}: {class_name}.{method} reads module-level {name} ({how[1]}); "
                                  "the patch carries methods only: import it from a Paddle module instead")
             if how[1].split(".")[0] == "paddle_overlay":
                 raise PatchError(f"{overlay_name}: {class_name}.{method} uses {name} from {how[1]}, absent in Paddle")
             there = t_bound.get(name)
+            if there is None and how[2] is None:
+                raise PatchError(f"{overlay_name}: plain 'import' of {name} is not supported; use 'from ... import'")
             if there is None:
-                if how[2] is None:
-                    raise PatchError(f"{overlay_name}: plain 'import' of {name} is not supported; use 'from ... import'")
-                if how[2] not in missing.setdefault(how[1], []):
-                    missing[how[1]].append(how[2])
+                missing.setdefault(how[1], set()).add(how[2])
             elif there != how:
                 raise PatchError(f"{target_name}: {name} is bound to {there[1:]} but {class_name}.{method} "
                                  f"expects {how[1:]} (from {overlay_name})")
@@ -216,39 +190,44 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     if appended:
         edits.append((t_cls.end_lineno + 1, t_cls.end_lineno, appended))
     if missing:
-        edits.append(_import_edit(target_mod, t_lines, missing))
+        edits.append(_import_edit(target_mod, missing))
     out = list(t_lines)
     # Apply bottom-up so earlier line numbers stay valid; insertions (end < start) at the same
     # line as a replacement go after it is applied, i.e. sort by start, then by end.
     for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         out[start - 1 : end] = new
     result = "\n".join(out) + ("\n" if target_text.endswith("\n") else "")
-    try:
-        compile(result, target_name, "exec")
-    except SyntaxError as e:  # a bug of this tool, not of the input
-        raise AssertionError(f"spliced {target_name} does not parse: {e}") from e
+    compile(result, target_name, "exec")  # a SyntaxError here is a bug of this tool, not of the input
     return result
 
 
 def _overlay_wraps(overlay_mod, overlay_name, class_name=None):
     """The names ``class_name`` wraps: the module's ``OVERLAY_WRAPS`` tuple, or its entry in such a dict."""
-    for node in overlay_mod.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "OVERLAY_WRAPS" for t in node.targets):
-            value = ast.literal_eval(node.value)
-            if isinstance(value, dict):
-                value = tuple(value.get(class_name, ()))
-            if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
-                raise PatchError(f"{overlay_name}: OVERLAY_WRAPS must be a tuple of str")
-            return value
-    raise PatchError(f"{overlay_name}: no module-level OVERLAY_WRAPS")
+    assigned = {t.id: node.value for node in overlay_mod.body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    if "OVERLAY_WRAPS" not in assigned:
+        raise PatchError(f"{overlay_name}: no module-level OVERLAY_WRAPS")
+    value = ast.literal_eval(assigned["OVERLAY_WRAPS"])
+    if isinstance(value, dict):
+        value = tuple(value.get(class_name, ()))
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise PatchError(f"{overlay_name}: OVERLAY_WRAPS must be a tuple of str")
+    return value
 
 
-def _import_edit(target_mod, t_lines, missing):
-    """Insertion of the missing imports after the last top-level import of the same kind."""
+def _import_edit(target_mod, missing):
+    """Insertion of ``from module import names`` for ``missing`` ({absolute module: names}) after the
+    last top-level import of the same kind (relative for a module of ``TARGET_PACKAGE``)."""
     imports = [n for n in target_mod.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     if not imports:
         raise PatchError("target module has no top-level imports to place new ones after")
-    new_lines = [line for module in sorted(missing) for line in _import_line(module, TARGET_PACKAGE, missing[module])]
+    new_lines = []
+    for module in sorted(missing):
+        mod = "." + module[len(TARGET_PACKAGE) + 1 :] if module.startswith(TARGET_PACKAGE + ".") else module
+        # isort's order (profile black, order_by_type): classes, then functions
+        names = sorted(missing[module], key=lambda n: (not n[:1].isupper(), n))
+        one = f"from {mod} import {', '.join(names)}"
+        new_lines += [one] if len(one) <= 80 else [f"from {mod} import ("] + [f"    {n}," for n in names] + [")"]
     relative_needed = any(m.startswith(TARGET_PACKAGE + ".") for m in missing)
     same_kind = [n for n in imports if (isinstance(n, ast.ImportFrom) and n.level > 0) == relative_needed]
     after = (same_kind or imports)[-1].end_lineno
@@ -260,26 +239,21 @@ def _read(path):
         return f.read()
 
 
-def new_modules():
-    return list(NEW_MODULES)
-
-
-def test_files():
-    return list(TEST_FILES)
+def _write(path, text):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
 
 
 def patch_source_files():
     """Repository paths of every file whose text goes into the patch."""
     overlay, tests = os.path.relpath(OVERLAY_DIR, ROOT), os.path.relpath(TEST_DIR, ROOT)
-    return [f"{overlay}/{n}" for n in sorted([name for name, _ in SPLICED] + new_modules())] + [
-        f"{tests}/{n}" for n in sorted(test_files())]
+    return [f"{overlay}/{n}" for n in sorted([name for name, _ in SPLICED] + list(NEW_MODULES))] + [
+        f"{tests}/{n}" for n in sorted(TEST_FILES)]
 
 
 def testslist_rows():
     """The lines of our testslist.csv whose driver the patch carries, as written; PatchError for a bad row."""
     path = os.path.join(TEST_DIR, "testslist.csv")
-    if not os.path.isfile(path):
-        return []
     try:
         rows = testslist.read_testslist(path)
     except ValueError as e:
@@ -287,28 +261,26 @@ def testslist_rows():
     for row in rows:
         if not os.path.isfile(os.path.join(TEST_DIR, row.name + ".py")):
             raise PatchError(f"{path}:{row.line}: {row.name} has no {row.name}.py in {TEST_DIR}")
-    carried = {row.line for row in rows if row.name + ".py" in TEST_FILES}
-    return [ln for n, ln in enumerate(_read(path).splitlines(), start=1) if n in carried]
+    lines = _read(path).splitlines()
+    return [lines[row.line - 1] for row in rows if row.name + ".py" in TEST_FILES]
 
 
 def patched_files(tree):
     """{path in ``tree``: new text} of every file the patch adds or changes; PatchError when a file
     to splice is missing or one to add exists already."""
-    for folder, names in ((OVERLAY_DIR, [n for n, _ in SPLICED] + new_modules()), (TEST_DIR, test_files())):
+    for folder, names in ((OVERLAY_DIR, [n for n, _ in SPLICED] + list(NEW_MODULES)), (TEST_DIR, TEST_FILES)):
         absent = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
         if absent:
             raise PatchError(f"listed in tools/make_patch.py but not in {os.path.relpath(folder, ROOT)}: {absent}")
-    opt_dir = os.path.join(tree, TREE_OPT_DIR)
     out = {}
     for filename, class_name in SPLICED:
-        target_path = os.path.join(opt_dir, filename)
-        if not os.path.isfile(target_path):
-            raise PatchError(f"{target_path} not found: is {tree} a Paddle tree (python/paddle/...)?")
-        key = f"{TREE_OPT_DIR}/{filename}"
-        out[key] = splice(out[key] if key in out else _read(target_path), _read(os.path.join(OVERLAY_DIR, filename)),
-                          class_name, key, os.path.relpath(os.path.join(OVERLAY_DIR, filename), ROOT))
-    added = {f"{TREE_OPT_DIR}/{n}": os.path.join(OVERLAY_DIR, n) for n in new_modules()}
-    added.update({f"{TREE_TEST_DIR}/{n}": os.path.join(TEST_DIR, n) for n in test_files()})
+        rel, overlay = f"{TREE_OPT_DIR}/{filename}", os.path.join(OVERLAY_DIR, filename)
+        if not os.path.isfile(os.path.join(tree, rel)):
+            raise PatchError(f"{os.path.join(tree, rel)} not found: is {tree} a Paddle tree (python/paddle/...)?")
+        target = out.get(rel) or _read(os.path.join(tree, rel))  # the second class of a file: the first's result
+        out[rel] = splice(target, _read(overlay), class_name, rel, os.path.relpath(overlay, ROOT))
+    added = {f"{TREE_OPT_DIR}/{n}": os.path.join(OVERLAY_DIR, n) for n in NEW_MODULES}
+    added.update({f"{TREE_TEST_DIR}/{n}": os.path.join(TEST_DIR, n) for n in TEST_FILES})
     for rel, src in sorted(added.items()):
         if os.path.lexists(os.path.join(tree, rel)):
             raise PatchError(f"{rel} exists in {tree}: the patch adds new files only (is the tree patched already, "
@@ -323,19 +295,18 @@ LEGACY_BASE = "test/legacy_test/test_parallel_dygraph_dataparallel.py"
 BASE_NAMES = (("TestMultipleGpus", "run_mnist_2gpu"), ("TestMultipleAccelerators", "run_mnist_2accelerators"))
 
 
-def newer_test_base(tree):
-    """True when the tree's ``LEGACY_BASE`` defines only ``TestMultipleAccelerators``."""
+def base_classes(tree):
+    """The class names of :data:`BASE_NAMES` that the tree's ``LEGACY_BASE`` defines (none without that file)."""
     path = os.path.join(tree, LEGACY_BASE)
     legacy = _read(path) if os.path.isfile(path) else ""
-    return not re.search(r"^class TestMultipleGpus\b", legacy, re.M) and bool(
-        re.search(r"^class TestMultipleAccelerators\b", legacy, re.M))
+    return {cls for cls, _ in BASE_NAMES if re.search(rf"^class {cls}\b", legacy, re.M)}
 
 
 def adapt_test_base(tree, text):
     """``text`` with the base's newer names when the tree's ``LEGACY_BASE`` has only those (a later Paddle)."""
-    if not newer_test_base(tree):
-        return text
     (old_cls, old_fn), (new_cls, new_fn) = BASE_NAMES
+    if base_classes(tree) != {new_cls}:
+        return text
     module = "legacy_test.test_parallel_dygraph_dataparallel"
     # the longer name no longer fits one 80-column line: the form black and isort give it
     text = text.replace(f"from {module} import {old_cls}\n", f"from {module} import (\n    {new_cls},\n)\n")
@@ -370,7 +341,7 @@ def header(description, rows):
 
 def git(repo, *args):
     """stdout of git in ``repo``, without the user's configuration; CalledProcessError on failure."""
-    return subprocess.run(["git", *GIT_CONFIG, *args], cwd=repo, env={**os.environ, **GIT_ENV},
+    return subprocess.run(["git", *GIT_IDENTITY, *args], cwd=repo, env={**os.environ, **GIT_ENV},
                           capture_output=True, text=True, check=True).stdout
 
 
@@ -379,19 +350,18 @@ def make_patch(tree, description):
     files = patched_files(tree)
     with tempfile.TemporaryDirectory(prefix="make_patch-") as repo:
         git(repo, "init", "-q")
-        for rel, text in sorted(files.items()):
+        for rel in files:
             os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
             if os.path.isfile(os.path.join(tree, rel)):
                 shutil.copyfile(os.path.join(tree, rel), os.path.join(repo, rel))
         git(repo, "add", "-A")
-        git(repo, "commit", "-q", "--allow-empty", "-m", "original")
+        original = git(repo, "write-tree").strip()
         for rel, text in files.items():
-            with open(os.path.join(repo, rel), "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+            _write(os.path.join(repo, rel), text)
         git(repo, "add", "-A")
-        body = git(repo, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
-                   "--full-index", "--diff-algorithm=myers", "--indent-heuristic", "--unified=3",
-                   "--src-prefix=a/", "--dst-prefix=b/")
+        # full blob ids; the rest pins what GIT_EXTERNAL_DIFF or a later git's defaults could change
+        body = git(repo, "diff", "--cached", "--full-index", "--no-renames", "--no-ext-diff", "--diff-algorithm=myers",
+                   "--indent-heuristic", "--unified=3", original)
     return header(description, testslist_rows()) + body
 
 
@@ -442,11 +412,9 @@ def make_wheel_patch(venv, version=None):
     found, commit = wheel_version(pkg)
     if version and version != found:
         raise PatchError(f"{pkg} is Paddle {found}, not {version}")
-    with tempfile.TemporaryDirectory(prefix="paddle-wheel-tree-") as tmp:
-        tree = os.path.join(tmp, "Paddle")
+    with tempfile.TemporaryDirectory(prefix="paddle-wheel-tree-") as tree:
         layout_wheel_tree(pkg, tree)
-        desc = f"Paddle {found}" + (f" (commit {commit})" if commit else "")
-        return make_patch(tree, desc), found
+        return make_patch(tree, f"Paddle {found}" + (f" (commit {commit})" if commit else "")), found
 
 
 def main(argv=None):
@@ -470,8 +438,7 @@ def main(argv=None):
         return 2
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        _write(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)

@@ -40,15 +40,16 @@ def parse_row(cells, line=0):
     c = dict(zip(FIELDS, (x.strip() for x in cells)))
     os_, arch, envs = _items(c["os"], True), _items(c["arch"], True), _items(c["envs"])
     checks = [  # (bad, message)
-        (not re.match(r"^test_[0-9A-Za-z_]+$", c["name"]), f"name must look like test_[0-9A-Za-z_]+, got {c['name']!r}"),
+        (not re.fullmatch(r"test_[0-9A-Za-z_]+", c["name"]),
+         f"name must look like test_[0-9A-Za-z_]+, got {c['name']!r}"),
         *((x not in OS_NAMES, f"os must be among {OS_NAMES}, got {x!r}") for x in os_),
         *((x not in ARCH_NAMES, f"arch must be among {ARCH_NAMES}, got {x!r}") for x in arch),
         (c["timeout"] and not c["timeout"].isdigit(), f"timeout must be whole seconds, got {c['timeout']!r}"),
-        (c["run_type"] and c["run_type"] not in RUN_TYPES, f"run_type must be among {RUN_TYPES}, got {c['run_type']!r}"),
+        (c["run_type"] not in ("", *RUN_TYPES), f"run_type must be among {RUN_TYPES}, got {c['run_type']!r}"),
         (c["run_serial"] not in ("", "0", "1"), f"run_serial must be 0, 1 or empty, got {c['run_serial']!r}"),
         (c["num_port"] and not c["num_port"].isdigit(), f"num_port must be a whole number, got {c['num_port']!r}"),
-        *((not re.match(r"^[A-Za-z_][0-9A-Za-z_]*=[^ ]*$", e), f"envs items must be NAME=VALUE without spaces, got {e!r}")
-          for e in envs),
+        *((not re.fullmatch(r"[A-Za-z_][0-9A-Za-z_]*=[^ ]*", e),
+           f"envs items must be NAME=VALUE without spaces, got {e!r}") for e in envs),
         (not c["launcher"], "launcher is required (e.g. ../../legacy_test/dist_test.sh or test_runner.py)"),
     ]
     for bad, message in checks:
@@ -81,20 +82,16 @@ def platform_facts(cuda=False):
 
 def eval_condition(expr, facts):
     """A CMake condition of symbols, AND, OR, NOT and parentheses; ValueError for anything else."""
-    def word(m):
-        if m.group() in ("AND", "OR", "NOT"):
-            return m.group().lower()
-        if m.group() not in facts:
-            raise ValueError(f"unknown symbol {m.group()!r} in condition {expr!r}")
-        return str(bool(facts[m.group()]))
-
-    python = re.sub(r"[A-Za-z_][A-Za-z0-9_]*", word, expr)
-    try:
-        if re.fullmatch(r"(\s|\(|\)|True|False|and|or|not)*", python):  # nothing else to evaluate
-            return bool(eval(python, {"__builtins__": {}}, {}))
+    words = {"AND": "and", "OR": "or", "NOT": "not", "(": "(", ")": ")"}
+    python = []
+    for token in re.findall(r"\w+|\S", expr):
+        if token not in words and token not in facts:
+            raise ValueError(f"unknown symbol or operator {token!r} in condition {expr!r}")
+        python.append(words[token] if token in words else str(bool(facts[token])))
+    try:  # only Python's and, or, not, parentheses, True and False are left to evaluate
+        return bool(eval(" ".join(python), {"__builtins__": {}}))
     except SyntaxError:
-        pass
-    raise ValueError(f"cannot evaluate condition {expr!r}")
+        raise ValueError(f"cannot evaluate condition {expr!r}") from None
 
 
 def unmet_requirements(row, device, facts):

@@ -120,8 +120,8 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
             modified,
             sorted({f"{make_patch.TREE_OPT_DIR}/{name}" for name, _ in make_patch.SPLICED}),
         )
-        expected_new = [f"{make_patch.TREE_OPT_DIR}/{n}" for n in make_patch.new_modules()]
-        expected_new += [f"{FLEET}/{n}" for n in make_patch.test_files()]
+        expected_new = [f"{make_patch.TREE_OPT_DIR}/{n}" for n in make_patch.NEW_MODULES]
+        expected_new += [f"{FLEET}/{n}" for n in make_patch.TEST_FILES]
         self.assertEqual(added, sorted(expected_new), f"{self.patch} is stale: run tools/update_generated.sh")
         self.assertEqual(checkout_tree.snapshot(self.plain)[f"{FLEET}/testslist.csv"], self.before[f"{FLEET}/testslist.csv"])
 
@@ -191,7 +191,7 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         self.assertEqual(result.testsRun, 1)
 
     def test_the_patchs_own_drivers_run_from_the_tree(self):
-        drivers = [n[:-3] for n in make_patch.test_files() if n.startswith("test_")]
+        drivers = [n[:-3] for n in make_patch.TEST_FILES if n.startswith("test_")]
         self.assertTrue(drivers)
         suite = unittest.TestSuite(unittest.TestLoader().loadTestsFromModule(self.load_driver(n)) for n in drivers)
         result = self.run_patched(suite)

@@ -304,8 +304,8 @@ def test_patch_changes_python_only_and_adds_new_files(version):
     changed = sorted(p for p, b in found.items() if "\nnew file mode " not in b.split("\n@@", 1)[0])
     assert changed == sorted({f"{make_patch.TREE_OPT_DIR}/{n}" for n, _ in make_patch.SPLICED})
     added = sorted(p for p in found if p not in changed)
-    expected = [f"{make_patch.TREE_OPT_DIR}/{n}" for n in make_patch.new_modules()]
-    expected += [f"{make_patch.TREE_TEST_DIR}/{n}" for n in make_patch.test_files()]
+    expected = [f"{make_patch.TREE_OPT_DIR}/{n}" for n in make_patch.NEW_MODULES]
+    expected += [f"{make_patch.TREE_TEST_DIR}/{n}" for n in make_patch.TEST_FILES]
     assert added == sorted(expected)
     assert "testslist.csv" not in " ".join(found) and "CMakeLists.txt" not in " ".join(found)
     # registration travels in the header, before the first diff
@@ -369,7 +369,7 @@ def test_patch_carries_upstream_form_tests_only_and_leaves_nothing_dangling():
     launch through one of Paddle's own multi-process bases."""
     assert selection_problems() == {}
     for kept_here in ("hybrid_parallel_cpu_shim.py", "broadcast_overlap_checker.py"):
-        assert kept_here not in make_patch.test_files()
+        assert kept_here not in make_patch.TEST_FILES
     bases = {  # Paddle's own multi-process bases: import, class, the call that launches
         "TestMultipleGpus": (
             "from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus",
@@ -381,7 +381,7 @@ def test_patch_carries_upstream_form_tests_only_and_leaves_nothing_dangling():
         ),
     }
     rows = make_patch.testslist_rows()
-    assert sorted(r.split(",")[0] + ".py" for r in rows) == sorted(n for n in make_patch.test_files() if n.startswith("test_"))
+    assert sorted(r.split(",")[0] + ".py" for r in rows) == sorted(n for n in make_patch.TEST_FILES if n.startswith("test_"))
     for row in rows:
         name = row.split(",")[0]
         driver = make_patch._read(os.path.join(make_patch.TEST_DIR, name + ".py"))
@@ -416,7 +416,7 @@ def test_a_selection_that_leaves_a_dependency_out_is_found(monkeypatch, tmp_path
 
 def test_upstream_bf16_names_are_not_taken():
     """Upstream's test_dygraph_sharding_stage1_bf16 and its per-rank script stay untouched."""
-    ours = make_patch.test_files()
+    ours = make_patch.TEST_FILES
     assert "dygraph_group_sharded_stage1_bf16.py" not in ours
     assert "test_dygraph_sharding_stage1_bf16.py" not in ours
     assert not any(r.startswith("test_dygraph_sharding_stage1_bf16,") for r in make_patch.testslist_rows())
@@ -453,7 +453,7 @@ def test_imports_of_sees_nested_and_conditional_imports():
 
 def test_tree_that_already_has_a_file_we_add_is_refused(tmp_path):
     tree = wheel_tree("3.3.1", tmp_path)
-    name = make_patch.test_files()[0]
+    name = make_patch.TEST_FILES[0]
     os.makedirs(os.path.join(tree, make_patch.TREE_TEST_DIR))
     with open(os.path.join(tree, make_patch.TREE_TEST_DIR, name), "w") as f:
         f.write("# upstream has a file of this name\n")
