@@ -23,7 +23,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HARNESS_DIR = os.path.join(ROOT, "tools", "collective")
 COVERAGERC = os.path.join(ROOT, "tools", "coveragerc")
-sys.path[:0] = [os.path.join(ROOT, "tools"), HARNESS_DIR, ROOT]
+# test/: the stand-ins of upstream's test bases (legacy_test, collective), found there as upstream's
+# fleet rows find them (PYTHONPATH=../..)
+sys.path[:0] = [os.path.join(ROOT, "tools"), HARNESS_DIR, ROOT, os.path.join(ROOT, "test")]
 import rank_signals  # noqa: E402
 import testslist  # noqa: E402
 from paddle_overlay._patching import TESTED_PADDLE  # noqa: E402  (the one list of releases)

@@ -1,6 +1,6 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Test-only stand-in for upstream Paddle's ``test/legacy_test/test_parallel_dygraph_dataparallel.py``
-(docs/harness.md): same names and signatures, the script run on 2 ranks by
+"""Test-only stand-in for upstream Paddle's ``test/legacy_test/test_parallel_dygraph_dataparallel.py``, at
+the same path (docs/harness.md): same names and signatures, the script run on 2 ranks by
 :func:`collective_launch.launch_collective`, on the CPU too. In overlay mode (default;
 ``PADDLE_OVERLAY_MODE=patched`` turns it off) the ranks get ``PADDLE_OVERLAY=1``. Never shipped upstream.
 """
@@ -13,7 +13,8 @@ from collective_launch import launch_collective
 
 __all__ = ["TestMultipleGpus"]
 
-CPU_SITE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cpu_site")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CPU_SITE = os.path.join(ROOT, "tools", "collective", "cpu_site")
 
 
 def script_path(test_case, target_file_name):

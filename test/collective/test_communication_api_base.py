@@ -1,5 +1,5 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Test-only stand-in for upstream Paddle's ``test/collective/test_communication_api_base.py``:
+"""Test-only stand-in for upstream Paddle's ``test/collective/test_communication_api_base.py``, at the same path:
 ``CommunicationTestDistBase`` (``setUp(num_of_devices=N, timeout=T)``, ``run_test_case(script,
 user_defined_envs)``) run as in the ``legacy_test`` stand-in; multi-node cases are skipped.
 """
