@@ -12,6 +12,7 @@ import argparse
 import datetime
 import glob
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -32,8 +33,8 @@ from paddle_overlay._patching import TESTED_PADDLE  # noqa: E402  (the one list 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="run_collective_tests.sh", description="Run the collective (multi-rank) tests of paddle_overlay "
+    p = argparse.ArgumentParser(  # no abbreviations: run_releases passes argv on, less the release options
+        prog="run_collective_tests.sh", allow_abbrev=False, description="Run the collective (multi-rank) tests of paddle_overlay "
         "under Paddle's launcher.", epilog="Environment: PYTHON (the python3 that makes the venvs), PIP_INDEX_URL, "
         "PIP_FIND_LINKS (where pip finds wheels). docs/harness.md says more.")
     p.add_argument("--paddle", action="append", metavar="VERSION[,VERSION]", help="tested release(s) to run, one of: "
@@ -61,14 +62,17 @@ def parse_args(argv=None):
                    help="exit with CODE when every selected test was skipped (ctest uses 77)")
     p.add_argument("--bootstrap", action="store_true", help=argparse.SUPPRESS)  # run_collective_tests.sh
     args = p.parse_args(argv)
-    args.versions = TESTED_PADDLE if args.matrix else [v for a in args.paddle or [] for v in a.split(",") if v]
+    args.versions = TESTED_PADDLE if args.matrix else list(dict.fromkeys(v for a in args.paddle or [] for v in a.split(",") if v))
     for v in set(args.versions) - set(TESTED_PADDLE):
         p.error(f"Paddle {v} is not a supported release; use one of: {' '.join(TESTED_PADDLE)}")
     for bad, message in ((len(args.versions) > 1 and "{paddle}" not in (args.junit_xml or "{paddle}"),
                           "with several --paddle versions, put {paddle} in the --junit-xml path"),
                          (args.repeat < 1, "--repeat must be >= 1"), (args.nproc < 1, "--nproc must be >= 1"),
                          (args.cov_fail_under is not None and not args.coverage, "--cov-fail-under needs --coverage"),
-                         (args.slow_start is not None and args.slow_start <= 0, "--slow-start must be a positive number of seconds")):
+                         (args.cov_fail_under is not None and not 0 <= args.cov_fail_under <= 100,
+                          "--cov-fail-under must be a percentage from 0 to 100"),
+                         (args.slow_start is not None and not 0 < args.slow_start < math.inf,
+                          "--slow-start must be a positive, finite number of seconds")):
         if bad:
             p.error(message)
     for flag, pattern in (("-k", args.pattern), ("--exclude", args.exclude)):
@@ -99,12 +103,13 @@ def select(rows, pattern=None, exclude=None):
 
 
 def list_rows(rows):
-    print(f"{'name':52} {'timeout':>8}  requires / driver")
+    width = max([len("name")] + [len(r.name) for r in rows.values()])
+    print(f"{'name':{width}} {'timeout':>8}  requires (of the row; a driver may skip more) / driver")
     for driver, r in rows.items():
         req = " ".join(filter(None, [";".join(r.os), ";".join(r.arch), ";".join(r.conditions)])) or "-"
-        print(f"{r.name:52} {r.timeout_seconds:>7}s  {req}{'' if os.path.isfile(driver) else '  (driver MISSING)'}")
+        print(f"{r.name:{width}} {r.timeout_seconds:>7}s  {req}{'' if os.path.isfile(driver) else '  (driver MISSING)'}")
     lists = sorted({os.path.relpath(os.path.dirname(d), ROOT) + "/testslist.csv" for d in rows})
-    print(f"{len(rows)} tests in {', '.join(lists) or 'no list'}")
+    print(f"{len(rows)} test(s) in {', '.join(lists) or 'no list'}")
 
 
 class CollectivePlugin:
@@ -199,6 +204,17 @@ def ensure_venv(version, rebuild=False):
     return py
 
 
+def run_release(py, passed):
+    """Exit code of this runner in ``py`` (one release); a SIGTERM here is passed on, so that it ends its launches."""
+    with subprocess.Popen([py, os.path.abspath(__file__), *passed]) as proc:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
+            raise
+
+
 def run_releases(args, argv):
     """``--bootstrap``: each release in its venv; with several, a table of results at the end."""
     passed = [a for i, a in enumerate(argv) if a not in ("--bootstrap", "--matrix", "--rebuild-venv")
@@ -212,7 +228,7 @@ def run_releases(args, argv):
         start = time.monotonic()
         try:
             py = ensure_venv(version, args.rebuild_venv)
-            rc = 0 if args.venv_only else subprocess.run([py, os.path.abspath(__file__), *passed]).returncode
+            rc = 0 if args.venv_only else run_release(py, passed)
             result = "PASS" if rc == 0 else f"FAIL (exit {rc})"
         except SystemExit as e:
             print(e, file=sys.stderr)
@@ -248,10 +264,16 @@ def main(argv=None):
               + f"; the tests are: {names}", file=sys.stderr)
         return 2
     if args.bootstrap or args.venv_only:
-        return run_releases(args, argv)
+        try:
+            return run_releases(args, argv)
+        except KeyboardInterrupt as e:
+            print(f"interrupted ({e}): the release being run ended its launches", file=sys.stderr)
+            return 130
     import paddle
     import pytest
     from collective_launch import resolve_device
+
+    signal.signal(signal.SIGTERM, _interrupt)  # again: importing Paddle replaced it at C level
 
     version = paddle.__version__
     if args.versions and args.versions != [version]:

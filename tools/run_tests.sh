@@ -51,6 +51,10 @@ finish() {
     if ((rc != 0)); then result="FAILED (exit $rc)" status=1; fi
     echo -e "\n::: ${step_name[$pid]}: $result ($((SECONDS - step_start[$pid]))s); last lines of ${step_log[$pid]}:"
     tail -n 25 "${step_log[$pid]}" | sed 's/^/    /'
+    if ((rc != 0)); then  # a step of several sessions: its failures may lie above the tail
+      echo "  its failure lines:"
+      grep -E '^(FAIL|ERROR|error:)' "${step_log[$pid]}" | sed 's/^/    /' || true
+    fi
     recap+=("${step_name[$pid]}|$result|$((SECONDS - step_start[$pid]))s|${step_log[$pid]}")
     unset "step_name[$pid]" "step_log[$pid]" "step_start[$pid]"
   done

@@ -21,10 +21,11 @@ SLOW_START = 20  # seconds each rank sleeps before importing Paddle, and the slo
 
 
 def survivors(script_name):
-    """Processes (other than this one) whose command line mentions ``script_name``."""
-    found = []
+    """Processes (other than this one) whose command line names this folder's ``script_name`` by its
+    absolute path, as the launcher starts it: another checkout's runs of the same script do not count."""
+    script, found = os.path.join(HERE, script_name), []
     for p in psutil.process_iter(["pid", "cmdline"]):
-        if p.info["pid"] != os.getpid() and any(script_name in a for a in p.info["cmdline"] or ()):
+        if p.info["pid"] != os.getpid() and script in (p.info["cmdline"] or ()):
             found.append(p)
     return found
 
@@ -71,7 +72,8 @@ class TestCollectiveLaunchFaultInjection(unittest.TestCase):
                               startup_timeout=5, env={"SLOW_START_SECONDS": "600"})
         self.assert_in_message("start-up timeout after 5s: rank(s) [0, 1] had not finished importing Paddle",
                                str(ctx.exception))
-        self.assertEqual(survivors("collective_slow_start.py"), [])
+        left = survivors("collective_slow_start.py")
+        self.assertEqual(left, [], f"processes left behind: {[p.info['cmdline'] for p in left]}")
 
 
 if __name__ == "__main__":

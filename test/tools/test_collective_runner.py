@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -144,3 +145,35 @@ def test_failed_venv_build_leaves_nothing(fresh_clone):
     assert "pip could not install paddlepaddle==3.0.0 protobuf<6 for Paddle 3.0.0" in out.stderr
     assert "nothing was kept" in out.stderr
     assert os.listdir(fresh_clone / ".venv-test") == []
+
+
+def test_sigterm_after_paddle_is_imported_ends_the_session_through_its_cleanup(fresh_clone, tmp_path):
+    """Importing Paddle replaces the SIGTERM handler at C level (it aborts the process): the runner
+    installs its own again after the import, so a launch in progress still kills its tree."""
+    pytest.importorskip("paddle")
+    mark = tmp_path / "mark"
+    folder = fresh_clone / "test" / "fake_sigterm"
+    write_list(folder, "test_fake_sigterm,,,300,DIST,x.sh,2,1,,")
+    (folder / "test_fake_sigterm.py").write_text(
+        "import os, time\n"
+        "def test_sleeps_until_terminated():\n"
+        f"    open({str(mark)!r} + '.started', 'w').close()\n"
+        "    try:\n"
+        "        time.sleep(300)\n"
+        "    finally:  # what a launch's own cleanup does on the way out\n"
+        f"        open({str(mark)!r} + '.cleaned-up', 'w').close()\n")
+    cmd = [sys.executable, str(fresh_clone / "tools" / "collective_runner.py"), "-k", "^test_fake_sigterm$",
+           "--run-dir", str(tmp_path / "runs")]
+    runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(1200):  # readiness: the test has started (Paddle imported), however slow the machine
+            if os.path.exists(f"{mark}.started") or runner.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert os.path.exists(f"{mark}.started"), runner.communicate()[0]
+        runner.terminate()
+        out = runner.communicate(timeout=120)[0]
+    finally:
+        runner.kill()
+    assert os.path.exists(f"{mark}.cleaned-up"), out
+    assert runner.returncode == 2 and "KeyboardInterrupt: signal 15" in out, out

@@ -10,6 +10,7 @@ Environment: ``PADDLE_OVERLAY_TEST_DEVICE``, ``PADDLE_OVERLAY_TEST_NPROC`` (rank
 """
 
 import collections
+import math
 import os
 import shlex
 import signal
@@ -50,11 +51,11 @@ def resolve_device(device=None, nproc=2):
 
 def _seconds(value, name):
     try:
-        if float(value) > 0:
+        if 0 < float(value) < math.inf:
             return float(value)
     except (TypeError, ValueError):
         pass
-    raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
 
 
 def _kill_tree(signal_dir, grace=5.0):
@@ -92,6 +93,8 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     if timeout is None:
         timeout = clock - min(REPORT_MARGIN, clock / 4) if clock else DEFAULT_TIMEOUT
     timeout = _seconds(timeout, "timeout")
+    if os.environ.get(rank_signals.SLOW_START_ENV):  # read by every rank's hook: refused here, not there
+        _seconds(os.environ[rank_signals.SLOW_START_ENV], rank_signals.SLOW_START_ENV)
     device, limit = resolve_device(None, nproc), os.environ.get("PADDLE_OVERLAY_TEST_NPROC")
     if limit and int(limit) < nproc:
         raise unittest.SkipTest(f"needs {nproc} ranks, PADDLE_OVERLAY_TEST_NPROC={limit}")
