@@ -14,7 +14,7 @@ case "${1:-}" in
   -h | --help) echo "$usage"; exit 0 ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
-for var in PADDLE_OVERLAY PADDLE_OVERLAY_CHECK; do  # the tests set them where needed
+for var in PADDLE_OVERLAY PADDLE_OVERLAY_CHECK COVERAGE_PROCESS_START; do  # the tests set them where needed
   if [[ -n "${!var:-}" ]]; then echo "note: ignoring $var=${!var} from the environment" >&2; fi
   unset "$var"
 done
