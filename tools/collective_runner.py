@@ -34,8 +34,8 @@ from paddle_overlay._patching import TESTED_PADDLE  # noqa: E402  (the one list 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(  # no abbreviations: run_releases passes argv on, less the release options
-        prog="run_collective_tests.sh", allow_abbrev=False, description="Run the collective (multi-rank) tests of paddle_overlay "
-        "under Paddle's launcher.", epilog="Environment: PYTHON (the python3 that makes the venvs), PIP_INDEX_URL, "
+        prog="run_collective_tests.sh", allow_abbrev=False,
+        description="Run the collective (multi-rank) tests of paddle_overlay under Paddle's launcher.", epilog="Environment: PYTHON (the python3 that makes the venvs), PIP_INDEX_URL, "
         "PIP_FIND_LINKS (where pip finds wheels). docs/harness.md says more.")
     p.add_argument("--paddle", action="append", metavar="VERSION[,VERSION]", help="tested release(s) to run, one of: "
                    f"{' '.join(TESTED_PADDLE)} (default {TESTED_PADDLE[-1]}); several run in turn, then a table")
@@ -62,7 +62,8 @@ def parse_args(argv=None):
                    help="exit with CODE when every selected test was skipped (ctest uses 77)")
     p.add_argument("--bootstrap", action="store_true", help=argparse.SUPPRESS)  # run_collective_tests.sh
     args = p.parse_args(argv)
-    args.versions = TESTED_PADDLE if args.matrix else list(dict.fromkeys(v for a in args.paddle or [] for v in a.split(",") if v))
+    named = [v for a in args.paddle or [] for v in a.split(",") if v]
+    args.versions = TESTED_PADDLE if args.matrix else list(dict.fromkeys(named))  # each release once
     for v in set(args.versions) - set(TESTED_PADDLE):
         p.error(f"Paddle {v} is not a supported release; use one of: {' '.join(TESTED_PADDLE)}")
     for bad, message in ((len(args.versions) > 1 and "{paddle}" not in (args.junit_xml or "{paddle}"),
