@@ -98,6 +98,9 @@ CALL_PATHS = (
      "_step must run the sharding optimizer's step before its mp/pp syncs"),
 )
 
+# The overlay's removed depth setting: apply() warns when it is still set.
+REMOVED_DEPTH_ENV = "PADDLE_OVERLAY_MAX_IN_FLIGHT"
+
 _MISSING = object()
 # (class, attribute name) -> the attribute before apply() (or _MISSING).
 _saved = {}
@@ -381,6 +384,14 @@ def apply(check=None):
         _saved.setdefault((target, name), vars(target).get(name, _MISSING))
         setattr(target, name, value)
     _announce(version)
+    if os.environ.get(REMOVED_DEPTH_ENV, "").strip():
+        warnings.warn(
+            f"{REMOVED_DEPTH_ENV} is ignored: the launch depth was removed (every "
+            "parameter sync now starts inside step() on every rank, so code one rank "
+            "runs between steps cannot make the ranks' collectives differ); unset it.",
+            UserWarning,
+            stacklevel=2,
+        )
     _set_check(race_check, check_mode, explicit=True)
 
 
@@ -400,15 +411,16 @@ def remove():
     """
     if _saved:
         from .distributed.fleet.meta_optimizers.dygraph_optimizer import (
-            broadcast_overlap,
+            sync_registry,
         )
 
         gc.collect()  # overlaps of unreachable models/optimizers do not count
-        still_open = broadcast_overlap.open_overlaps()
+        still_open = sync_registry.open_owners()
         if still_open:
             raise RuntimeError(
-                f"{len(still_open)} optimizer(s) still have broadcast overlap "
-                "on; call optimizer._set_broadcast_overlap(False) on each "
+                f"{len(still_open)} optimizer(s) still have the parameter sync "
+                "overlap on; call optimizer._set_broadcast_overlap(False) (V2: "
+                "_set_all_gather_overlap_forward(False)) on each "
                 "before paddle_overlay.remove(). Nothing was removed."
             )
     while _saved:

@@ -1,10 +1,10 @@
-"""Race checker: find reads of a parameter whose broadcast is still in flight.
+"""Race checker: find reads of a parameter whose sync (V1 broadcast, V2 all-gather) is still in flight.
 
-A debugging mode for your own model. While broadcast overlap is on, every
-Python path through a layer waits for a parameter's broadcast before handing
+A debugging mode for your own model. While the parameter sync overlap is on, every
+Python path through a layer waits for a parameter's sync before handing
 it out (``read_interception.py``); what no hook can see is a tensor
 reference kept across ``step()`` and read later. On gloo such a read still
-gives the right numbers (an async broadcast has finished when it returns); on
+gives the right numbers (an async collective has finished when it returns); on
 NCCL it reads memory the comm stream may still be writing. The checker makes
 those reads visible on any machine, CPU or GPU: it wraps every operator entry
 point Paddle's Python API calls (``paddle._C_ops.*``, and
@@ -15,7 +15,7 @@ that copy data out (``numpy``, ``item``, ``tolist``, ``__array__``) and the
 tensor operators and methods Paddle implements in C++ without ``_C_ops``
 (``x @ w``, ``h + b``, ``w[0]``, ``w.clone()``, ``x.copy_(w)``,
 ``w.set_value(v)``, ``w.cpu()``), and
-counts each call that receives a parameter whose broadcast task is pending,
+counts each call that receives a parameter whose broadcast or all-gather task is pending,
 by parameter, by the layer whose forward is running (``<outside forward>``
 between steps) and by path (the operator or method name). At exit each rank
 prints one summary line, plus one line per (parameter, layer, path).
@@ -107,7 +107,7 @@ def mode_from_env(environ=None):
     if value not in _MODES:
         raise ValueError(
             f"{CHECK_ENV}={raw!r} is not understood; use 1 (or report) to "
-            "count reads of a parameter with a pending broadcast and print "
+            "count reads of a parameter with a pending sync and print "
             "a summary at exit, raise to stop at the first one, or 0 / "
             "unset for off."
         )
@@ -120,25 +120,26 @@ def is_enabled():
 
 
 def _pending():
-    from .distributed.fleet.meta_optimizers.dygraph_optimizer import comm_unit
+    from .distributed.fleet.meta_optimizers.dygraph_optimizer import sync_registry
 
-    return comm_unit.PENDING
+    return sync_registry.PENDING
 
 
 def _record(pending, value, path):
-    unit = pending.get(id(value))
-    if unit is None:
+    entry = pending.get(id(value))
+    if entry is None:
         return
+    owner = entry[0]
     layer = _State.layers[-1] if _State.layers else "<outside forward>"
     name = getattr(value, "name", "?")
     _State.races[(name, layer, path)] += 1
     if _State.mode == "raise":
         raise RuntimeError(
             f"paddle_overlay race check: rank {_rank()} read parameter "
-            f"{name} in {layer} through {path} while its broadcast was "
-            "still pending (a tensor reference kept across step()?). Read "
-            "it through its layer (layer.weight) after step(), or pass "
-            "strict=True to _set_broadcast_overlap."
+            f"{name} in {layer} through {path} while its {owner.collective} "
+            "was still pending (a tensor reference kept across step()?). "
+            "Read it through its layer (layer.weight) after step(), or pass "
+            f"strict=True to {owner.method}."
         )
 
 
@@ -314,8 +315,8 @@ def summary():
     total = sum(_State.races.values())
     lines = [
         f"paddle_overlay race check: rank {_rank()}: {total} read(s) of a "
-        "parameter with a pending broadcast"
-        + (" (none: every read waited for its broadcast)" if not total else "")
+        "parameter with a pending broadcast or all-gather"
+        + (" (none: every read waited for its sync)" if not total else "")
     ]
     for (name, layer, path), count in _State.races.most_common():
         lines.append(f"  {count:6d}  {name}  in {layer}  via {path}")

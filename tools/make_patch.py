@@ -44,9 +44,10 @@ SPLICED = (
 # Overlay modules added to Paddle's dygraph_optimizer folder as new files:
 NEW_MODULES = (
     "broadcast_buckets.py",
-    "broadcast_overlap.py",
     "comm_unit.py",
+    "param_sync_overlap.py",
     "read_interception.py",
+    "sync_registry.py",
     "unit_plan.py",
 )
 # Files of test/collective/fleet added as new files: drivers in upstream's form (their testslist.csv

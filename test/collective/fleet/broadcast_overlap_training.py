@@ -201,7 +201,7 @@ def assert_bitwise_equal(expected, actual, what):
 
 
 def overlap_module():
-    """The module holding StageOneBroadcastOverlap, found next to the
+    """The module holding ParamSyncOverlap, found next to the
     DygraphShardingOptimizer module that defines _set_broadcast_overlap
     (Paddle's own when the patch is applied; the overlay's when it was
     applied at start-up, e.g. by PADDLE_OVERLAY=1)."""
@@ -211,7 +211,7 @@ def overlap_module():
 
     defined_in = dso.DygraphShardingOptimizer._set_broadcast_overlap.__module__
     package = defined_in.rpartition(".")[0]
-    return importlib.import_module(package + ".broadcast_overlap")
+    return importlib.import_module(package + ".param_sync_overlap")
 
 
 def read_guard_module():
@@ -260,12 +260,13 @@ def launch_mode_and_per_parameter():
 def per_parameter(opt):
     """True when ``opt``'s overlap sends one broadcast per parameter (no
     buckets): the structural checks that count per-parameter tasks hold."""
-    return overlap_impl(opt).bucket_storage is None
+    units = overlap_impl(opt).units
+    return all(len(u.params) == 1 and u.tensor is u.params[0] for u in units)
 
 
 def overlap_impl(opt):
-    """The StageOneBroadcastOverlap of a fleet optimizer (None when off)."""
-    return overlap_module().get_broadcast_overlap(opt)
+    """The ParamSyncOverlap of a fleet optimizer (None when off)."""
+    return overlap_module().get_param_sync_overlap(opt)
 
 
 def total_forward_pre_hooks(model):

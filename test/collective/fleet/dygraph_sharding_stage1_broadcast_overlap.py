@@ -44,9 +44,9 @@ from paddle.distributed.fleet.utils import mix_precision_utils
 # From the package of _set_broadcast_overlap: Paddle's, or paddle_overlay's
 # when the overlay was applied at start-up (PADDLE_OVERLAY=1).
 _package = DygraphShardingOptimizer._set_broadcast_overlap.__module__
-get_broadcast_overlap = importlib.import_module(
-    _package.rpartition(".")[0] + ".broadcast_overlap"
-).get_broadcast_overlap
+get_param_sync_overlap = importlib.import_module(
+    _package.rpartition(".")[0] + ".param_sync_overlap"
+).get_param_sync_overlap
 
 VOCAB, HIDDEN, SEQ, BATCH, STEPS = 32, 16, 6, 4, 4
 MODES = {"per_parameter": 0, "buckets": 0.002}  # bucket_size_mb
@@ -148,7 +148,7 @@ def case_order_is_forward_first_use(mb):
     """The agreed order is the order forward first uses the parameters (not
     the parameter list's), the same on every rank."""
     *_, model, opt, params = train(mb, steps=1)
-    order = get_broadcast_overlap(opt).order
+    order = get_param_sync_overlap(opt).order
     names = []  # parameter names in the order forward's layers start
 
     def record(layer, _inputs):
@@ -172,7 +172,7 @@ def case_units_and_waits(mb):
     """One unit per parameter (or per bucket: fewer, a bucket boundary inside
     a layer); each launched every step, waited once, by forward, in order."""
     *_, model, opt, params = train(mb)
-    overlap = get_broadcast_overlap(opt)
+    overlap = get_param_sync_overlap(opt)
     stats, units = overlap.stats, overlap.units
     indices = sorted(i for u in units for i in u.indices)
     assert indices == list(range(len(params))), indices  # each one, once
@@ -207,7 +207,7 @@ def case_hooks_constant_and_removed(mb):
     seen = []
 
     def check(model, opt):
-        overlap = get_broadcast_overlap(opt)
+        overlap = get_param_sync_overlap(opt)
         seen.append((num_pre_hooks(model) - plain, overlap.num_hooks))
         assert seen[-1] == seen[0], seen  # the same at every step
         assert seen[0][0] == seen[0][1] > 0, seen  # each one the overlap's
@@ -217,7 +217,7 @@ def case_hooks_constant_and_removed(mb):
             assert overlap.num_pending == overlap.num_hooks == 0
             assert overlap.state.value == "closed", overlap.state
             assert num_pre_hooks(model) == plain, num_pre_hooks(model)
-            assert get_broadcast_overlap(opt) is None
+            assert get_param_sync_overlap(opt) is None
 
     train(mb, on_step=check)
 
@@ -300,7 +300,7 @@ def train_mlp(
     if o2:
         result["master weights"] = copies(state.get("master_weights", {}))
     if overlap:
-        stats = get_broadcast_overlap(opt).stats
+        stats = get_param_sync_overlap(opt).stats
         opt._set_broadcast_overlap(False)
         assert_waits_balanced(stats)
     return result

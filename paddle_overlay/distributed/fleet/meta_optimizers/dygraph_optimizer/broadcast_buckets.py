@@ -21,7 +21,9 @@ objects, names and optimizer state stay. Planning is pure, the same on every
 rank: windows of the agreed order closed at the cap, one bucket per
 (window, owner rank, dtype), slots aligned to ``ALIGN_BYTES``; frozen, tied
 repeats and empty tensors get none. With tensor fusion buckets are slices of
-Paddle's fused buffers. Why, and the 256 MB default: paddle_overlay's
+Paddle's fused buffers. Memory replaced under a parameter later is put back
+into its slot at the next launch, locally (no collective); a dtype or size
+change is refused before anything is sent. Why, and the 256 MB default: paddle_overlay's
 ``docs/design.md`` and ``docs/performance.md``.
 """
 
@@ -29,8 +31,6 @@ import collections
 import math
 
 import paddle
-
-from .comm_unit import CommUnit
 
 __all__ = []
 
@@ -56,7 +56,7 @@ def itemsize(dtype):
     return _ITEMSIZE[name]
 
 
-def _numel(param):
+def numel_of(param):
     return math.prod(int(d) for d in param.shape)
 
 
@@ -106,7 +106,7 @@ def plan_buckets(
             groups.setdefault(key, []).append(i)
         for (src, dtype), indices in groups.items():
             unit = max(align_bytes // itemsize(dtype), 1)
-            numels = tuple(_numel(params[i]) for i in indices)
+            numels = tuple(numel_of(params[i]) for i in indices)
             offsets, fill = [], 0
             for numel in numels:
                 offsets.append(fill)
@@ -135,7 +135,7 @@ def _windows(order, params, src_ranks, cap_bytes, alone):
     windows, window, window_bytes = [], [], 0
     for i in order:
         param = params[i]
-        numel = _numel(param)
+        numel = numel_of(param)
         if (
             i in alone
             or param.stop_gradient
@@ -187,7 +187,7 @@ def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
         first = {i: n for n, i in enumerate(window)}
         for run in sorted(runs, key=lambda run: min(map(first.get, run))):
             k, begin = where[run[0]]
-            numels = tuple(_numel(params[i]) for i in run)
+            numels = tuple(numel_of(params[i]) for i in run)
             offsets = tuple(where[i][1] - begin for i in run)
             head = (window_no, src_ranks[run[0]], dtype_name(storages[k].dtype))
             length = offsets[-1] + numels[-1]
@@ -196,10 +196,16 @@ def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
     return plan
 
 
-def param_unit(param, covered, group, src):
-    """One broadcast of ``param``, delivering positions ``covered``."""
-    return CommUnit(
-        "broadcast", param, covered, [param], group, src=src, label=param.name
+def changed_param_error(param, was, now, method):
+    """ValueError for a parameter whose dtype or size changed after the
+    first step (``was``/``now``: ``(dtype name, elements)``)."""
+    return ValueError(
+        f"parameter sync overlap: parameter {param.name} changed from "
+        f"{was[0]} x {was[1]} elements to {now[0]} x {now[1]} after the "
+        "first step planned its collectives (e.g. model.to(dtype=...)); "
+        "every rank would no longer send the same collectives. Turn the "
+        f"overlap off (optimizer.{method}(False)), change the model, then "
+        "turn it on again. Nothing was sent."
     )
 
 
@@ -209,27 +215,26 @@ def end_ptr(tensor):
 
 class BucketStorage:
     """Storage for planned buckets (set by :meth:`materialize` or
-    :meth:`use_views`), and the units to launch."""
+    :meth:`use_views`): each bucketed parameter a view of its slot."""
 
     def __init__(self, specs, params, src_ranks, order):
-        self._slot_numel = {}  # position -> elements of its slot
-        for spec in specs:
-            for i, numel in zip(spec.indices, spec.numels):
+        self._slot_of = {}  # position -> (bucket, offset, elements)
+        for b, spec in enumerate(specs):
+            for i, offset, numel in zip(spec.indices, spec.offsets, spec.numels):
                 p = params[i]
-                same = (dtype_name(p.dtype), _numel(p)) == (spec.dtype, numel)
-                if i in self._slot_numel or not same:
+                same = (dtype_name(p.dtype), numel_of(p)) == (spec.dtype, numel)
+                if i in self._slot_of or not same:
                     raise ValueError(
                         f"bucket plan does not match parameter {i} "
                         f"({getattr(p, 'name', '?')}): plan it from this list."
                     )
-                self._slot_numel[i] = numel
+                self._slot_of[i] = (b, offset, numel)
         self._specs = list(specs)
         self._params = list(params)
         self._src_ranks = list(src_ranks)
         self._rank_in_order = {i: k for k, i in enumerate(order)}
         self._buffers = []  # one 1-D tensor per spec
         self._slot_ptr = {}  # position -> data_ptr() of its slot
-        self._bucket_of = {i: b for b, s in enumerate(specs) for i in s.indices}
         # tied repeats: position -> position of the tensor's slot
         first_pos, self._alias_of = {}, {}
         for i in order:
@@ -240,9 +245,8 @@ class BucketStorage:
         self._unslotted = [
             i
             for i in order
-            if i not in self._alias_of and i not in self._bucket_of
+            if i not in self._alias_of and i not in self._slot_of
         ]
-        self._units, self._units_loose = None, None
 
     @property
     def specs(self):
@@ -254,29 +258,23 @@ class BucketStorage:
 
     def bucket_of(self, index):
         """int | None: the bucket holding position ``index`` (or its tie)."""
-        return self._bucket_of.get(self._alias_of.get(index, index))
+        slot = self._slot_of.get(self._alias_of.get(index, index))
+        return None if slot is None else slot[0]
 
     def materialize(self):
         """Move each bucketed parameter into its zeroed bucket buffer and make
         it a view of its slot (peak: the parameters plus one bucket)."""
         assert not self._buffers, "materialize() called twice"
-        with paddle.no_grad():
-            for spec in self._specs:
-                first = self._params[spec.indices[0]]
-                buffer = paddle.zeros([spec.length], dtype=first.dtype)
-                if str(buffer.place) != str(first.place):
-                    buffer = buffer._copy_to(first.place, True)
-                for i, offset, numel in zip(
-                    spec.indices, spec.offsets, spec.numels
-                ):
-                    param = self._params[i]
-                    shape = list(param.shape)
-                    view = buffer._slice(offset, offset + numel)
-                    paddle.assign(param.reshape([numel]), view)
-                    view._share_buffer_to(param)
-                    param.get_tensor()._set_dims(shape)
-                    self._slot_ptr[i] = param.data_ptr()
-                self._buffers.append(buffer)
+        for spec in self._specs:
+            first = self._params[spec.indices[0]]
+            buffer = paddle.zeros([spec.length], dtype=first.dtype)
+            if str(buffer.place) != str(first.place):
+                buffer = buffer._copy_to(first.place, True)
+            for i, offset, numel in zip(spec.indices, spec.offsets, spec.numels):
+                param = self._params[i]
+                _bind(param, buffer._slice(offset, offset + numel), numel)
+                self._slot_ptr[i] = param.data_ptr()
+            self._buffers.append(buffer)
 
     def use_views(self, buffers):
         """Adopt ``buffers`` (fused slices the parameters already live in);
@@ -294,65 +292,60 @@ class BucketStorage:
                 self._slot_ptr[i] = ptr
         self._buffers = list(buffers)
 
-    def replaced(self):
-        """list[int]: bucketed positions whose memory is no longer their slot,
-        in order; RuntimeError if one was resized in place."""
-        params = self._params
-        for i in self._slot_ptr:
-            numel = _numel(params[i])
-            if numel != self._slot_numel[i]:
-                raise RuntimeError(
-                    f"broadcast buckets: parameter {params[i].name} now has "
-                    f"{numel} elements but its bucket slot holds "
-                    f"{self._slot_numel[i]}: it was resized in place while "
-                    "bucketed, so the write overran the slot into its "
-                    "neighbours. Change a parameter's shape only with overlap "
-                    "off (_set_broadcast_overlap(False)), or use "
-                    "bucket_size_mb=0."
-                )
-        moved = [
-            i for i, p in self._slot_ptr.items() if params[i].data_ptr() != p
-        ]
-        return sorted(moved, key=self._rank_in_order.get)
+    def rebind(self, method):
+        """Put every bucketed parameter whose memory was replaced since
+        (``_share_buffer_to``, a loader sharing new memory) back into its
+        slot, copying its value: local, nothing to agree. Returns the
+        positions rebound. ValueError (nothing changed) if a parameter's
+        dtype or size is no longer its slot's (``method``: the optimizer
+        method to name in the fix)."""
+        params, moved = self._params, []
+        for i, ptr in self._slot_ptr.items():
+            param = params[i]
+            b, offset, numel = self._slot_of[i]
+            was = (self._specs[b].dtype, numel)
+            now = (dtype_name(param.dtype), numel_of(param))
+            if now != was:
+                raise changed_param_error(param, was, now, method)
+            if param.data_ptr() != ptr:
+                moved.append(i)
+        for i in moved:
+            b, offset, numel = self._slot_of[i]
+            view = self._buffers[b]._slice(offset, offset + numel)
+            _bind(params[i], view, numel)
+            self._slot_ptr[i] = params[i].data_ptr()
+        return moved
 
-    def units(self, group):
-        """list[CommUnit]: one broadcast per bucket (always sent) and per
-        unslotted parameter trainable now, in order; the same list while
-        nothing changed."""
-        assert self._buffers or not self._specs, "set the storage first"
-        params = self._params
-        loose = tuple(i for i in self._unslotted if not params[i].stop_gradient)
-        if self._units is None or loose != self._units_loose:
-            self._units, self._units_loose = (
-                self._build_units(loose, group),
-                loose,
-            )
-        return self._units
+    @property
+    def params(self):
+        return self._params
 
-    def _build_units(self, loose, group):
-        rank_of = self._rank_in_order.get
-        aliases = collections.defaultdict(list)  # slot position -> repeats
-        for i, j in sorted(self._alias_of.items(), key=lambda a: rank_of(a[0])):
-            aliases[j].append(i)
-        params, units = self._params, []
-        for b, spec in enumerate(self._specs):
-            covered = [k for i in spec.indices for k in [i, *aliases[i]]]
-            members = [params[i] for i in spec.indices]
-            unit = CommUnit(
-                "broadcast",
-                self._buffers[b],
-                covered,
-                members,
-                group,
-                src=spec.src,
-                always=True,
-                label=f"bucket{b}",
-            )
-            units.append((rank_of(spec.indices[0]), unit))
-        for i in loose:
-            unit = param_unit(
-                params[i], [i, *aliases[i]], group, self._src_ranks[i]
-            )
-            units.append((rank_of(i), unit))
-        units.sort(key=lambda item: item[0])
-        return [unit for _, unit in units]
+    @property
+    def src_ranks(self):
+        return self._src_ranks
+
+    @property
+    def rank_in_order(self):
+        """dict[int, int]: position -> its rank in the agreed order."""
+        return self._rank_in_order
+
+    @property
+    def alias_of(self):
+        """dict[int, int]: tied repeat position -> its slot's position."""
+        return self._alias_of
+
+    @property
+    def unslotted(self):
+        """list[int]: positions with no slot (frozen at planning, alone,
+        empty), in order: sent alone while trainable."""
+        return self._unslotted
+
+
+def _bind(param, view, numel):
+    # Paddle's tensor fusion (ShardingGradView._share_param_buffer): copy the
+    # value in, share the slot's memory, keep the parameter's shape
+    with paddle.no_grad():
+        shape = list(param.shape)
+        paddle.assign(param.reshape([numel]), view)
+        view._share_buffer_to(param)
+        param.get_tensor()._set_dims(shape)

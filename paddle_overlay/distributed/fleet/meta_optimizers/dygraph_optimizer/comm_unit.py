@@ -14,9 +14,9 @@
 
 """One collective of the post-update parameter sync, owning its task: start
 and finish are safe to call again (Megatron-LM's ``start_param_sync`` /
-``finish_param_sync``, FSDP2's ``unshard`` / ``wait_for_unshard``). From
-``DUE`` until finished its parameters are in :data:`PENDING`, the one
-registry where a read finds the unit to wait for.
+``finish_param_sync``, FSDP2's ``unshard`` / ``wait_for_unshard``). A unit
+knows nothing of who launched it: the owner (``param_sync_overlap``) records
+its pending parameters in ``sync_registry.PENDING``.
 """
 
 import enum
@@ -25,12 +25,9 @@ import paddle
 
 __all__ = []
 
-PENDING = {}  # id(parameter) -> its CommUnit, from mark_due to finish
-
 
 class UnitState(enum.Enum):
     SYNCED = "synced"  # the parameters hold the latest values here
-    DUE = "due"  # updated at the source; waiting for its turn to start
     IN_FLIGHT = "in_flight"  # launched; its task is not waited yet
 
 
@@ -49,14 +46,6 @@ class PaddleComm:
         return group.process_group.all_gather(shard, full)
 
     @staticmethod
-    def all_reduce_max(values, group):
-        message = paddle.to_tensor(values, dtype="int64")
-        paddle.distributed.all_reduce(
-            message, op=paddle.distributed.ReduceOp.MAX, group=group
-        )
-        return [int(v) for v in message.numpy().tolist()]
-
-    @staticmethod
     def rank():
         return paddle.distributed.get_rank()
 
@@ -64,9 +53,11 @@ class PaddleComm:
 class CommUnit:
     """One collective of the parameter sync, with its task: ``"broadcast"``
     of ``tensor`` from global rank ``src``, or ``"all_gather"`` of every
-    rank's ``shard_range`` of ``tensor`` (sliced at :meth:`start`). It
-    delivers ``params`` (positions ``indices``); skipped while all are
-    frozen (as Paddle V2's ``need_reduce_scale_sync``) unless ``always``."""
+    rank's ``shard_range`` (elements ``[begin, end)``) of the 1-D ``tensor``
+    (sliced at :meth:`start`). It delivers ``params`` (positions
+    ``indices`` in the optimizer's parameter list); skipped while all are
+    frozen (as Paddle V2's ``need_reduce_scale_sync``) unless ``always``.
+    ValueError: an unknown ``kind``."""
 
     def __init__(
         self,
@@ -86,30 +77,17 @@ class CommUnit:
         self.indices, self.params = tuple(indices), list(params)
         self.src, self.shard_range = src, shard_range
         self.always, self.label = always, label
-        self.owner = None  # set at mark_due
         self.state = UnitState.SYNCED
         self._task = None
 
     def needs_sync(self):
         return self.always or any(not p.stop_gradient for p in self.params)
 
-    def mark_due(self, owner):
-        # a parameter still pending on another owner is waited for first
-        assert (
-            self.state is UnitState.SYNCED
-        ), f"unit {self.label} marked due while {self.state.value}"
-        self.owner = owner
-        for param in self.params:
-            previous = PENDING.get(id(param))
-            if previous is not None and previous is not self:
-                previous.owner.wait((previous,), "waited_on_read", "launch")
-            PENDING[id(param)] = self
-        self.state = UnitState.DUE
-
     def start(self, comm):
-        """Launch (``sync_op=False``) if due; True if launched now."""
-        if self.state is not UnitState.DUE:
-            return False
+        """Launch (``sync_op=False``); RuntimeError if already in flight or
+        (all-gather) the comm buffer's storage was freed."""
+        if self.state is not UnitState.SYNCED:
+            raise RuntimeError(f"unit {self.label} started twice")
         if self.kind == "broadcast":
             self._task = comm.broadcast(
                 self.tensor, src=self.src, group=self.group, sync_op=False
@@ -118,30 +96,23 @@ class CommUnit:
             if not self.tensor._is_initialized():
                 raise RuntimeError(
                     f"parameter all-gather: the storage of comm buffer "
-                    f"{self.label} was freed (clear_param_storage) while its "
-                    "parameters were due; call the optimizer's "
-                    "reset_param_storage() (or step()) before reading them."
+                    f"{self.label} was freed (clear_param_storage) before "
+                    "its gather; call the optimizer's reset_param_storage() "
+                    "before step()."
                 )
             begin, end = self.shard_range
             shard = self.tensor._slice(begin, end)
             self._task = comm.all_gather(shard, self.tensor, self.group)
         self.state = UnitState.IN_FLIGHT
-        return True
 
     def finish(self):
-        """Wait for the task and clear its pending entries; True if waited."""
+        """Wait for the task; True if it was in flight."""
         if self.state is UnitState.SYNCED:
             return False
-        assert (
-            self.state is UnitState.IN_FLIGHT
-        ), f"unit {self.label} finished before it was started"
         task, self._task = self._task, None
         if task is not None:
             task.wait()
         self.state = UnitState.SYNCED
-        for param in self.params:
-            if PENDING.get(id(param)) is self:
-                del PENDING[id(param)]
         return True
 
     def __repr__(self):

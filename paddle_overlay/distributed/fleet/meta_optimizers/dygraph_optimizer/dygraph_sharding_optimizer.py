@@ -25,13 +25,15 @@ has; the original stays reachable as ``_origin_<name without leading underscores
 broadcast overlap is off. Every other method here is new.
 """
 
+import weakref
+
 from paddle.distributed import fleet
 
-from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
-from .broadcast_overlap import (
-    StageOneBroadcastOverlap,
-    check_broadcast_overlap_flag,
-    check_max_in_flight,
+from . import unit_plan
+from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB, check_bucket_size_mb
+from .param_sync_overlap import (
+    ParamSyncOverlap,
+    check_overlap_flag,
     launch_or_sync,
     switch_owner,
     wait_then,
@@ -59,18 +61,20 @@ class DygraphShardingOptimizer:
         layers=None,
         strict=False,
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
-        max_in_flight=None,
     ):
         """Overlap the post-update parameter broadcast with the next forward.
 
-        When on, after each ``step()``/``minimize()`` the owner ranks
-        broadcast the updated parameters with ``sync_op=False`` in the order
-        forward first uses them (agreed across the sharding group at the
-        first update); each layer's forward pre-hook waits for its own
-        broadcasts only, and every read of a parameter and the optimizer's
-        ``state_dict()`` wait first (no synchronize before ``paddle.save``).
-        The entry point of upstream PR #63945; NOTE [broadcast overlap] in
-        ``broadcast_overlap.py`` says what differs.
+        When on, every ``step()``/``minimize()`` starts the owner ranks'
+        broadcasts of the updated parameters with ``sync_op=False``, all of
+        them, on every rank, in the order forward first uses them (agreed
+        across the sharding group at the first update); each layer's forward
+        pre-hook waits for its own broadcasts only, and every read of a
+        parameter and the optimizer's ``state_dict()`` wait first (no
+        synchronize before ``paddle.save``). No hook or read issues a
+        collective, so code that one rank alone runs between steps cannot
+        make the ranks' collectives differ. The entry point of upstream PR
+        #63945; NOTE [parameter sync overlap] in ``param_sync_overlap.py``
+        says what differs.
 
         Args:
             broadcast_overlap (bool): on, or off (waits for pending
@@ -85,24 +89,22 @@ class DygraphShardingOptimizer:
                 one contiguous buffer per (window, owner rank, dtype), one
                 broadcast each (with ``tensor_fusion``/``comm_overlap``:
                 slices of Paddle's fused buffers). 0: one per parameter.
-            max_in_flight (int | str | None): broadcasts in flight at once
-                (>= 1) or ``"all"``; None reads ``PADDLE_OVERLAY_MAX_IN_FLIGHT``
-                and defaults to all at the step.
 
         Raises:
             TypeError: a flag is not a bool, ``layers`` is not a
                 ``paddle.nn.Layer``, ``bucket_size_mb`` is not a number.
             ValueError: ``layers`` is None or owns none of the parameters;
-                ``bucket_size_mb`` or ``max_in_flight`` out of range;
-                sharding degree 1; ``pp_configs.sharding_comm_overlap`` with
-                ``tensor_fusion`` or ``comm_overlap`` (Paddle's own limit).
+                ``bucket_size_mb`` out of range; sharding degree 1;
+                ``pp_configs.sharding_comm_overlap`` with ``tensor_fusion``
+                or ``comm_overlap`` (Paddle's own limit).
             Nothing changes when an error is raised.
         """
-        check_broadcast_overlap_flag(broadcast_overlap)
+        method = "_set_broadcast_overlap"
+        check_overlap_flag(broadcast_overlap, method, "broadcast_overlap")
         if not broadcast_overlap:
             self._broadcast_overlap = False
             return switch_owner(self, None)
-        depth = check_max_in_flight(max_in_flight, None)
+        cap_bytes = check_bucket_size_mb(bucket_size_mb)
         if self._sharding_world_size < 2:
             raise ValueError(
                 "broadcast overlap needs sharding stage 1 with sharding_degree "
@@ -112,10 +114,8 @@ class DygraphShardingOptimizer:
             )
         strategy = fleet.fleet._user_defined_strategy
         pp = None if strategy is None else strategy.hybrid_configs["pp_configs"]
-        fused_by_paddle = getattr(self, "tensor_fusion", False) or getattr(
-            self, "comm_overlap", False
-        )
-        if fused_by_paddle and getattr(pp, "sharding_comm_overlap", False):
+        fused_by_paddle = self.tensor_fusion or self.comm_overlap
+        if fused_by_paddle and pp is not None and pp.sharding_comm_overlap:
             # Paddle refuses it at the build; the strategy changed since
             raise ValueError(
                 "Paddle cannot combine pp_configs.sharding_comm_overlap with "
@@ -127,22 +127,18 @@ class DygraphShardingOptimizer:
         group = self._hcg.get_sharding_parallel_group()
         rank_of = {id(p): r for r, ps in self._rank2params.items() for p in ps}
         params = list(self._origin_parameter_list)
-        fused = None
-        if fused_by_paddle and getattr(self, "_rank2fused", None):
+        src_ranks = [group.ranks[rank_of[id(p)]] for p in params]
+        if not cap_bytes:
+            planner = unit_plan.PerParameter(src_ranks)
+        elif fused_by_paddle and self._rank2fused:
             # Paddle's per-rank fused buffers: send slices, never move them
             fused = [
                 t for r in sorted(self._rank2fused) for t in self._rank2fused[r]
             ]
-        new = StageOneBroadcastOverlap(
-            params,
-            [group.ranks[rank_of[id(p)]] for p in params],
-            group,
-            layers,
-            strict,
-            bucket_size_mb=bucket_size_mb,
-            fused_storages=fused,
-            max_in_flight=depth,
-        )
+            planner = unit_plan.FusedSlices(src_ranks, cap_bytes, fused)
+        else:
+            planner = unit_plan.Buckets(src_ranks, cap_bytes)
+        new = ParamSyncOverlap(params, group, layers, planner, method, strict)
         switch_owner(self, new)
         self._broadcast_overlap = True
 
@@ -177,44 +173,40 @@ class DygraphShardingOptimizerV2:
         all_gather_overlap_forward,
         layers=None,
         strict=False,
-        max_in_flight=None,
     ):
         """Overlap the post-update parameter all-gather with the next forward.
 
         After each ``step()`` V2 all-gathers every comm buffer
         (``FusedCommBuffer``, ``comm_buffer_size_MB`` each; Paddle's layout
-        is kept). When on, the gathers start asynchronously in the order
-        forward first uses the buffers (agreed across the group at the first
-        update), at most ``max_in_flight`` at a time; each layer's pre-hook
-        waits for its buffers and every read of a parameter for its own (no
-        synchronize before ``paddle.save``). The entry point of Paddle 3.x's
-        own (PaddleFormers ``--stage1_allgather_overlap``); NOTE [broadcast
-        overlap] in ``broadcast_overlap.py`` lists upstream's faults.
+        is kept). When on, ``step()`` starts every gather asynchronously, on
+        every rank, in the order forward first uses the buffers (agreed
+        across the group at the first update); each layer's pre-hook waits
+        for its buffers and every read of a parameter for its own (no
+        synchronize before ``paddle.save``). No hook or read issues a
+        collective (upstream's hooks start gathers, so a forward or a read
+        on one rank alone hangs the next barrier). The entry point of Paddle
+        3.x's own (PaddleFormers ``--stage1_allgather_overlap``); NOTE
+        [parameter sync overlap] in ``param_sync_overlap.py``.
 
         Args:
             all_gather_overlap_forward (bool): on, or off (waits for pending
                 gathers and removes every hook).
             layers (paddle.nn.Layer): the model that runs the forward.
             strict (bool): as in V1's ``_set_broadcast_overlap``.
-            max_in_flight (int | str | None): gathers in flight at once
-                (>= 1) or ``"all"``; None reads ``PADDLE_OVERLAY_MAX_IN_FLIGHT``
-                and defaults to 1, as upstream (Paddle PR #73406: gathers
-                queued at once delayed the forward's own communication).
 
         Raises:
-            TypeError: a flag is not a bool, ``layers`` is not a Layer,
-                ``max_in_flight`` is not an int or ``"all"``.
+            TypeError: a flag is not a bool, ``layers`` is not a Layer.
             ValueError: ``layers`` is None or owns none of the parameters;
-                sharding degree 1; ``max_in_flight`` < 1; a setting that
-                moves gradient or optimizer-state storage is on (named:
-                ``release_gradients``, ``free_grads_in_comm``,
-                ``enable_fuse_optimizer_states``).
+                sharding degree 1; a setting that moves gradient or
+                optimizer-state storage is on (named: ``release_gradients``,
+                ``free_grads_in_comm``, ``enable_fuse_optimizer_states``).
             Nothing changes when an error is raised.
         """
-        check_broadcast_overlap_flag(all_gather_overlap_forward)
-        if not all_gather_overlap_forward:
+        method = "_set_all_gather_overlap_forward"
+        flag = all_gather_overlap_forward
+        check_overlap_flag(flag, method, "all_gather_overlap_forward")
+        if not flag:
             return switch_owner(self, None)
-        depth = check_max_in_flight(max_in_flight, 1)
         if self._sharding_world_size < 2:
             raise ValueError(
                 "the all-gather overlap needs sharding stage 1 with "
@@ -222,14 +214,17 @@ class DygraphShardingOptimizerV2:
                 f"{self._sharding_world_size}."
             )
         self._check_all_gather_overlap_settings()
-        new = StageOneBroadcastOverlap(
+        # read at the first step (V2 may rebuild the list); a weak
+        # reference, so the owner never keeps the optimizer alive
+        optimizer = weakref.ref(self)
+        planner = unit_plan.CommBuffers(lambda: optimizer()._comm_buffer_list)
+        new = ParamSyncOverlap(
             list(self._parameter_list),
-            None,
             self._hcg.get_sharding_parallel_group(),
             layers,
+            planner,
+            method,
             strict,
-            comm_buffers=lambda: self._comm_buffer_list,
-            max_in_flight=depth,
         )
         # Paddle 3.x's own overlap stays off: step() launches the units
         self._all_gather_overlap_forward = False
@@ -237,7 +232,9 @@ class DygraphShardingOptimizerV2:
 
     def _set_broadcast_overlap(self, broadcast_overlap, layers=None, **kwargs):
         """V2 syncs by all-gather: ``ValueError`` naming the V2 method."""
-        check_broadcast_overlap_flag(broadcast_overlap)
+        check_overlap_flag(
+            broadcast_overlap, "_set_broadcast_overlap", "broadcast_overlap"
+        )
         if broadcast_overlap:
             raise ValueError(
                 "this optimizer is sharding stage 1 V2 "

@@ -23,10 +23,7 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
 )
 
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
-from .broadcast_overlap import (
-    check_broadcast_overlap_flag,
-    get_broadcast_overlap,
-)
+from .param_sync_overlap import check_overlap_flag, get_param_sync_overlap
 
 # Methods that replace an existing one and call it as _origin_<name>.
 OVERLAY_WRAPS = ("_step",)
@@ -42,7 +39,6 @@ class HybridParallelOptimizer:
         layers=None,
         strict=False,
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
-        max_in_flight=None,
     ):
         """``DygraphShardingOptimizer._set_broadcast_overlap`` of the wrapped
         V1 optimizer (same arguments, behaviour, errors); turning it on around
@@ -55,7 +51,6 @@ class HybridParallelOptimizer:
             layers,
             strict=strict,
             bucket_size_mb=bucket_size_mb,
-            max_in_flight=max_in_flight,
         )
         self._broadcast_overlap = broadcast_overlap
 
@@ -64,7 +59,6 @@ class HybridParallelOptimizer:
         all_gather_overlap_forward,
         layers=None,
         strict=False,
-        max_in_flight=None,
     ):
         """Turn the all-gather overlap of the wrapped V2 sharding optimizer
         on or off (PaddleFormers calls this with two arguments for
@@ -78,12 +72,12 @@ class HybridParallelOptimizer:
             all_gather_overlap_forward,
             layers,
             strict=strict,
-            max_in_flight=max_in_flight,
         )
         self._all_gather_overlap_forward = all_gather_overlap_forward
 
     def _set_overlap_of_inner(self, kind, method, flag, layers, **kwargs):
-        check_broadcast_overlap_flag(flag)
+        # the flag's argument name is the method's, as in the inner one
+        check_overlap_flag(flag, method, method[len("_set_") :])
         inner = self._inner_opt
         if isinstance(inner, kind):
             getattr(inner, method)(flag, layers, **kwargs)
@@ -105,7 +99,7 @@ class HybridParallelOptimizer:
     def _step(self, parameters_list):
         """Paddle's ``_step``; the sharding broadcast launches after its mp/pp
         parameter syncs."""
-        overlap = get_broadcast_overlap(self)
+        overlap = get_param_sync_overlap(self)
         if overlap is None:
             return self._origin_step(parameters_list)
         with overlap.deferred_launch():

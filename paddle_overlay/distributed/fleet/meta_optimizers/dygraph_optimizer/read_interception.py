@@ -22,10 +22,10 @@ SOT's skip list, as Paddle's own files, so SOT does not trace the hooks.
 import functools
 import os
 import re
-import weakref
 from collections import OrderedDict
 
-from .comm_unit import PENDING
+from . import sync_registry
+from .sync_registry import PENDING
 
 __all__ = []
 
@@ -38,9 +38,10 @@ _odict_popitem = OrderedDict.popitem
 
 
 def _wait_for(param, path):
-    unit = PENDING.get(id(param))
-    if unit is not None:
-        unit.owner.wait((unit,), "waited_on_read", path)
+    entry = PENDING.get(id(param))
+    if entry is not None:
+        owner, unit = entry
+        owner.wait((unit,), "waited_on_read", path)
 
 
 def _wait_for_all(params, path):
@@ -96,13 +97,8 @@ class GuardedParameters(OrderedDict):
         return self.__reduce__()
 
 
-# layer -> WeakSet of owners using its guard (optimizers may share a model)
-_USERS = weakref.WeakKeyDictionary()
-
-
-def guard_layer(layer, owner):
-    """Guard ``layer`` for ``owner``; True if (re)installed now."""
-    _USERS.setdefault(layer, weakref.WeakSet()).add(owner)
+def guard_layer(layer):
+    """Guard ``layer``'s ``_parameters``; True if (re)installed now."""
     current = layer.__dict__.get("_parameters")
     if current is None or type(current) is GuardedParameters:
         return False
@@ -113,21 +109,14 @@ def guard_layer(layer, owner):
     return True
 
 
-def unguard_layer(layer, owner):
-    """The last user of ``layer``'s guard puts a plain ``OrderedDict`` back."""
-    users = _USERS.get(layer)
-    if users is not None:
-        users.discard(owner)
-        if users:
-            return
-        _USERS.pop(layer, None)
+def unguard_layer(layer):
+    """Put a plain ``OrderedDict`` back."""
     current = layer.__dict__.get("_parameters")
     if type(current) is GuardedParameters:
         layer.__dict__["_parameters"] = OrderedDict(_odict_items(current))
 
 
-# compiled programs and SOT, installed once for all open owners:
-_HOLDERS = {}  # id(owner) -> finalizer (a collected owner drops out)
+# compiled programs and SOT, installed while any owner is open
 _RESTORE = []  # [restore()] of what _install() replaced
 
 
@@ -146,8 +135,8 @@ def sot_skip_files():
 
 
 def _wait_everything_pending():
-    for owner in {unit.owner for unit in list(PENDING.values())}:
-        owner.wait_all("waited_in_forward")
+    for owner in sync_registry.open_owners():  # creation order
+        owner.wait_all("waited_in_program")
 
 
 def _install():
@@ -188,37 +177,31 @@ def _uninstall():
         _RESTORE.pop()()
 
 
-def acquire(owner, layers):
-    """Guard ``layers`` for ``owner``; the first holder installs the
-    compiled-program wait and the SOT skip entry."""
-    if not _HOLDERS:
+def acquire(owner):
+    """Guard ``owner``'s layers; the first installs the compiled-program
+    wait and the SOT skip entry."""
+    if not _RESTORE:
         _install()
-    if id(owner) not in _HOLDERS:
-        _HOLDERS[id(owner)] = weakref.finalize(owner, _drop_holder, id(owner))
-    for layer in layers:
-        guard_layer(layer, owner)
+    for layer in owner.owning_layers:
+        guard_layer(layer)
 
 
-def _drop_holder(key):
-    finalizer = _HOLDERS.pop(key, None)
-    if finalizer is not None:
-        finalizer.detach()
-    if not _HOLDERS:
-        _uninstall()
-
-
-def refresh(owner, layers):
+def refresh(owner):
     """Re-guard a layer whose ``_parameters`` was replaced since."""
-    for layer in layers:
-        if type(layer.__dict__.get("_parameters")) is not GuardedParameters:
-            guard_layer(layer, owner)
+    for layer in owner.owning_layers:
+        guard_layer(layer)
 
 
-def release(owner, layers):
-    """Unguard ``layers``; the last holder restores what was installed."""
-    for layer in layers:
-        unguard_layer(layer, owner)
-    _drop_holder(id(owner))
+def release(owner):
+    """Unguard ``owner``'s layers no other open owner uses; with no owner
+    open, restore what was installed."""
+    others = sync_registry.open_owners()
+    still = {id(l) for o in others if o is not owner for l in o.owning_layers}
+    for layer in owner.owning_layers:
+        if id(layer) not in still:
+            unguard_layer(layer)
+    if not any(o is not owner for o in others):
+        _uninstall()
 
 
 def is_installed():

@@ -12,15 +12,27 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""The units of every mode, in the agreed order: one broadcast per parameter
-(upstream PR #63945's unit), bucket or fused slice; V2: one all-gather per
-``FusedCommBuffer``, in Paddle's layout. A plan never communicates.
+"""The planners of the parameter sync: the one place units are built.
+
+A planner turns the agreed order into a plan: V1's :class:`PerParameter`
+(one broadcast per parameter, upstream PR #63945's unit),
+:class:`Buckets` (contiguous buckets, ``broadcast_buckets.py``) and
+:class:`FusedSlices` (slices of Paddle's fused buffers); V2's
+:class:`CommBuffers` (one all-gather per ``FusedCommBuffer``, in Paddle's
+layout). Planning is local and the same on every rank; a plan never
+communicates. Each launch calls the plan's ``prepare()``: it checks the
+parameters locally and puts replaced memory back in its slot, so nothing has
+to be agreed across ranks after the first step.
 """
+
+import collections
 
 from .broadcast_buckets import (
     BucketStorage,
+    changed_param_error,
+    dtype_name,
     end_ptr,
-    param_unit,
+    numel_of,
     plan_buckets,
     plan_fused_slices,
 )
@@ -29,49 +41,103 @@ from .comm_unit import CommUnit
 __all__ = []
 
 
-def plan_units(
-    order,
-    params,
-    src_ranks,
-    group,
-    cap_bytes=0,
-    fused_storages=None,
-    comm_buffers=None,
-    alone=(),
-):
-    """A plan: ``units()`` (list[CommUnit], the same list while nothing
-    changed), ``replaced()`` (positions whose memory moved), ``can_go_stale``.
-    ``cap_bytes`` 0: one unit per parameter; ValueError from the planners."""
-    if comm_buffers is not None:
-        return _Plan(_comm_buffer_units(order, params, comm_buffers))
-    if not cap_bytes:
-        return _Plan(
-            [param_unit(params[i], (i,), group, src_ranks[i]) for i in order]
+def _check_sources(params, src_ranks):
+    if len(src_ranks) != len(params):
+        raise ValueError(
+            f"got {len(params)} parameters but {len(src_ranks)} source ranks."
         )
-    if fused_storages is not None:
-        outside = _outside(fused_storages, params)
+
+
+def _param_unit(param, covered, group, src):
+    return CommUnit(
+        "broadcast", param, covered, [param], group, src=src, label=param.name
+    )
+
+
+class PerParameter:
+    """V1: one broadcast per parameter from global rank ``src_ranks[i]``."""
+
+    collective = "broadcast"
+
+    def __init__(self, src_ranks):
+        self.src_ranks = list(src_ranks)
+
+    def plan(self, order, params, group, alone=()):
+        _check_sources(params, self.src_ranks)
+        units = [
+            _param_unit(params[i], (i,), group, self.src_ranks[i])
+            for i in order
+        ]
+        return _FixedPlan(units, [params[i] for i in order])
+
+
+class Buckets:
+    """V1: one broadcast per (window of ``cap_bytes`` in the agreed order,
+    owner rank, dtype), the parameters moved once into contiguous storage;
+    ValueError from ``broadcast_buckets.check_bucket_size_mb`` rules."""
+
+    collective = "broadcast"
+
+    def __init__(self, src_ranks, cap_bytes):
+        if not isinstance(cap_bytes, int) or cap_bytes <= 0:
+            raise ValueError(
+                f"cap_bytes must be a positive int, got {cap_bytes!r}."
+            )
+        self.src_ranks, self.cap_bytes = list(src_ranks), cap_bytes
+
+    def plan(self, order, params, group, alone=()):
+        _check_sources(params, self.src_ranks)
+        specs = plan_buckets(
+            order, params, self.src_ranks, self.cap_bytes, alone=alone
+        )
+        storage = BucketStorage(specs, params, self.src_ranks, order)
+        storage.materialize()
+        return _StoragePlan(storage, group)
+
+
+class FusedSlices(Buckets):
+    """V1 with Paddle's tensor fusion: the buckets are slices of the fused
+    buffers ``storages`` (list of 1-D tensors) the parameters live in."""
+
+    def __init__(self, src_ranks, cap_bytes, storages):
+        super().__init__(src_ranks, cap_bytes)
+        self.storages = list(storages)
+
+    def plan(self, order, params, group, alone=()):
+        _check_sources(params, self.src_ranks)
+        outside = _outside(self.storages, params)
         plan = plan_fused_slices(
             order,
             params,
-            src_ranks,
-            cap_bytes,
-            fused_storages,
+            self.src_ranks,
+            self.cap_bytes,
+            self.storages,
             alone=set(alone) | outside,
         )
-        storage = BucketStorage(
-            [spec for spec, _, _ in plan], params, src_ranks, order
-        )
+        specs = [spec for spec, _, _ in plan]
+        storage = BucketStorage(specs, params, self.src_ranks, order)
         storage.use_views(
             [
-                fused_storages[k]._slice(begin, begin + spec.length)
+                self.storages[k]._slice(begin, begin + spec.length)
                 for spec, k, begin in plan
             ]
         )
-    else:
-        specs = plan_buckets(order, params, src_ranks, cap_bytes, alone=alone)
-        storage = BucketStorage(specs, params, src_ranks, order)
-        storage.materialize()
-    return _Plan(storage=storage, group=group)
+        return _StoragePlan(storage, group)
+
+
+class CommBuffers:
+    """V2: one all-gather per comm buffer (``FusedCommBuffer``) of >= 2
+    ranks holding managed parameters; ``buffers``: a list, or a callable
+    returning it at planning (V2 builds them with the optimizer)."""
+
+    collective = "all_gather"
+
+    def __init__(self, buffers):
+        self.buffers = buffers
+
+    def plan(self, order, params, group, alone=()):
+        buffers = self.buffers() if callable(self.buffers) else self.buffers
+        return _FixedPlan(_comm_buffer_units(order, params, buffers), [])
 
 
 def _outside(storages, params):
@@ -87,7 +153,6 @@ def _outside(storages, params):
 
 
 def _comm_buffer_units(order, params, buffers):
-    # one all-gather per comm buffer of >= 2 ranks holding managed parameters
     index_of = {id(p): i for i, p in enumerate(params)}
     rank_of = {i: k for k, i in enumerate(order)}
     ranked = []
@@ -112,17 +177,71 @@ def _comm_buffer_units(order, params, buffers):
     return [unit for *_, unit in sorted(ranked, key=lambda r: r[:2])]
 
 
-class _Plan:
-    """Fixed units, or those of a ``BucketStorage`` (buckets, fused slices)."""
+class _FixedPlan:
+    """Units fixed at planning; ``checked`` parameters keep their dtype and
+    size (V1 per parameter: each broadcast sends the parameter itself)."""
 
-    def __init__(self, units=None, storage=None, group=None):
-        self._units, self.storage, self._group = units, storage, group
-        self.can_go_stale = storage is not None
+    def __init__(self, units, checked):
+        self._units = units
+        self._checked = [(p, (dtype_name(p.dtype), numel_of(p))) for p in checked]
 
     def units(self):
-        if self.storage is None:
-            return self._units
-        return self.storage.units(self._group)
+        return self._units
 
-    def replaced(self):
-        return [] if self.storage is None else self.storage.replaced()
+    def prepare(self, method):
+        """Local checks before a launch; returns 0 (nothing rebound)."""
+        for param, was in self._checked:
+            now = (dtype_name(param.dtype), numel_of(param))
+            if now != was and not param.stop_gradient:
+                raise changed_param_error(param, was, now, method)
+        return 0
+
+
+class _StoragePlan:
+    """The units of a ``BucketStorage``: one broadcast per bucket (always
+    sent) and per unslotted parameter trainable now, in the agreed order;
+    the same list while the trainable set is unchanged."""
+
+    def __init__(self, storage, group):
+        self.storage, self._group = storage, group
+        self._units, self._loose = None, None
+
+    def prepare(self, method):
+        """Rebind replaced memory into its slots (local); the count."""
+        return len(self.storage.rebind(method))
+
+    def units(self):
+        storage = self.storage
+        params = storage.params
+        loose = tuple(i for i in storage.unslotted if not params[i].stop_gradient)
+        if self._units is None or loose != self._loose:
+            self._units, self._loose = self._build(loose), loose
+        return self._units
+
+    def _build(self, loose):
+        storage, group = self.storage, self._group
+        rank_of = storage.rank_in_order.get
+        aliases = collections.defaultdict(list)  # slot position -> repeats
+        for i, j in sorted(storage.alias_of.items(), key=lambda a: rank_of(a[0])):
+            aliases[j].append(i)
+        params, units = storage.params, []
+        for b, (spec, buffer) in enumerate(zip(storage.specs, storage.buffers)):
+            covered = [k for i in spec.indices for k in [i, *aliases[i]]]
+            unit = CommUnit(
+                "broadcast",
+                buffer,
+                covered,
+                [params[i] for i in spec.indices],
+                group,
+                src=spec.src,
+                always=True,
+                label=f"bucket{b}",
+            )
+            units.append((rank_of(spec.indices[0]), unit))
+        for i in loose:
+            unit = _param_unit(
+                params[i], [i, *aliases[i]], group, storage.src_ranks[i]
+            )
+            units.append((rank_of(i), unit))
+        units.sort(key=lambda item: item[0])
+        return [unit for _, unit in units]

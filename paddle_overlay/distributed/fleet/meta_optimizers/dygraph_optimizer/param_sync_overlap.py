@@ -1,0 +1,658 @@
+# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+
+"""Sharding stage 1: the post-update parameter sync (V1 broadcast, V2
+all-gather) overlapped with the next forward, with one owner.
+
+NOTE [parameter sync overlap]
+As upstream (PR #63945 for V1, ``_set_all_gather_overlap_forward`` for V2),
+``sync_op=False`` collectives waited by forward pre-hooks, by these rules:
+
+* Units (``comm_unit.CommUnit``) own their tasks; a planner of
+  ``unit_plan`` builds them (V1 per parameter, buckets, fused slices; V2
+  comm buffers).
+* Order: forward's first use, recorded before the first update and sent
+  once from rank 0 of the group: all ranks issue the same collectives in
+  the same order (upstream V1 sorts by ``param.name``, V2 uses ``set`` order).
+* Schedule: every unit starts inside ``step()``, on every rank, in the
+  agreed order; no hook, read or compiled program ever issues a collective.
+  So whatever user code runs between ``step()`` and the next forward (reads
+  or forwards on one rank alone, then a barrier or an all-reduce), as long
+  as that code issues the same collectives on every rank, every rank of
+  each process group issues the same sequence of collectives and the
+  ranks' sequences merge into one order without a wait cycle. Owners are
+  visited in creation order (``sync_registry``).
+* Waits: a pre-hook (first in its layer's order) per layer owning managed
+  parameters, every Python read of a parameter and compiled program, the
+  optimizer's ``state_dict()`` and ``step()``; safe to call again, never in
+  a GC finalizer. Not seen: a tensor reference taken before ``step()`` (the
+  race checker names such reads).
+* No host synchronisation and no collective of its own after the first
+  step: replaced parameter memory is put back into its slot locally; a
+  dtype or size change is refused before anything is sent.
+* Hooks: registered once, removed together on disable.
+* Said: a training forward using units out of the agreed order, and a
+  forward most of whose units were already waited by reads (the overlap was
+  lost), each warn once.
+"""
+
+import collections
+import contextlib
+import enum
+import inspect
+import os
+import traceback
+import warnings
+import weakref
+
+import paddle
+
+from . import read_interception, sync_registry
+from .comm_unit import PaddleComm, UnitState
+
+__all__ = []
+
+_OWNER_ATTR = "_param_sync_overlap"
+_COLLECTIVE_NAMES = {"broadcast": "broadcast", "all_gather": "all-gather"}
+
+
+def check_overlap_flag(flag, method, argument):
+    """TypeError naming ``method(argument=...)`` unless ``flag`` is a bool."""
+    if not isinstance(flag, bool):
+        kind = type(flag)
+        raise TypeError(
+            f"{method}: {argument} must be a Python bool, got {flag!r} of "
+            f"type {kind.__module__}.{kind.__qualname__}."
+        )
+
+
+def get_param_sync_overlap(optimizer):
+    """The :class:`ParamSyncOverlap` of ``optimizer`` (V1, V2, or a
+    ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around one),
+    or None when overlap is off. Public counters: ``stats`` (dict[str, int]:
+    ``launched``, ``waited_*`` by who waited, ``waited_out_of_order``,
+    ``rebound``), ``read_paths`` (``waited_on_read`` by path), ``order``,
+    ``units``, ``num_pending``, ``num_hooks``, ``state``."""
+    while optimizer is not None:
+        owner = vars(optimizer).get(_OWNER_ATTR)
+        if owner is not None:
+            return owner
+        optimizer = vars(optimizer).get("_inner_opt")
+    return None
+
+
+def switch_owner(optimizer, new):
+    """Close ``optimizer``'s owner, then open ``new`` (None: overlap off)."""
+    sync_registry.sweep_abandoned()
+    current = vars(optimizer).get(_OWNER_ATTR)
+    if current is not None:
+        current.close()
+    if new is not None:
+        new.open()
+        new.close_with(optimizer)
+    vars(optimizer)[_OWNER_ATTR] = new
+
+
+def launch_or_sync(optimizer, blocking_sync):
+    """Launch the owner's units if overlap is on, else ``blocking_sync()``."""
+    overlap = get_param_sync_overlap(optimizer)
+    if overlap is None:
+        return blocking_sync()
+    with paddle.no_grad():
+        overlap.launch()
+
+
+def wait_then(optimizer, reason, call, *args):
+    """Wait for pending units (counted as ``reason``), then ``call(*args)``."""
+    overlap = get_param_sync_overlap(optimizer)
+    if overlap is not None:
+        overlap.wait_all(reason)
+    return call(*args)
+
+
+class ParamSyncState(enum.Enum):
+    RECORDING = "recording"  # hooks record the first-use order
+    ORDERED = "ordered"  # order agreed; units launched after each update
+    CLOSED = "closed"  # nothing pending; hooks removed (or to be)
+
+
+class _Hook:
+    """A hook that ``copy.deepcopy`` or pickle of the model makes a no-op."""
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def __call__(self, *args):
+        return self._fn(*args)
+
+    def __deepcopy__(self, memo):
+        return _noop_hook
+
+    def __reduce__(self):
+        return (_make_noop_hook, ())
+
+
+def _noop_hook(*_args):
+    return None
+
+
+def _make_noop_hook():
+    return _noop_hook
+
+
+_HAS_PREPEND = (
+    "prepend"
+    in inspect.signature(paddle.nn.Layer.register_forward_pre_hook).parameters
+)
+_STATS = (
+    "launched waited_in_forward waited_in_program waited_before_update "
+    "waited_unreachable waited_on_read waited_on_demand "
+    "waited_by_other_owner waited_out_of_order rebound"
+).split()
+# waits that take the overlap away from the next forward
+_READ_WAITS = ("waited_on_read", "waited_in_program")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# frames of Paddle and of this package are not the user's line
+_LIBRARY_DIRS = tuple(
+    {
+        os.path.dirname(os.path.abspath(paddle.__file__)) + os.sep,
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))
+        + os.sep,
+    }
+)
+
+
+def _user_line():
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(_LIBRARY_DIRS):
+            return f"{frame.filename}:{frame.lineno}"
+    return "<unknown>"
+
+
+def _waiting_layer(layer, parent_of, root):
+    # a container without forward (ParameterList) never runs: its nearest
+    # ancestor with a forward waits
+    while layer is not root and type(layer).forward is paddle.nn.Layer.forward:
+        layer = parent_of.get(id(layer), root)
+    return layer
+
+
+class ParamSyncOverlap:
+    """Owns the order, the plan, the units and the hook handles of one
+    optimizer's overlapped parameter sync.
+
+    Args:
+        params (list[paddle.Tensor]): the optimizer's parameters, in its
+            order (positions are what ranks agree on).
+        group: the sharding process group (``paddle.distributed`` Group).
+        layers (paddle.nn.Layer): the model that runs the forward.
+        planner: a planner of ``unit_plan`` (``PerParameter``, ``Buckets``,
+            ``FusedSlices``, ``CommBuffers``).
+        method (str): the optimizer method that turned it on, named in
+            errors and warnings.
+        strict (bool): the root's pre-hook waits for everything.
+        comm: ``comm_unit.PaddleComm`` or a test fake.
+
+    Raises:
+        TypeError / ValueError: bad ``layers`` or ``strict``; ``layers``
+            owns none of ``params``.
+    """
+
+    def __init__(
+        self, params, group, layers, planner, method, strict=False, comm=None
+    ):
+        self._check_arguments(layers, strict)
+        self._method, self._planner = method, planner
+        self._collective = _COLLECTIVE_NAMES[planner.collective]
+        self._comm = comm if comm is not None else PaddleComm()
+        self._params = list(params)
+        self._group = group
+        self._index_of = {id(p): i for i, p in enumerate(self._params)}
+        self._map_waiting_layers(layers, strict)
+        self.serial = sync_registry.next_serial()
+        self._state = ParamSyncState.RECORDING
+        self._recorded = {}  # first-use order while RECORDING (dict as set)
+        self._order = self._plan = None
+        self._use_units([])
+        self._first_unsynced = 0  # the order check looks from here
+        self._order_check_armed = self._in_root_forward = False
+        self._warned_order = self._warned_lost = False
+        # the lost-overlap check of the next root forward after a launch
+        self._lost_check_armed, self._started_now = False, 0
+        self._read_waited_now, self._first_read = 0, None
+        self._pre_hook_handles = {}  # id(layer) -> handle
+        self._post_hook_handle = self._finalizer = None
+        self._defer_depth, self._launch_deferred = 0, False
+        # public counters (get_param_sync_overlap); waited_out_of_order: a
+        # layer waited while an earlier unit was not synced (less overlap)
+        self.stats = dict.fromkeys(_STATS, 0)
+        # waited_on_read by path ("attribute", "iteration")
+        self.read_paths = collections.Counter()
+
+    def _check_arguments(self, layers, strict):
+        if layers is None:
+            raise ValueError(
+                "the overlap needs the model: pass the paddle.nn.Layer that "
+                "runs the forward, e.g. optimizer._set_broadcast_overlap("
+                "True, layers=model) or optimizer."
+                "_set_all_gather_overlap_forward(True, model)."
+            )
+        if not isinstance(layers, paddle.nn.Layer):
+            raise TypeError(
+                "layers must be a paddle.nn.Layer (the model that runs the "
+                f"forward), got {type(layers).__name__}."
+            )
+        if not isinstance(strict, bool):
+            raise TypeError(
+                f"strict must be a bool, got {type(strict).__name__}."
+            )
+
+    def _map_waiting_layers(self, layers, strict):
+        # every layer owning managed parameters directly waits for them
+        self._layers, self._strict = layers, strict
+        all_layers = layers.sublayers(include_self=True)
+        parent_of = {}
+        for layer in all_layers:
+            for child in layer.children():
+                parent_of.setdefault(id(child), layer)
+        waiting = {}  # id(waiting layer) -> (layer, {index: None})
+        self._owning_layers = []  # their _parameters get guarded reads
+        for layer in all_layers:
+            own = layer.parameters(include_sublayers=False)
+            indices = [
+                self._index_of[id(p)] for p in own if id(p) in self._index_of
+            ]
+            if indices:
+                self._owning_layers.append(layer)
+                waiter = _waiting_layer(layer, parent_of, layers)
+                waiting.setdefault(id(waiter), (waiter, {}))[1].update(
+                    dict.fromkeys(indices)
+                )
+        self._indices_of_layer = {k: tuple(v) for k, (_, v) in waiting.items()}
+        # the root always gets a pre-hook (strict mode, the checks)
+        self._hooked_layers = [layer for layer, _ in waiting.values()]
+        if id(layers) not in waiting:
+            self._hooked_layers.insert(0, layers)
+        reachable = {i for v in self._indices_of_layer.values() for i in v}
+        if not reachable:
+            raise ValueError(
+                f"layers ({type(layers).__name__}) owns none of the "
+                f"{len(self._params)} parameters of this optimizer: pass the "
+                "model whose parameters() were given to the optimizer."
+            )
+        # no hook or guarded read sees these: waited right after launch
+        self._unreachable = tuple(
+            i for i in range(len(self._params)) if i not in reachable
+        )
+
+    @property
+    def state(self):
+        """:class:`ParamSyncState`."""
+        return self._state
+
+    @property
+    def method(self):
+        """str: the optimizer method that turned the overlap on."""
+        return self._method
+
+    @property
+    def collective(self):
+        """str: ``"broadcast"`` (V1) or ``"all-gather"`` (V2)."""
+        return self._collective
+
+    @property
+    def order(self):
+        """list[int] | None: the agreed order (positions in the optimizer's
+        parameter list); None while recording."""
+        return None if self._order is None else list(self._order)
+
+    @property
+    def units(self):
+        """list[comm_unit.CommUnit]: the units of the last launch, in order."""
+        return list(self._units)
+
+    @property
+    def num_pending(self):
+        """int: units in flight (started, not waited)."""
+        return sum(u.state is not UnitState.SYNCED for u in self._units)
+
+    @property
+    def num_hooks(self):
+        """int: forward pre-hook handles held."""
+        return len(self._pre_hook_handles)
+
+    @property
+    def owning_layers(self):
+        """list[paddle.nn.Layer]: layers owning managed parameters directly."""
+        return list(self._owning_layers)
+
+    def index_of(self, param):
+        """int | None: ``param``'s position in the optimizer's list."""
+        return self._index_of.get(id(param))
+
+    def units_of_layer(self, layer):
+        """tuple[CommUnit]: the units ``layer``'s pre-hook waits for."""
+        return self._units_of_layer.get(id(layer), ())
+
+    def open(self):
+        """Install the pre-hooks (first in each layer's hook order) and the
+        read interception, until :meth:`close`."""
+        self._check_state(ParamSyncState.RECORDING)
+        if self._pre_hook_handles:
+            raise RuntimeError("ParamSyncOverlap.open() called twice.")
+        sync_registry.sweep_abandoned()
+        if self._unreachable:
+            names = [self._params[i].name for i in self._unreachable]
+            warnings.warn(
+                f"parameter sync overlap ({self._method}): {len(names)} "
+                "optimizer parameter(s) are not owned by any layer of "
+                f"{type(self._layers).__name__}, so no forward pre-hook can "
+                f"wait for them: {names}. They are waited right after their "
+                f"{self._collective} is launched (no overlap).",
+                stacklevel=3,
+            )
+        sync_registry.add(self)
+        read_interception.acquire(self)
+        for layer in self._hooked_layers:
+            hook = _Hook(self._on_forward_pre)
+            if _HAS_PREPEND:
+                handle = layer.register_forward_pre_hook(hook, prepend=True)
+            else:  # Paddle 2.6: the same move of the hook dict's entry
+                handle = layer.register_forward_pre_hook(hook)
+                layer._forward_pre_hooks.move_to_end(handle._hook_id, False)
+            self._pre_hook_handles[id(layer)] = handle
+        self._post_hook_handle = self._layers.register_forward_post_hook(
+            _Hook(self._on_root_forward_post)
+        )
+
+    def close_with(self, optimizer):
+        """Close this overlap when ``optimizer`` is collected: marked closed
+        then, unhooked at the next explicit call."""
+        self._finalizer = weakref.finalize(optimizer, self._abandon)
+        self._finalizer.atexit = False
+
+    def _abandon(self):
+        # inside garbage collection: no collective, no hook change
+        if self._state is not ParamSyncState.CLOSED:
+            self._state = ParamSyncState.CLOSED
+            sync_registry.abandon(self)
+
+    def release_abandoned(self):
+        """Wait and unhook an owner whose optimizer was collected."""
+        try:
+            self.wait_all("waited_on_demand")
+        finally:
+            self._remove_hooks()
+
+    def close(self):
+        """Wait for pending units, remove every hook and guard; idempotent."""
+        sync_registry.sweep_abandoned()
+        if self._state is ParamSyncState.CLOSED:
+            return
+        self._state = ParamSyncState.CLOSED
+        sync_registry.discard(self)
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        try:
+            self.wait_all("waited_on_demand")
+        finally:
+            self._remove_hooks()
+
+    def _remove_hooks(self):
+        for handle in self._pre_hook_handles.values():
+            handle.remove()
+        self._pre_hook_handles.clear()
+        if self._post_hook_handle is not None:
+            self._post_hook_handle.remove()
+            self._post_hook_handle = None
+        read_interception.release(self)
+        self._recorded = {}
+
+    @contextlib.contextmanager
+    def deferred_launch(self):
+        """Hold :meth:`launch` back until the block ends (even if it raised):
+        ``HybridParallelOptimizer._step``'s mp/pp parameter syncs come first,
+        as in the blocking order."""
+        self._defer_depth += 1
+        try:
+            yield
+        finally:
+            self._defer_depth -= 1
+            if self._defer_depth == 0 and self._launch_deferred:
+                self._launch_deferred = False
+                self.launch()
+
+    def launch(self):
+        """Start every unit that needs a sync after an update, in the agreed
+        order (the first call agrees it: one int64 broadcast of the count
+        and one of the order, the only host synchronisation); frozen units
+        are skipped, units no layer waits for are waited at once.
+
+        Raises:
+            RuntimeError (names the rank): closed, a unit still pending, or
+                the ranks' parameter lists differ.
+            ValueError: a parameter's dtype or size changed since the first
+                step (names it and the fix). Nothing is sent when raised.
+        """
+        self._check_state(ParamSyncState.RECORDING, ParamSyncState.ORDERED)
+        if self._defer_depth:
+            self._launch_deferred = True
+            return
+        if self.num_pending:
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: parameter sync launch with "
+                f"{self.num_pending} unit(s) still pending; step() and "
+                "minimize() wait for them before the update."
+            )
+        if self._state is ParamSyncState.RECORDING:
+            self._order = self._agree_order()
+            self._recorded = {}
+            self._plan = self._planner.plan(
+                self._order, self._params, self._group, self._unreachable
+            )
+            self._state = ParamSyncState.ORDERED
+        else:
+            self.stats["rebound"] += self._plan.prepare(self._method)
+        read_interception.refresh(self)
+        units = self._plan.units()
+        if units is not self._units:
+            self._use_units(units)
+        due = [unit for unit in self._units if unit.needs_sync()]
+        self._wait_for_other_owners(due)
+        with paddle.profiler.RecordEvent("ParamSyncOverlap::launch"):
+            for unit in due:
+                unit.start(self._comm)  # may raise
+                for param in unit.params:
+                    sync_registry.PENDING[id(param)] = (self, unit)
+        self.stats["launched"] += len(due)
+        self._first_unsynced = 0
+        self._order_check_armed = self._lost_check_armed = True
+        self._started_now, self._read_waited_now = len(due), 0
+        self._first_read = None
+        self.wait(self._unreachable_units, "waited_unreachable")
+
+    def _wait_for_other_owners(self, units):
+        # a parameter shared with another owner: its pending sync first
+        for unit in units:
+            for param in unit.params:
+                entry = sync_registry.PENDING.get(id(param))
+                if entry is not None and entry[0] is not self:
+                    entry[0].wait((entry[1],), "waited_by_other_owner")
+
+    def _agree_order(self):
+        # rank 0 of the group decides: the count (int64 [1]) is checked
+        # before the order (int64 [n]) is sent, so ranks with different
+        # lists stop with an error instead of pairing the wrong tensors
+        n = len(self._params)
+        first_rank = self._group.ranks[0]
+        count = self._broadcast_int64([n], first_rank)
+        if count != [n]:
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: the sharding group disagrees on "
+                f"the optimizer's parameter list ({n} parameters here, "
+                f"{count[0]} on the group's first rank {first_rank}); every "
+                "rank must build the same model and optimizer."
+            )
+        proposal = list(self._recorded)
+        proposal += [i for i in range(n) if i not in self._recorded]
+        agreed = self._broadcast_int64(proposal, first_rank)
+        if sorted(agreed) != list(range(n)):
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: the order received from "
+                f"rank {first_rank} is not a permutation of 0..{n - 1}."
+            )
+        return agreed
+
+    def _broadcast_int64(self, values, src):
+        message = paddle.to_tensor(values, dtype="int64")
+        self._comm.broadcast(message, src=src, group=self._group, sync_op=True)
+        return [int(v) for v in message.numpy().tolist()]
+
+    def _use_units(self, units):
+        self._units = units
+        unit_of = collections.defaultdict(dict)  # index -> {id: unit}
+        for unit in units:
+            for i in unit.indices:
+                unit_of[i][id(unit)] = unit
+
+        def units_for(indices):
+            found = {}
+            for i in indices:
+                found.update(unit_of.get(i, {}))
+            return tuple(found.values())
+
+        self._units_of_layer = {
+            key: units_for(indices)
+            for key, indices in self._indices_of_layer.items()
+        }
+        self._unreachable_units = units_for(self._unreachable)
+
+    def wait(self, units, reason, path=None):
+        """Finish this owner's ``units`` that are in flight, counted under
+        ``stats[reason]`` (and ``read_paths[path]``); issues no collective.
+        Returns the number waited now."""
+        waited = 0
+        for unit in units:
+            if unit.state is UnitState.SYNCED:
+                continue
+            with paddle.profiler.RecordEvent(f"ParamSyncOverlap::wait {unit.label}"):
+                unit.finish()
+            for param in unit.params:
+                entry = sync_registry.PENDING.get(id(param))
+                if entry is not None and entry[1] is unit:
+                    del sync_registry.PENDING[id(param)]
+            waited += 1
+        if waited:
+            self.stats[reason] += waited
+            if path is not None:
+                self.read_paths[path] += waited
+            if reason in _READ_WAITS and self._lost_check_armed:
+                self._read_waited_now += waited
+                if self._first_read is None:
+                    where = path or "compiled program"
+                    self._first_read = (where, _user_line())
+        return waited
+
+    def wait_all(self, reason="waited_on_demand"):
+        return self.wait(self._units, reason)
+
+    def _on_forward_pre(self, layer, _inputs):
+        # RECORDING: record first use; then wait for the layer's own units
+        state = self._state
+        if state is ParamSyncState.RECORDING:
+            self._recorded.update(
+                dict.fromkeys(self._indices_of_layer.get(id(layer), ()))
+            )
+            return
+        if layer is self._layers:
+            self._in_root_forward = True
+            if self._lost_check_armed:
+                self._check_lost_overlap()
+        if not sync_registry.PENDING or state is not ParamSyncState.ORDERED:
+            return
+        if self._strict:
+            self.wait_all("waited_in_forward")
+            return
+        units = self._units_of_layer.get(id(layer), ())
+        if units:
+            self._check_order(layer, units)
+            self.wait(units, "waited_in_forward")
+
+    def _on_root_forward_post(self, layer, _inputs, _outputs):
+        # only the first root forward after a launch is order-checked
+        self._in_root_forward = self._order_check_armed = False
+
+    def _check_lost_overlap(self):
+        # at the first root forward after a launch: were most of its units
+        # already waited by reads between step() and this forward?
+        self._lost_check_armed = False
+        if self._warned_lost or 2 * self._read_waited_now <= self._started_now:
+            return
+        self._warned_lost = True
+        path, line = self._first_read
+        warnings.warn(
+            f"parameter sync overlap ({self._method}): "
+            f"{self._read_waited_now} of the {self._started_now} "
+            f"{self._collective}s launched by the last step() were waited "
+            f"by reads before this forward (first: {path} at {line}), so "
+            "they did not overlap the forward. To keep the overlap, read the "
+            "parameters after the forward (e.g. log gradient norms after "
+            "loss.backward() or every N steps), or accept it. Shown once.",
+            stacklevel=3,
+        )
+
+    def _check_order(self, layer, units):
+        # count (and warn once, in training) a layer that needs a unit while
+        # an earlier one in the agreed order is not synced
+        cursor, all_units = self._first_unsynced, self._units
+        while (
+            cursor < len(all_units)
+            and all_units[cursor].state is UnitState.SYNCED
+        ):
+            cursor += 1
+        self._first_unsynced = cursor
+        if cursor == len(all_units):
+            return
+        first = all_units[cursor]
+        pending = [u for u in units if u.state is not UnitState.SYNCED]
+        if not pending or any(u is first for u in units):
+            return
+        self.stats["waited_out_of_order"] += 1
+        if (
+            self._order_check_armed
+            and self._in_root_forward
+            and not self._warned_order
+            and self._layers.training
+            and paddle.is_grad_enabled()
+        ):
+            self._warned_order = True
+            warnings.warn(
+                f"parameter sync overlap ({self._method}): "
+                f"{type(layer).__name__} "
+                f"({getattr(layer, '_full_name', '')}) needs "
+                f"{pending[0].label} while {first.label}, earlier in the "
+                "order agreed at the first step, is not synced yet: this "
+                "forward uses the parameters in another order than the first "
+                "one did, so some overlap is lost (results are not "
+                "affected). Shown once.",
+                stacklevel=2,
+            )
+
+    def _check_state(self, *allowed):
+        if self._state not in allowed:
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: parameter sync overlap is "
+                f"{self._state.value}, expected one of "
+                f"{[s.value for s in allowed]}"
+            )
