@@ -18,8 +18,7 @@ loss of every optimizer step this run made (``losses``, float32, in step order),
 was, what the overlay's overlap did (``overlap_order``: how many parameters are
 in the agreed order, 0 if overlap is off; ``overlap_hooks``: forward pre-hooks it
 holds; ``overlap_units``: collectives per step and ``overlap_all_gather``: 1 if
-they are V2 all-gathers of comm buffers, 0 for V1 broadcasts; ``overlap_max_in_flight``:
-the launch depth, 0 for all at the step); ``comm_buffers``:
+they are V2 all-gathers of comm buffers, 0 for V1 broadcasts); ``comm_buffers``:
 V2's comm buffers (0 for V1). These read-outs are the only place paddle_overlay is
 named, and only when the start-up hook already imported it.
 
@@ -156,19 +155,19 @@ def comm_buffers(optimizer):
 
 def overlay_report(optimizer):
     """applied / overlap_order / overlap_hooks / overlap_units / overlap_all_gather /
-    overlap_max_in_flight (ints) as described at the top."""
+    (ints) as described at the top."""
     zero = np.array(0)
     overlay = sys.modules.get("paddle_overlay")
     if overlay is None or not overlay.is_applied():
         return {
             "applied": zero, "overlap_order": zero, "overlap_hooks": zero,
-            "overlap_units": zero, "overlap_all_gather": zero, "overlap_max_in_flight": zero,
+            "overlap_units": zero, "overlap_all_gather": zero,
         }
-    from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.broadcast_overlap import (
-        get_broadcast_overlap,
+    from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.param_sync_overlap import (
+        get_param_sync_overlap,
     )
 
-    owner = get_broadcast_overlap(optimizer)
+    owner = get_param_sync_overlap(optimizer)
     order = (owner.order or []) if owner is not None else []
     hooks = owner.num_hooks if owner is not None else 0
     units = owner.units if owner is not None else []
@@ -178,7 +177,6 @@ def overlay_report(optimizer):
         "overlap_hooks": np.array(hooks),
         "overlap_units": np.array(len(units)),
         "overlap_all_gather": np.array(int(bool(units) and all(u.kind == "all_gather" for u in units))),
-        "overlap_max_in_flight": np.array((owner.max_in_flight or 0) if owner is not None else 0),
     }
 
 
