@@ -23,8 +23,9 @@ rank: windows of the agreed order closed at the cap, one bucket per
 repeats and empty tensors get none. With tensor fusion buckets are slices of
 Paddle's fused buffers. Memory replaced under a parameter later is put back
 into its slot at the next launch, locally (no collective); a dtype or size
-change is refused before anything is sent. Why, and the 256 MB default: paddle_overlay's
-``docs/design.md`` and ``docs/performance.md``.
+change is refused before anything is sent. The 256 MB default is Paddle's
+own for fused buffers (``comm_buffer_size_MB``); one broadcast per
+parameter leaves the link idle between small messages.
 """
 
 import collections
