@@ -15,6 +15,7 @@ import paddle_overlay
 from paddle_overlay import _patching
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizer,
+    DygraphShardingOptimizerV2,
 )
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
     HybridParallelOptimizer,
@@ -23,7 +24,7 @@ from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     dygraph_sharding_optimizer as sharding_overlay,
 )
 
-CLASSES = (DygraphShardingOptimizer, HybridParallelOptimizer)
+CLASSES = (DygraphShardingOptimizer, DygraphShardingOptimizerV2, HybridParallelOptimizer)
 
 
 def snapshot():
@@ -52,7 +53,8 @@ def apply_quietly():
 def an_added_method():
     """A method the sharding overlay adds (neither wrapped nor replacing upstream's)."""
     for name in _patching.overlay_methods(sharding_overlay.DygraphShardingOptimizer):
-        if name not in _patching.wraps_of(sharding_overlay, 'DygraphShardingOptimizer') and name not in _patching.REPLACES_UPSTREAM:
+        wrapped = _patching.wraps_of(sharding_overlay, "DygraphShardingOptimizer")
+        if name not in wrapped and name not in _patching.REPLACES_UPSTREAM:
             return name
     raise AssertionError("the sharding overlay adds no method")
 
