@@ -12,7 +12,7 @@ import paddle
 from parameterized import parameterized
 
 import paddle_overlay
-from paddle_overlay import _patching
+from paddle_overlay import _patching, _version_gate
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizer,
     DygraphShardingOptimizerV2,
@@ -168,12 +168,12 @@ class TestStructureChecks(unittest.TestCase):
             self.assert_refused("HybridParallelOptimizer.step no longer mentions _step")
 
     def test_internal_attribute_renamed(self):
-        real = _patching.CALL_PATHS
+        real = _version_gate.CALL_PATHS
         moved = tuple(
             (c, m, tuple(n.replace("_rank2params", "_param_owner_table") for n in needles), why)
             for c, m, needles, why in real
         )
-        with mock.patch.object(_patching, "CALL_PATHS", moved):
+        with mock.patch.object(_version_gate, "CALL_PATHS", moved):
             self.assert_refused("DygraphShardingOptimizer no longer mentions _param_owner_table")
 
     def test_added_method_never_shadows_paddles_own(self):
@@ -198,7 +198,7 @@ class TestStructureChecks(unittest.TestCase):
 
 class TestReadInterceptionInternals(unittest.TestCase):
     """A Paddle that moved an internal the read waits rely on is refused by
-    name (_patching.REQUIRED_INTERNALS), before anything changes."""
+    name (_version_gate.REQUIRED_INTERNALS), before anything changes."""
 
     tearDown = TestStructureChecks.tearDown
     assert_refused = TestStructureChecks.assert_refused

@@ -1,4 +1,4 @@
-"""The version gate's rows for V2, Paddle's fusion and V1's fusion flags (_patching.CALL_PATHS and
+"""The version gate's rows for V2, Paddle's fusion and V1's fusion flags (_version_gate.CALL_PATHS and
 REQUIRED_INTERNALS): the installed Paddle passes every row; a Paddle where one of them moved is
 refused by apply() with PaddleInternalsChanged naming it, and nothing is patched."""
 
@@ -12,7 +12,7 @@ import paddle
 from parameterized import parameterized
 
 import paddle_overlay
-from paddle_overlay import _patching
+from paddle_overlay import _patching, _version_gate
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import dygraph_sharding_optimizer
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizer,
@@ -62,35 +62,35 @@ def removed(cls, name):
 @contextlib.contextmanager
 def renamed_in_source(owner, name):
     """``owner``'s source, as the gate reads it, with every ``name`` renamed ``name_moved``."""
-    real = _patching._source
+    real = _version_gate._source
 
     def source(obj):
         text = real(obj)
         return text.replace(name, name + "_moved") if obj is owner else text
 
-    with mock.patch.object(_patching, "_source", source):
+    with mock.patch.object(_version_gate, "_source", source):
         yield
 
 
 class TestInstalledPaddlePasses(unittest.TestCase):
     """The installed release (3.3.1 and 2.6.2 here) passes every row of the gate."""
 
-    @parameterized.expand([(row[0] if row[1] is None else f"{row[0]}.{row[1]}", row) for row in _patching.CALL_PATHS])
+    @parameterized.expand([(row[0] if row[1] is None else f"{row[0]}.{row[1]}", row) for row in _version_gate.CALL_PATHS])
     def test_call_path_row(self, _, row):
-        classes, problems = _patching._used_classes()
+        classes, problems = _version_gate.used_classes()
         classes.update(BY_NAME)
         self.assertEqual(problems, [])
-        with mock.patch.object(_patching, "CALL_PATHS", (row,)):
-            self.assertEqual(_patching._check_call_paths(classes), [])
+        with mock.patch.object(_version_gate, "CALL_PATHS", (row,)):
+            self.assertEqual(_version_gate.check_call_paths(classes), [])
 
-    @parameterized.expand([(what, check) for what, _, check in _patching.REQUIRED_INTERNALS])
+    @parameterized.expand([(what, check) for what, _, check in _version_gate.REQUIRED_INTERNALS])
     def test_required_internal(self, _, check):
         self.assertIsNone(check())
 
     def test_new_rows_are_in_the_gate(self):
-        rows = {(c, n) for c, m, needles, _ in _patching.CALL_PATHS if m == "__init__" for n in needles}
+        rows = {(c, n) for c, m, needles, _ in _version_gate.CALL_PATHS if m == "__init__" for n in needles}
         self.assertEqual(set(ATTRIBUTE_ROWS) - rows, set())
-        whats = {what for what, _, _ in _patching.REQUIRED_INTERNALS}
+        whats = {what for what, _, _ in _version_gate.REQUIRED_INTERNALS}
         for what in ("DygraphShardingOptimizerV2.step", "DygraphShardingOptimizerV2._sharding_sync_parameters",
                      "FusedCommBuffer.sync_params", "FusedCommBuffer._clear_param_storage", "paddle.Tensor"):
             self.assertIn(what, whats)
@@ -100,10 +100,10 @@ class TestInstalledPaddlePasses(unittest.TestCase):
         False; 2.6.2 has no flag and always reaches it."""
         for method, call in (("step", "self._sharding_sync_parameters()"),
                              ("_sharding_sync_parameters", "comm_buffer.sync_params()")):
-            tree, problem = _patching._method_tree(DygraphShardingOptimizerV2, method)
+            tree, problem = _version_gate._method_tree(DygraphShardingOptimizerV2, method)
             self.assertIsNone(problem)
-            has_flag = _patching._mentions(inspect.getsource(vars(DygraphShardingOptimizerV2)[method]), FLAG)
-            with_flag_on = {ast.unparse(c) for c in _patching._calls_taken(tree, FLAG, True)}
+            has_flag = _version_gate._mentions(inspect.getsource(vars(DygraphShardingOptimizerV2)[method]), FLAG)
+            with_flag_on = {ast.unparse(c) for c in _version_gate._calls_taken(tree, FLAG, True)}
             self.assertEqual(call in with_flag_on, not has_flag, method)
             if paddle.__version__ in ("2.6.2", "3.3.1"):
                 self.assertEqual(has_flag, paddle.__version__ == "3.3.1", method)
@@ -292,9 +292,9 @@ class TestMovedInternalRefused(unittest.TestCase):
             self.assert_refused("FusedCommBuffer defines no _clear_param_storage (while clear_param_storage exists)")
 
     # paddle.Tensor: the methods the units call on storages
-    @parameterized.expand([(name,) for name in _patching._TENSOR_METHODS])
+    @parameterized.expand([(name,) for name in _version_gate._TENSOR_METHODS])
     def test_tensor_method_missing(self, name):
-        fake = type("Tensor", (), {n: lambda self: None for n in _patching._TENSOR_METHODS if n != name})
+        fake = type("Tensor", (), {n: lambda self: None for n in _version_gate._TENSOR_METHODS if n != name})
         with mock.patch.object(paddle, "Tensor", fake):
             self.assert_refused(f"paddle.Tensor: it lacks {name} (")
 
