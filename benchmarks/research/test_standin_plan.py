@@ -10,9 +10,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "standin"))
 
-import plan as P  # noqa: E402
+import standin_plan as P  # noqa: E402
 import timeline_sim as ts  # noqa: E402
 
 
@@ -37,7 +36,7 @@ def test_plan_files_match_the_products_planner_when_paddle_is_there(tmp_path):
     for degree in (2, 8):
         fresh = dump_plan.dump(degree, None, str(tmp_path))
         kept = P.load_plan(degree)
-        assert fresh["buckets"] == kept["buckets"], "plan JSON is stale: rerun benchmarks/standin/dump_plan.py"
+        assert fresh["buckets"] == kept["buckets"], "plan JSON is stale: rerun benchmarks/research/dump_plan.py"
         assert fresh["order"] == kept["order"] and fresh["params"] == kept["params"]
 
 

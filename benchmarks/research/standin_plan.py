@@ -5,7 +5,7 @@ No torch, no Paddle: ``test_standin_plan.py`` tests it on the CPU. (The
 torch stand-ins that replayed the plan on a GPU, and the launch-depth policy
 they shared, were removed: see the research README.)
 
-The plan files (``benchmarks/data/llama7b_plan_s{2,8}.json``) are written by
+The plan files (``data/llama7b_plan_s{2,8}.json``) are written by
 ``dump_plan.py`` from the product's own CPU planner; their format is
 described in that script's docstring.
 """
@@ -17,7 +17,7 @@ import os
 from typing import Dict, List, Mapping, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(os.path.dirname(HERE), "data")
+DATA = os.path.join(HERE, "data")
 
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
