@@ -37,9 +37,40 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_common as bc  # noqa: E402  (sets thread env before paddle)
 import paddle  # noqa: E402
-import timeline_sim as ts  # noqa: E402
 
 MODES = {"per_parameter": 0, "buckets_scaled": 0.125, "buckets_default": 256}
+
+
+def table(rows, header):
+    rows = [[str(c) for c in r] for r in rows]
+    w = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    out = ["| " + " | ".join(h.ljust(w[i]) for i, h in enumerate(header)) + " |"]
+    out.append("| " + " | ".join("-" * w[i] for i in range(len(header))) + " |")
+    out += ["| " + " | ".join(r[i].rjust(w[i]) for i in range(len(header))) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def llama7b_params(degree, layers=32, hidden=4096, ffn=11008, vocab=32000):
+    """LLaMA-7B's bf16 parameters as a PaddleNLP-style model lists them
+    (embedding; per layer q, k, v, o, gate, up, down, then its two norms;
+    final norm; LM head): (numels, owners by Paddle's V1 partition, forward
+    first-use order as positions)."""
+    H, I, V = hidden, ffn, vocab
+    layer = [("q", H * H), ("k", H * H), ("v", H * H), ("o", H * H), ("gate", I * H), ("up", I * H),
+             ("down", I * H), ("norm1", H), ("norm2", H)]
+    named = [("embed", V * H)] + [(f"L{i}.{k}", n) for i in range(layers) for k, n in layer]
+    named += [("final_norm", H), ("lm_head", H * V)]
+    # DygraphShardingOptimizer._partition_parameters: largest first (stable), to the least-loaded rank
+    sizes, owners = [0] * degree, [0] * len(named)
+    for i in sorted(range(len(named)), key=lambda i: -named[i][1]):
+        owners[i] = sizes.index(min(sizes))
+        sizes[owners[i]] += named[i][1]
+    # forward: each layer's input norm first, its second norm before the MLP
+    step = ["norm1", "q", "k", "v", "o", "norm2", "gate", "up", "down"]
+    pos = {"embed": -1, "final_norm": layers * len(step), "lm_head": layers * len(step) + 1}
+    pos.update({f"L{i}.{k}": i * len(step) + j for i in range(layers) for j, k in enumerate(step)})
+    order = sorted(range(len(named)), key=lambda i: pos[named[i][0]])
+    return [n for _, n in named], owners, order
 
 
 def build_mode(cap_mb):
@@ -111,7 +142,7 @@ def measure(warmup, rounds):
     base = float(rows[0][6])
     for row in rows:
         row.append(f"{float(row[6]) / base:.2f}")
-    return ts.format_table(
+    return table(
         rows,
         ["mode", "bucket_size_mb", "parameters", "windows", "broadcasts/step", "launch wall ms", "launch cpu ms",
          "cpu / per_parameter"],
@@ -125,15 +156,12 @@ def llama7b_plan_table():
     Fake = collections.namedtuple("Fake", ["shape", "dtype", "stop_gradient"])
     rows = []
     for degree in (2, 8):
-        params = ts.llama_params(ts.LLAMA_7B, degree)
-        fakes = [Fake((p.nbytes // 2,), "bfloat16", False) for p in params]
-        units = ts.llama_units(ts.Calibration.from_anchor(), 4096)
-        pos = {u.name: i for i, u in enumerate(units)}
-        order = sorted(range(len(params)), key=lambda i: pos[params[i].unit])
+        numels, owners, order = llama7b_params(degree)
+        fakes = [Fake((n,), "bfloat16", False) for n in numels]
         for cap in (0, 256, 1024, 2048):
-            n = len(params) if cap == 0 else len(plan_buckets(order, fakes, [p.owner for p in params], cap << 20))
-            rows.append([degree, cap, len(params), n])
-    return ts.format_table(rows, ["degree", "bucket_size_mb", "parameters", "broadcasts/step"])
+            n = len(numels) if cap == 0 else len(plan_buckets(order, fakes, owners, cap << 20))
+            rows.append([degree, cap, len(numels), n])
+    return table(rows, ["degree", "bucket_size_mb", "parameters", "broadcasts/step"])
 
 
 def main():

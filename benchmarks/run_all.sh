@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run every CPU benchmark and the simulator, saving each output under OUT.
+# Run every CPU measurement of the product, saving each output under OUT (the research model in
+# benchmarks/research/ is not run: its README gives its commands).
 # usage: benchmarks/run_all.sh [OUT]   (default build/bench; about 6 minutes on 2 cores)
 # Uses .venv-test/paddle-3.3.1 and, when present, .venv-test/paddle-2.6.2
 # (tools/run_collective_tests.sh makes them); PY331 / PY262 override.
@@ -10,11 +11,6 @@ PY331="${PY331:-.venv-test/paddle-3.3.1/bin/python}"
 PY262="${PY262:-.venv-test/paddle-2.6.2/bin/python}"
 mkdir -p "$OUT"
 echo "overlay commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" | tee "$OUT/commit.txt"
-
-plot=()
-if "$PY331" -c "import matplotlib" 2>/dev/null; then plot=(--plot docs/img); fi
-"$PY331" benchmarks/timeline_sim.py "${plot[@]}" | tee "$OUT/timeline_sim.txt"
-"$PY331" -m pytest -q -p no:cacheprovider benchmarks/test_timeline_sim.py | tee "$OUT/test_timeline_sim.txt"
 
 run() {  # run PY NAME SCRIPT: two CPU ranks; keep rank 0's log as the result
   local py="$1" name="$2" script="$3"

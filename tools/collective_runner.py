@@ -57,7 +57,7 @@ def parse_args(argv=None):
     p.add_argument("--coverage", action="store_true", help="measure paddle_overlay in every rank and report")
     p.add_argument("--cov-fail-under", type=float, metavar="PCT", help="with --coverage: fail under PCT percent")
     p.add_argument("--slow-start", type=float, metavar="SECONDS", help="delay every rank of every launch by SECONDS "
-                   "at start-up, as a loaded machine does (issue 13's reproduction)")
+                   "at start-up, as a loaded machine does (where a fixed start-up time once failed a test)")
     p.add_argument("--skip-exit-code", type=int, default=0, metavar="CODE",
                    help="exit with CODE when every selected test was skipped (ctest uses 77)")
     p.add_argument("--bootstrap", action="store_true", help=argparse.SUPPRESS)  # run_collective_tests.sh

@@ -1,10 +1,8 @@
 """Broadcast buckets in the timeline model, calibrated on the torch stand-in.
 
 **Model, calibrated on a torch+NCCL stand-in, not a measurement of Paddle.**
-The stand-in (its results in ``benchmarks/data/h200_issue_strategy.json``
-and ``benchmarks/data/h200_bucket_sweep.json``; the project's own
-``benchmarks/standin/v1_plan_replay.py`` replays the product's exact plan
-the same way) ran our broadcast pattern on 2x H200 (NVLink, NCCL 2.28.9, PyTorch): 32
+The stand-in (its results in ``data/h200_issue_strategy.json`` and
+``data/h200_bucket_sweep.json``) ran our broadcast pattern on 2x H200 (NVLink, NCCL 2.28.9, PyTorch): 32
 LLaMA-7B decoder layers, 9 bf16 parameters each, owners alternating by
 parameter index, every parameter broadcast from its owner and then the
 forward of all layers, one micro-batch of S = 1024 or 4096 tokens. It

@@ -6,14 +6,14 @@ communication): builds the 291 parameters of a PaddleNLP-style LLaMA-7B
 ``Linear`` weights ``[in, out]``) in ``model.parameters()`` order, gives each
 its owner by Paddle's V1 partition (``DygraphShardingOptimizer.
 _partition_parameters``: by numel, largest first, to the least-loaded rank;
-``benchmarks/timeline_sim.paddle_partition``), puts them in forward
+``timeline_sim.paddle_partition``), puts them in forward
 first-use order (the order the product agrees on) and calls the product's
 planner (``plan_buckets`` in ``paddle_overlay/.../broadcast_buckets.py``)
 with the default cap. The result is what the product broadcasts each step.
 
-    .venv-test/paddle-3.3.1/bin/python benchmarks/standin/dump_plan.py       # writes both files
+    .venv-test/paddle-3.3.1/bin/python benchmarks/research/dump_plan.py      # writes both files
 
-Output, ``benchmarks/data/llama7b_plan_s{degree}.json``:
+Output, ``benchmarks/research/data/llama7b_plan_s{degree}.json``:
 
 * ``params``: in parameter-list order, each ``{name, shape, dtype, owner,
   unit}`` (``unit``: the leaf layer that first uses it, named as in
@@ -41,9 +41,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.dirname(HERE)
-ROOT = os.path.dirname(BENCH)
-sys.path.insert(0, BENCH)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
 import timeline_sim as ts  # noqa: E402
@@ -131,7 +130,7 @@ def dump(degree, cap_mb, out_dir):
     out = {
         "what": f"The product's V1 broadcast-bucket plan for LLaMA-7B (bf16, 291 parameters) at sharding {degree}, "
                 f"bucket_size_mb={cap_mb}, forward order; computed on the CPU, no kernels run.",
-        "generated_by": "benchmarks/standin/dump_plan.py",
+        "generated_by": "benchmarks/research/dump_plan.py",
         "planner": f"{where}.{fn.__name__}",
         "commit": git_head(),
         "paddle": paddle_version,
@@ -156,7 +155,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--degrees", type=int, nargs="+", default=[2, 8])
     ap.add_argument("--bucket-size-mb", type=float, default=None, help="default: the product's default")
-    ap.add_argument("--out-dir", default=os.path.join(BENCH, "data"))
+    ap.add_argument("--out-dir", default=os.path.join(HERE, "data"))
     args = ap.parse_args(argv)
     for d in args.degrees:
         dump(d, args.bucket_size_mb, args.out_dir)

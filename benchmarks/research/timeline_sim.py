@@ -14,11 +14,9 @@ takes when the post-update parameter broadcasts of DygraphShardingOptimizer
                  link is always busy.
 
 It is a model, not a measurement. Every hardware number comes from
-``benchmarks/data/h200_anchor.json`` (2x H200, NVLink, NCCL 2.28.9, measured
-with PyTorch; the project's own ``benchmarks/standin/allgather_anchor.py``
-re-measures the broadcast and all-gather curves, and
-``benchmarks/standin/onegpu_proxy.py`` writes the same fields for a one-GPU
-copy proxy):
+``data/h200_anchor.json`` (2x H200, NVLink, NCCL 2.28.9, measured with
+PyTorch; the one-GPU copy proxy's results, ``data/standin_onegpu_proxy.json``,
+carry the same fields):
 
 * broadcast time by message size, interpolated piecewise-linearly in bytes;
   back-to-back broadcasts on one stream hide part of each launch latency,
@@ -47,9 +45,10 @@ Broadcast buckets (one broadcast per group of parameters living in one
 buffer, :func:`simulate_groups`) and two per-call costs of overlapping
 (``call_stall_ms``, ``call_gap_ms``, zero in the anchor calibration) are
 fitted on the torch stand-in's bucket measurements in
-``timeline_standin.py``, whose tables this script prints last.
+``timeline_standin.py`` (which imports this module; run it for Tables S1
+and S2).
 
-Run ``python benchmarks/timeline_sim.py`` for the tables and
+Run ``python benchmarks/research/timeline_sim.py`` for the tables and
 ``--plot docs/img`` to draw the timelines (needs matplotlib).
 """
 
@@ -125,8 +124,8 @@ class Calibration:
     # start before k * host_launch_ms, nor the forward before all of them.
     host_launch_ms: float = 0.0
     # V2's unit, the all-gather of one comm buffer: measured time by the
-    # bytes of the whole gathered buffer (``allgather_ms_by_bytes`` of
-    # ``standin/allgather_anchor.py``); empty: not measured, see
+    # bytes of the whole gathered buffer (an anchor's ``allgather_ms_by_bytes``;
+    # never measured: the two-GPU stand-in did not run); empty: see
     # :meth:`allgather_ms_for`.
     allgather_bytes: Tuple[int, ...] = ()
     allgather_ms: Tuple[float, ...] = ()
@@ -177,8 +176,8 @@ class Calibration:
 
     def with_allgather(self, anchor: Mapping | str) -> "Calibration":
         """This calibration with the all-gather curve of ``anchor`` (a dict
-        or path with ``allgather_ms_by_bytes``: whole-buffer bytes -> ms,
-        as ``standin/allgather_anchor.py`` writes it)."""
+        or path with ``allgather_ms_by_bytes``: whole-buffer bytes -> ms;
+        no such file was ever measured)."""
         if isinstance(anchor, str):
             with open(anchor) as f:
                 anchor = json.load(f)
@@ -212,7 +211,7 @@ class Calibration:
         """Time of one all-gather delivering a whole buffer of ``nbytes``
         (each rank contributes ``nbytes / ranks``): the measured curve,
         interpolated like the broadcast's, plus the per-hop latency beyond
-        two ranks. Without a curve, the assumption ``standin/compare.py``
+        two ranks. Without a curve, the assumption ``compare.py``
         states: a broadcast of the bytes each rank receives,
         ``nbytes * (ranks - 1) / ranks``, not pipelined."""
         if not self.allgather_bytes:
@@ -529,10 +528,11 @@ def simulate_groups(
     (a bucket living in one contiguous buffer: its bytes in one call); a
     unit waits for every group holding one of its parameters.
 
-    ``depth=None``: every group issued at the step boundary.  ``depth=K``:
-    launch depth as ``benchmarks/standin/plan.ChainPolicy`` (upstream V2
-    keeps K = 1): the boundary issues groups ``0..K-1``; the pre-hook of a
-    unit whose groups end at ``h`` issues up to ``h + K``.  ``comm_bytes``
+    ``depth=None``: every group issued at the step boundary (what the
+    product does).  ``depth=K``: launches chained from the pre-hooks, a
+    model of upstream V2 (K = 1) and of the product's former launch depth:
+    the boundary issues groups ``0..K-1``; the pre-hook of a unit whose
+    groups end at ``h`` issues up to ``h + K``.  ``comm_bytes``
     overrides each group's bytes (padding, or the share an all-gather
     delivers). ``collective="all_gather"``: each group is one V2 comm
     buffer, all-gathered (:meth:`Calibration.allgather_ms_for` of its
@@ -1121,9 +1121,7 @@ def main(argv=None) -> int:
         print("Table 3. Recalibrated per NCCL_MAX_NCHANNELS run (LLaMA-7B, S=4096, degree 8):")
         print(channels_report(args.channels, anchor, hop_us=args.hop_us))
     print()
-    import timeline_standin  # buckets, calibrated on the torch stand-in
-
-    timeline_standin.main()
+    print("Tables S1 and S2 (buckets, calibrated on the torch stand-in): python benchmarks/research/timeline_standin.py")
     if args.plot:
         S, d, m = 4096, 8, 1
         rep, sims, parts = all_sims[(S, d, m)]

@@ -2,8 +2,8 @@
 
 **Model vs torch stand-in; nothing here is a measurement of Paddle.**
 
-* One-GPU proxy (``benchmarks/data/standin_onegpu_proxy.json``, written by
-  ``onegpu_proxy.py``): for each copy engine the model is calibrated from
+* One-GPU proxy (``data/standin_onegpu_proxy.json``, written by the torch
+  script ``onegpu_proxy.py``, removed after 07348d7): for each copy engine the model is calibrated from
   the proxy's own anchor fields (copy time by size, one layer's forward,
   that layer overlapped with the next layer's copies: the same fit
   ``timeline_sim.Calibration.from_anchor`` makes from ``h200_anchor.json``),
@@ -11,32 +11,33 @@
   measured configuration (V1 per parameter and the product's exact bucket
   plan, V2 256 MB buffers; off, all at the step, 1/2/4 in flight) is
   simulated with the same groups, bytes and launch depth.
-* Two-GPU NCCL stand-ins (``standin_v1_replay_*.json``,
-  ``standin_launch_depth_*.json``): compared the same way when present;
-  otherwise the model's predictions for them are printed, marked not run.
+* Two-GPU NCCL stand-ins: never run (no machine with two GPUs was lent;
+  the scripts were removed after 07348d7); the model's predictions for
+  them are printed, marked not run.
 
-    .venv-test/paddle-3.3.1/bin/python benchmarks/standin/compare.py
+``chainK`` schedules (launches chained from the pre-hooks, K in flight)
+model upstream V2 and the product's former launch depth, which the product
+removed: the product starts every unit in ``step()`` (``all_at_step``).
+
+    .venv-test/paddle-3.3.1/bin/python benchmarks/research/compare.py
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, BENCH)
 
-import plan as P  # noqa: E402
+import standin_plan as P  # noqa: E402
 import timeline_sim as ts  # noqa: E402
 import timeline_standin as tsi  # noqa: E402
 
-DATA = os.path.join(BENCH, "data")
+DATA = os.path.join(HERE, "data")
 PROXY = os.path.join(DATA, "standin_onegpu_proxy.json")
 
 
@@ -164,17 +165,7 @@ def standin_calibration() -> ts.Calibration:
 
 def nccl_prediction_rows(cal: ts.Calibration, tokens=(1024, 4096)) -> List[list]:
     """Predictions for the two-GPU NCCL stand-ins (stand-in calibration of
-    ``timeline_standin.py``); measured columns filled where a result file
-    exists in ``benchmarks/data``."""
-    measured = {}
-    for path in glob.glob(os.path.join(DATA, "standin_v1_replay_*.json")) + \
-            glob.glob(os.path.join(DATA, "standin_launch_depth_*.json")):
-        with open(path) as f:
-            d = json.load(f)
-        if d.get("smoke"):
-            continue  # a world-size-1 or folded smoke run is not a measurement
-        for key, v in d.get("results", {}).items():
-            measured[key] = (v, os.path.basename(path), d.get("gpus"), d.get("nccl"))
+    ``timeline_standin.py``), which never ran."""
     rows = []
     plan = P.load_plan(2)
     fwd = {S: tsi.load_points()[0 if S == 1024 else 10]["fwd_ms"] for S in tokens}
@@ -184,14 +175,7 @@ def nccl_prediction_rows(cal: ts.Calibration, tokens=(1024, 4096)) -> List[list]
         for S in tokens:
             for sched in schedules:
                 model = predict(cal, plan, config, S, sched, fwd_ms=fwd[S])
-                key = f"{config}/S{S}/plain/{sched}"
-                if key in measured:
-                    v, src, gpus, nccl = measured[key]
-                    meas = f"{v['exposed_ms']:.1f}"
-                    note = f"{src} ({gpus} GPUs, NCCL {nccl})"
-                else:
-                    meas, note = "not run", "no 2-GPU kind lent"
-                rows.append([config, S, sched, f"{model:.1f}", meas, note])
+                rows.append([config, S, sched, f"{model:.1f}", "not run", "no 2-GPU kind lent"])
     return rows
 
 
@@ -212,6 +196,9 @@ def main(argv=None) -> int:
         for col, name in ((9, "model"), (12, "model + measured host time")):
             within = sum(1 for r in rows if abs(float(r[col].rstrip("%"))) <= 10)
             print(f"  {name}: {within} of {len(rows)} configurations within 10% of the measured IQR")
+            kept = [r for r in rows if not r[3].startswith("chain")]
+            within = sum(1 for r in kept if abs(float(r[col].rstrip("%"))) <= 10)
+            print(f"  {name}, off and all-at-step schedules only (no chained launches): {within} of {len(kept)}")
         print()
     print("Two-GPU NCCL stand-in configurations, model with the stand-in calibration (timeline_standin.py); "
           "V2 all-gathers assumed to cost a broadcast of the bytes each rank receives (no all-gather anchor "

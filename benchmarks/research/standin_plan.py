@@ -1,12 +1,11 @@
-"""Pure-Python side of the torch stand-ins: the dumped bucket plan, the V2
-comm buffers, storage layout and the launch-depth policy.
+"""The dumped bucket plan, the V2 comm buffers and their storage layout, as
+the timeline model's comparison (``compare.py``) reads them.
 
-No torch, no Paddle: ``benchmarks/test_standin_plan.py`` tests it on the CPU,
-and the GPU scripts beside this file (``v1_plan_replay.py``,
-``launch_depth.py``, ``onegpu_proxy.py``, ...) use it so every one of them
-replays the same plan with the same schedule.
+No torch, no Paddle: ``test_standin_plan.py`` tests it on the CPU. (The
+torch stand-ins that replayed the plan on a GPU, and the launch-depth policy
+they shared, were removed: see the research README.)
 
-The plan files (``benchmarks/data/llama7b_plan_s{2,8}.json``) are written by
+The plan files (``data/llama7b_plan_s{2,8}.json``) are written by
 ``dump_plan.py`` from the product's own CPU planner; their format is
 described in that script's docstring.
 """
@@ -15,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DATA = os.path.join(os.path.dirname(HERE), "data")
+DATA = os.path.join(HERE, "data")
 
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -161,67 +160,3 @@ def unit_needs(plan: Mapping, groups: Sequence[Sequence[int]]) -> Dict[str, List
     for i, p in enumerate(plan["params"]):
         needs.setdefault(p["unit"], set()).add(where[i])
     return {u: sorted(s) for u, s in needs.items()}
-
-
-# --------------------------------------------------------------------------
-# Launch depth
-# --------------------------------------------------------------------------
-class ChainPolicy:
-    """Which collectives to launch and wait, and when.
-
-    ``depth=None``: every group launched at the step boundary, in order
-    (the product's V1 way). ``depth=K``: the boundary launches groups
-    ``0..K-1``; the forward pre-hook of a unit whose groups end at ``h``
-    launches any of ``0..h`` not yet launched, waits for its own groups,
-    then launches up to ``h + K`` so that ``K`` groups are in flight beyond
-    it while it runs (upstream V2, Paddle PR #73406, keeps ``K = 1``).
-
-    The caller does the launching and waiting; this class only says which
-    (so the torch scripts, the one-GPU proxy and the tests share it).
-    """
-
-    def __init__(self, n_groups: int, needs: Mapping[str, Sequence[int]], depth: Optional[int]):
-        if depth is not None and depth < 1:
-            raise ValueError("depth must be None (all at the step) or >= 1")
-        self.n = n_groups
-        self.needs = {u: list(g) for u, g in needs.items()}
-        self.depth = depth
-        self.launched = 0
-        self.waited: set = set()
-        self.hooked: set = set()
-
-    def boundary(self) -> List[int]:
-        """Groups to launch at the step boundary."""
-        upto = self.n if self.depth is None else min(self.depth, self.n)
-        return self._upto(upto)
-
-    def _upto(self, k: int) -> List[int]:
-        out = list(range(self.launched, max(self.launched, k)))
-        self.launched = max(self.launched, k)
-        return out
-
-    def pre_hook(self, unit: str) -> Tuple[List[int], List[int], List[int]]:
-        """(launch before waiting, wait, launch after waiting) for ``unit``'s
-        first pre-hook; empty lists for a unit seen before or without groups."""
-        if unit in self.hooked or not self.needs.get(unit):
-            return [], [], []
-        self.hooked.add(unit)
-        groups = self.needs[unit]
-        h = max(groups)
-        before = self._upto(h + 1)
-        wait = [g for g in groups if g not in self.waited]
-        self.waited.update(wait)
-        after = [] if self.depth is None else self._upto(min(h + 1 + self.depth, self.n))
-        return before, wait, after
-
-    def launch_upto(self, units: Sequence[str]) -> Tuple[int, List[int]]:
-        """For the timeline model: (groups launched at the boundary, groups
-        launched once the compute stream reaches each unit), without
-        changing this object's state."""
-        probe = ChainPolicy(self.n, self.needs, self.depth)
-        first = len(probe.boundary())
-        marks = []
-        for u in units:
-            probe.pre_hook(u)
-            marks.append(probe.launched)
-        return first, marks

@@ -27,8 +27,8 @@ Prints median ms/step, tokens/s (all GPUs and per GPU) and the speedup over
 
 Usage (one command; it starts ``paddle.distributed.launch`` itself)::
 
-    python benchmarks/gpu_step_time.py                    # all visible GPUs
-    python benchmarks/gpu_step_time.py --gpus 0,1 --layers 32 --seq 4096 --micro-batches 8
+    python benchmarks/research/gpu_step_time.py                    # all visible GPUs
+    python benchmarks/research/gpu_step_time.py --gpus 0,1 --layers 32 --seq 4096 --micro-batches 8
 
 Defaults: LLaMA-7B layer shape (hidden 4096, FFN 11008, 32 heads, vocab
 32000), 8 layers (``--layers 32`` for the full 7B model needs about 50 GB
@@ -37,7 +37,7 @@ micro-batch, 1 micro-batch.
 
 Without CUDA Paddle or with fewer than two GPUs it prints why and exits
 with status 2.  Compare its table with the timeline simulator's prediction
-(``benchmarks/timeline_sim.py``) for your GPU, and please report both.
+(``benchmarks/research/timeline_sim.py``) for your GPU, and please report both.
 """
 
 import argparse
@@ -49,7 +49,7 @@ import time
 import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # bench_common
 
 NO_GPU_EXIT = 2
 

@@ -1,4 +1,5 @@
-"""Unit tests for benchmarks/timeline_sim.py: pure Python, no Paddle, no timing."""
+"""Unit tests for benchmarks/research/timeline_sim.py and timeline_standin.py: pure Python, no Paddle,
+no timing."""
 
 import json
 import os
@@ -102,14 +103,6 @@ def test_closed_form_matches_event_simulation():
         assert max(r.forward_end_ms, r.comm_end_ms) == pytest.approx(ts.overlapped_ms(f, b, rc, rb))
 
 
-def test_vendored_anchor_matches_reference_when_present():
-    ref = os.path.join(os.path.dirname(ts.HERE), "..", "shared", "reference", "h200_anchor.json")
-    if not os.path.exists(ref):
-        pytest.skip("no shared/reference beside this clone (the development machines' originals of benchmarks/data/): nothing to compare")
-    assert json.load(open(ref)) == ANCHOR
-
-
-# -- simulation --------------------------------------------------------------
 def test_no_contention_forward_order_hides_all_but_first_wait():
     units, params = two_layer_model()
     r = ts.simulate(units, params, ["pa", "pb"], flat_cal(), contention=False)
@@ -261,6 +254,18 @@ def test_main_prints_tables(capsys):
     assert "Table 1" in out and "Table 2" in out and "Table 3" in out and "+2.56%" in out
 
 
+def test_run_as_a_script_the_model_loads_once():
+    """``timeline_sim.py`` run as a script is ``__main__`` only: nothing it imports imports it
+    again (``timeline_standin`` imports it, so the model never imports ``timeline_standin``)."""
+    import subprocess
+
+    code = ("import runpy, sys; sys.argv = ['timeline_sim.py']\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('again' if 'timeline_sim' in sys.modules else 'once')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ts.HERE, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[-1] == "once"
+
+
 # -- buckets, calibrated on the torch stand-in (timeline_standin.py) ----------
 @pytest.fixture(scope="module")
 def stand_in_fit():
@@ -268,14 +273,6 @@ def stand_in_fit():
     points = tsi.load_points()
     fitted, worst = tsi.fit_stand_in(cal, points)
     return fitted, worst, points
-
-
-def test_vendored_stand_in_results_match_reference_when_present():
-    for name in ("h200_issue_strategy.json", "h200_bucket_sweep.json"):
-        ref = os.path.join(os.path.dirname(ts.HERE), "..", "shared", "reference", name)
-        if not os.path.exists(ref):
-            pytest.skip("no shared/reference beside this clone (the development machines' originals of benchmarks/data/): nothing to compare")
-        assert json.load(open(ref)) == json.load(open(os.path.join(ts.HERE, "data", name)))
 
 
 def test_bucket_groups_reproduce_the_sweep_broadcast_counts():
