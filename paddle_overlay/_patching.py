@@ -71,6 +71,11 @@ TESTED_PADDLE = (
     "3.3.0",
     "3.3.1",
 )
+# The one table of release pins: what pip must install next to paddlepaddle(-gpu)==VERSION for
+# Paddle to import and build its DistributedStrategy (README "Supported Paddle releases" shows it;
+# the test venvs install it). protobuf 6+ removed FieldDescriptor.label, which 3.0.0-3.3.0 need.
+PADDLE_PINS = {version: ("protobuf<6",) for version in TESTED_PADDLE}
+PADDLE_PINS.update({"2.6.2": ("protobuf==3.20.3", "numpy<2"), "3.3.1": ()})
 SUPPORTED_PADDLE = (
     f"{', '.join(TESTED_PADDLE)} (tested); a newer release applies with a "
     f"warning; older than {TESTED_PADDLE[0]} is refused"

@@ -29,7 +29,7 @@ COVERAGERC = os.path.join(ROOT, "tools", "coveragerc")
 sys.path[:0] = [os.path.join(ROOT, "tools"), HARNESS_DIR, ROOT, os.path.join(ROOT, "test")]
 import rank_signals  # noqa: E402
 import testslist  # noqa: E402
-from paddle_overlay._patching import TESTED_PADDLE  # noqa: E402  (the one list of releases)
+from paddle_overlay._patching import PADDLE_PINS, TESTED_PADDLE  # noqa: E402  (the one list of releases)
 
 
 def parse_args(argv=None):
@@ -173,9 +173,8 @@ def _read(path):
 
 
 def pins(version):
-    """What pip must install for ``version`` to work (numpy/protobuf pins in one resolve)."""
-    extra = [] if version == "3.3.1" else ["protobuf==3.20.3", "numpy<2"] if version.startswith("2.") else ["protobuf<6"]
-    return [f"paddlepaddle=={version}", *extra]
+    """What pip must install for ``version`` to work (its ``PADDLE_PINS`` in one resolve)."""
+    return [f"paddlepaddle=={version}", *PADDLE_PINS[version]]
 
 
 def ensure_venv(version, rebuild=False):

@@ -3,11 +3,12 @@
 #
 # tools/format.sh [--check | --fix] [FILE...]: check (default) or fix, as Paddle's pre-commit does, the
 # files the Paddle patch takes text from (default: make_patch.patch_source_files()) with isort 5.12.0 and
-# black 23.3.0 (Paddle's settings, below), run by $PYTHON, else the 3.3.1 venv's python (its [test] extra
+# black 23.3.0 (Paddle's settings, below), run by $PYTHON, else the newest tested release's venv python (its [test] extra
 # pins both). Exit codes: 0 clean or fixed, 1 --check would change files, 2 black/isort missing or unpinned.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv_python="$root/.venv-test/paddle-3.3.1/bin/python"
+newest=$(cd "$root" && python3 -c 'from paddle_overlay._patching import TESTED_PADDLE as t; print(t[-1])')
+venv_python="$root/.venv-test/paddle-$newest/bin/python"
 py="${PYTHON:-$( [[ -x "$venv_python" ]] && echo "$venv_python" || echo python3)}"
 check=1
 case "${1:-}" in --check) shift ;; --fix) check="" && shift ;; esac

@@ -221,7 +221,9 @@ class BucketStorage:
     def __init__(self, specs, params, src_ranks, order):
         self._slot_of = {}  # position -> (bucket, offset, elements)
         for b, spec in enumerate(specs):
-            for i, offset, numel in zip(spec.indices, spec.offsets, spec.numels):
+            for i, offset, numel in zip(
+                spec.indices, spec.offsets, spec.numels
+            ):
                 p = params[i]
                 same = (dtype_name(p.dtype), numel_of(p)) == (spec.dtype, numel)
                 if i in self._slot_of or not same:
@@ -271,7 +273,9 @@ class BucketStorage:
             buffer = paddle.zeros([spec.length], dtype=first.dtype)
             if str(buffer.place) != str(first.place):
                 buffer = buffer._copy_to(first.place, True)
-            for i, offset, numel in zip(spec.indices, spec.offsets, spec.numels):
+            for i, offset, numel in zip(
+                spec.indices, spec.offsets, spec.numels
+            ):
                 param = self._params[i]
                 _bind(param, buffer._slice(offset, offset + numel), numel)
                 self._slot_ptr[i] = param.data_ptr()

@@ -167,7 +167,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIBRARY_DIRS = tuple(
     {
         os.path.dirname(os.path.abspath(paddle.__file__)) + os.sep,
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))
+        os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+        )
         + os.sep,
     }
 )
@@ -546,7 +548,9 @@ class ParamSyncOverlap:
         for unit in units:
             if unit.state is UnitState.SYNCED:
                 continue
-            with paddle.profiler.RecordEvent(f"ParamSyncOverlap::wait {unit.label}"):
+            with paddle.profiler.RecordEvent(
+                f"ParamSyncOverlap::wait {unit.label}"
+            ):
                 unit.finish()
             for param in unit.params:
                 entry = sync_registry.PENDING.get(id(param))

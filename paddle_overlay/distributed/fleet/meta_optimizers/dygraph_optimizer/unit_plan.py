@@ -183,7 +183,9 @@ class _FixedPlan:
 
     def __init__(self, units, checked):
         self._units = units
-        self._checked = [(p, (dtype_name(p.dtype), numel_of(p))) for p in checked]
+        self._checked = [
+            (p, (dtype_name(p.dtype), numel_of(p))) for p in checked
+        ]
 
     def units(self):
         return self._units
@@ -213,7 +215,9 @@ class _StoragePlan:
     def units(self):
         storage = self.storage
         params = storage.params
-        loose = tuple(i for i in storage.unslotted if not params[i].stop_gradient)
+        loose = tuple(
+            i for i in storage.unslotted if not params[i].stop_gradient
+        )
         if self._units is None or loose != self._loose:
             self._units, self._loose = self._build(loose), loose
         return self._units
@@ -222,7 +226,9 @@ class _StoragePlan:
         storage, group = self.storage, self._group
         rank_of = storage.rank_in_order.get
         aliases = collections.defaultdict(list)  # slot position -> repeats
-        for i, j in sorted(storage.alias_of.items(), key=lambda a: rank_of(a[0])):
+        for i, j in sorted(
+            storage.alias_of.items(), key=lambda a: rank_of(a[0])
+        ):
             aliases[j].append(i)
         params, units = storage.params, []
         for b, (spec, buffer) in enumerate(zip(storage.specs, storage.buffers)):
