@@ -12,12 +12,8 @@ optimizer (same initial weights, same data), interleaved step by step like
 * ``upstream`` - Paddle's own ``_set_all_gather_overlap_forward(True,
                  model)`` (Paddle 3.x; the overlay swapped out for this
                  optimizer's steps, as ``bench_common.set_mode`` does);
-* ``ours_1``   - paddle_overlay's ``_set_all_gather_overlap_forward(True,
-                 model)``, ``max_in_flight=1`` (one in flight, as upstream;
-                 skipped with a note where the overlay refuses a depth
-                 below ``"all"``);
-* ``ours_all`` - the same with ``max_in_flight="all"`` (every gather
-                 launched by ``step()``).
+* ``ours``     - paddle_overlay's ``_set_all_gather_overlap_forward(True,
+                 model)`` (every gather launched by ``step()``).
 
 Collectives: every call of the process group's ``all_gather`` (the call
 Paddle's ``FusedCommBuffer.sync_params`` and the overlay's units make) is
@@ -63,7 +59,7 @@ import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 from paddle.distributed import fleet  # noqa: E402
 
-MODES = ("off", "upstream", "ours_1", "ours_all")
+MODES = ("off", "upstream", "ours")
 MODEL = dict(layers=6, hidden=128, ffn=344, heads=4, vocab=1024)
 
 
@@ -167,10 +163,8 @@ def build_mode(mode, buffer_mb):
         model = fleet.distributed_model(raw)
     if mode == "upstream":
         opt._set_all_gather_overlap_forward(True, model)
-    elif mode == "ours_1":
-        opt._set_all_gather_overlap_forward(True, model, max_in_flight=1)
-    elif mode == "ours_all":
-        opt._set_all_gather_overlap_forward(True, model, max_in_flight="all")
+    elif mode == "ours":
+        opt._set_all_gather_overlap_forward(True, model)
     return model, opt, batch, loss_fn
 
 
@@ -203,15 +197,7 @@ def one_step(model, opt, inputs, loss_fn, counter, mode):
 def measure(modes, warmup, rounds, buffer_mb):
     counter = GatherCounter()
     counter.install()
-    runs, skipped = {}, {}
-    for m in modes:
-        try:
-            runs[m] = build_mode(m, buffer_mb)
-        except (TypeError, ValueError) as e:  # a refused keyword: refused alike on every rank
-            if m != "ours_1":
-                raise
-            skipped[m] = str(e).splitlines()[0]
-    modes[:] = [m for m in modes if m in runs]
+    runs = {m: build_mode(m, buffer_mb) for m in modes}
     out = {m: [] for m in modes}
     losses = {m: [] for m in modes}
     try:
@@ -235,9 +221,9 @@ def measure(modes, warmup, rounds, buffer_mb):
         n_buffers = len(inner_v2(opt)._comm_buffer_list)
         stats = None
         if mode.startswith("ours"):
-            from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import broadcast_overlap
+            from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import param_sync_overlap
 
-            owner = broadcast_overlap.get_broadcast_overlap(opt)
+            owner = param_sync_overlap.get_param_sync_overlap(opt)
             stats = dict(owner.stats) if owner is not None else None
         info[mode] = (n_buffers, losses[mode] == losses["off"], stats)
     for mode in modes:
@@ -245,7 +231,6 @@ def measure(modes, warmup, rounds, buffer_mb):
         if mode != "off":
             runs[mode][1]._set_all_gather_overlap_forward(False)
     bc.set_mode("off")
-    info["skipped"] = skipped
     return out, counter, info
 
 
@@ -289,8 +274,6 @@ def main():
     )
     if "upstream" not in modes:
         print("upstream: this Paddle has no built-in V2 _set_all_gather_overlap_forward (Paddle 3.x has it); skipped")
-    for mode, why in info["skipped"].items():
-        print(f"{mode}: the overlay refuses max_in_flight=1 ({why}); skipped")
     for mode in modes:
         if info[mode][2] is not None:
             print(f"{mode}: paddle_overlay counters over the whole run: {info[mode][2]}")

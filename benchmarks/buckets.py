@@ -86,11 +86,11 @@ def build_mode(cap_mb):
 
 def timed_launches(opt, record):
     """Wrap the owner's launch to record (wall s, cpu s) per call."""
-    from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.broadcast_overlap import (
-        get_broadcast_overlap,
+    from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.param_sync_overlap import (
+        get_param_sync_overlap,
     )
 
-    owner = get_broadcast_overlap(opt)
+    owner = get_param_sync_overlap(opt)
     original = owner.launch
 
     def launch():

@@ -113,10 +113,10 @@ def overlay_stats(opt):
     """paddle_overlay's counters, to show the overlapped path really ran
     (tasks launched by the update and waited by forward pre-hooks)."""
     from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-        broadcast_overlap,
+        param_sync_overlap,
     )
 
-    impl = broadcast_overlap.get_broadcast_overlap(opt)
+    impl = param_sync_overlap.get_param_sync_overlap(opt)
     return dict(impl.stats) if impl is not None else None
 
 
