@@ -1,4 +1,5 @@
-"""broadcast_buckets: planning, views, staleness, dtypes, odd sizes, memory (one process, no ranks)."""
+"""broadcast_buckets and unit_plan's bucket plans: planning, views, rebinding replaced memory, dtypes,
+odd sizes, memory (one process, no ranks)."""
 
 import collections
 import json
@@ -19,6 +20,7 @@ class _Group:
 
 GROUP = _Group()
 
+from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import unit_plan
 from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.broadcast_buckets import (
     ALIGN_BYTES,
     DEFAULT_BUCKET_SIZE_MB,
@@ -28,6 +30,8 @@ from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer.broadcas
     plan_buckets,
     plan_fused_slices,
 )
+
+METHOD = "_set_broadcast_overlap"
 
 MB = 1 << 20
 FakeParam = collections.namedtuple("FakeParam", ["shape", "dtype", "stop_gradient"])
@@ -64,6 +68,17 @@ def materialized(params, src, cap_bytes, order=None):
     storage = BucketStorage(specs, params, src, order)
     storage.materialize()
     return storage
+
+
+def planned(params, src, cap_bytes, order=None):
+    """unit_plan's bucket plan (the storage materialized, the units built)."""
+    order = list(range(len(params))) if order is None else order
+    return unit_plan.Buckets(src, cap_bytes).plan(order, params, GROUP)
+
+
+def in_buffer(buffer, tensor):
+    begin = buffer.data_ptr()
+    return begin <= tensor.data_ptr() < begin + int(buffer._numel()) * itemsize(buffer.dtype)
 
 
 def values(params):
@@ -195,30 +210,33 @@ class TestStorage(unittest.TestCase):
     def test_units_cover_every_trainable_position_once(self):
         params = build(self.SHAPES)
         order = [6, 5, 4, 3, 2, 1, 0]
-        storage = materialized(params, [0, 1, 0, 1, 0, 1, 0], 64, order)
-        units = storage.units(GROUP)
+        plan = planned(params, [0, 1, 0, 1, 0, 1, 0], 64, order)
+        units = plan.units()
         covered = [i for u in units for i in u.indices]
         self.assertEqual(sorted(covered), [0, 1, 2, 3, 5, 6])
-        self.assertIs(storage.units(GROUP), units)  # cached while nothing changed
+        self.assertIs(plan.units(), units)  # the same list while nothing changed
+        params[4].stop_gradient = False
+        self.assertIsNot(plan.units(), units)  # the trainable set changed
         firsts = [order.index(u.indices[0]) for u in units]
         self.assertEqual(firsts, sorted(firsts))
 
     def test_unfrozen_later_is_sent_alone(self):
         params = build(self.SHAPES)
-        storage = materialized(params, [0] * 7, MB)
+        plan = planned(params, [0] * 7, MB)
         params[4].stop_gradient = False
-        units = storage.units(GROUP)
+        units = plan.units()
         self.assertIn(((4,), 0), [(u.indices, u.src) for u in units])
         self.assertIs([u for u in units if u.indices == (4,)][0].tensor, params[4])
 
     def test_tied_parameter_one_slot_all_positions_covered(self):
         (a, b) = build([((3, 2), "float32", False), ((5,), "float32", False)])
         params = [a, b, a]
-        storage = materialized(params, [0, 1, 0], MB, order=[2, 1, 0])
+        plan = planned(params, [0, 1, 0], MB, order=[2, 1, 0])
+        storage = plan.storage
         slots = [i for s in storage.specs for i in s.indices]
         self.assertEqual(slots, [2, 1])
         self.assertEqual(storage.bucket_of(0), storage.bucket_of(2))
-        unit = [u for u in storage.units(GROUP) if 2 in u.indices][0]
+        unit = [u for u in plan.units() if 2 in u.indices][0]
         self.assertEqual((unit.indices, unit.src), ((2, 0), 0))  # owner of its first position
 
     def test_optimizer_bitwise_equal_and_state_keys_unchanged(self):
@@ -254,21 +272,49 @@ class TestStorage(unittest.TestCase):
         self.assertEqual([p.data_ptr() for p in params], ptrs)
         self.assertTrue((storage.buffers[0].numpy()[: 12] == 3.0).all())
 
-    def test_load_handing_new_tensors_is_detected(self):
+    def test_memory_handed_in_by_a_loader_is_rebound_into_its_slot(self):
         model = paddle.nn.Linear(4, 3)
         params = list(model.parameters())
         storage = materialized(params, [0, 0], MB)
-        self.assertEqual(storage.replaced(), [])
+        slot = params[0].data_ptr()
+        self.assertEqual(storage.rebind(METHOD), [])
         fresh = paddle.full([4, 3], 5.0, "float32")
         params[0].get_tensor()._share_data_with(fresh.get_tensor())  # a loader that hands tensors
-        self.assertEqual(storage.replaced(), [0])
+        self.assertNotEqual(params[0].data_ptr(), slot)
+        self.assertEqual(storage.rebind(METHOD), [0])
+        self.assertEqual(params[0].data_ptr(), slot)
+        self.assertEqual(params[0].shape, [4, 3])
+        self.assertTrue((storage.buffers[0].numpy()[:12] == 5.0).all())
+        fresh.set_value(paddle.zeros([4, 3]))  # no longer shared
+        self.assertTrue((params[0].numpy() == 5.0).all())
+        self.assertEqual(storage.rebind(METHOD), [])
 
-    def test_replaced_storage_is_reported_in_order(self):
+    def test_rebind_through_the_plan_counts_what_it_put_back(self):
+        model = paddle.nn.Sequential(paddle.nn.Linear(4, 3), paddle.nn.Linear(3, 2))
+        params = list(model.parameters())
+        plan = planned(params, [0, 1, 0, 1], MB, order=[3, 2, 1, 0])
+        units = plan.units()
+        for i in (1, 3):
+            paddle.full(params[i].shape, 2.0)._share_buffer_to(params[i])
+        self.assertEqual(plan.prepare(METHOD), 2)
+        self.assertIs(plan.units(), units)  # same buckets, same units
+        for i in (1, 3):
+            self.assertTrue(any(in_buffer(u.tensor, params[i]) for u in units))
+        self.assertEqual(plan.prepare(METHOD), 0)
+
+    def test_dtype_change_is_refused_naming_the_parameter_nothing_rebound(self):
         model = paddle.nn.Sequential(paddle.nn.Linear(4, 3), paddle.nn.Linear(3, 2))
         params = list(model.parameters())
         storage = materialized(params, [0, 1, 0, 1], MB, order=[3, 2, 1, 0])
+        moved = paddle.full([4, 3], 1.0)
+        moved._share_buffer_to(params[0])  # replaced, would be rebound
         model[1].to(dtype="float16")
-        self.assertEqual(storage.replaced(), [3, 2])  # agreed order, not list order
+        with self.assertRaises(ValueError) as ctx:
+            storage.rebind(METHOD)
+        message = str(ctx.exception)
+        self.assertIn(f"parameter {params[3].name} changed from float32 x 2 elements to float16 x 2", message)
+        self.assertIn(f"optimizer.{METHOD}(False)", message)
+        self.assertEqual(params[0].data_ptr(), moved.data_ptr())  # checked before anything moved
 
     def test_spec_from_another_list_is_refused(self):
         params = build([((3,), "float32", False)])
@@ -303,9 +349,12 @@ class TestFusedSlices(unittest.TestCase):
         spans = sorted((b, b + s.length) for s, _, b in plan)
         for (_, end), (start, _) in zip(spans, spans[1:]):
             self.assertLessEqual(end, start)
-        storage = BucketStorage([s for s, _, _ in plan], params, [0] * 6, list(range(6)))
-        storage.use_views([buf._slice(b, b + s.length) for s, _, b in plan])
-        self.assertEqual(len(storage.units(GROUP)), 6)
+        units = unit_plan.FusedSlices([0] * 6, 3 * 64, [buf]).plan(list(range(6)), params, GROUP).units()
+        self.assertEqual([u.indices for u in units], [(0,), (1,), (2,), (3,), (4,), (5,)])
+        for unit in units:  # each slice is its parameter's memory, in the fused buffer
+            (p,) = unit.params
+            self.assertEqual(unit.tensor.data_ptr(), p.data_ptr())
+            self.assertTrue(in_buffer(buf, unit.tensor))
 
     def test_parameter_outside_the_buffers_is_refused(self):
         params, buf = self.fused([0, 1, 2, 3, 4, 5])

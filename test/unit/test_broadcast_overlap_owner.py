@@ -1,11 +1,7 @@
-"""In-process tests of StageOneBroadcastOverlap: order, waits, state machine.
+"""In-process tests of ParamSyncOverlap: order, waits, state machine.
 
-No ranks: the owner gets a fake sharding group and a recording ``comm``
-whose broadcasts return tasks that log their ``wait()``. Each test compares
-the exact list of events (agree, broadcast, wait, forward of a layer) with
-the expected one, the way PyTorch FSDP's tests compare event lists. What
-needs real ranks (bitwise equality, agreement across ranks, Paddle's
-optimizer internals) stays in the collective tests.
+No ranks: fakes of ``owner_fakes.py`` (fake group, recording comm whose
+tasks log their ``wait()``); each test compares exact event lists.
 """
 
 import copy
@@ -15,170 +11,39 @@ from collections import OrderedDict
 
 import paddle
 import pytest
+from owner_fakes import (
+    IDS,
+    NET_FORWARD,
+    NET_NAMES,
+    V1,
+    FakeGroup,
+    Net,
+    RecordingComm,
+    TiedHead,
+    X,
+    first_step,
+    make_owner,
+    names_of,
+    num_hooks,
+    record_forwards,
+    wait_before_update,
+)
 
 from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    broadcast_overlap as bo,
-)
-from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+    broadcast_overlap,
+    param_sync_overlap as pso,
     read_interception as guard,
+    sync_registry,
+    unit_plan,
 )
 
-State = bo.BroadcastOverlapState
-
-
-class FakeGroup:
-    ranks = [0, 1]
-
-
-class FakeTask:
-    def __init__(self, events, name):
-        self._events = events
-        self._name = name
-
-    def wait(self):
-        self._events.append(("wait", self._name))
-
-
-class RecordingComm:
-    """Records ("agree", message) and ("broadcast", name, src); async
-    broadcasts return a FakeTask that records ("wait", name).
-
-    ``first_rank_messages``: what the group's first rank sends at each
-    blocking broadcast of the agreement (None: this rank's own values, as
-    if it were rank 0)."""
-
-    def __init__(self, names, first_rank_messages=None):
-        self.events = []
-        self.reductions = []
-        self.others_max = [0]
-        self._names = names
-        self._first_rank_messages = list(first_rank_messages or [])
-
-    def broadcast(self, tensor, src, group, sync_op):
-        if sync_op:
-            if self._first_rank_messages:
-                tensor.set_value(
-                    paddle.to_tensor(
-                        self._first_rank_messages.pop(0), dtype="int64"
-                    )
-                )
-            self.events.append(("agree", tensor.numpy().tolist()))
-            return None
-        self.events.append(("broadcast", self._names[id(tensor)], src))
-        return FakeTask(self.events, self._names[id(tensor)])
-
-    def all_reduce_max(self, values, group):
-        """The per-launch agreement of bucket mode: recorded apart from
-        ``events``; ``others_max`` is what the other ranks contribute."""
-        self.reductions.append(list(values))
-        return [max(v, o) for v, o in zip(values, self.others_max)]
-
-    def rank(self):
-        return 1
-
-    def take(self):
-        events = list(self.events)
-        self.events.clear()
-        return events
-
-
-class Net(paddle.nn.Layer):
-    """Two linears built in the opposite of their forward order."""
-
-    def __init__(self):
-        super().__init__()
-        self.second = paddle.nn.Linear(3, 2)
-        self.first = paddle.nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.second(self.first(x))
-
-
-class TiedHead(paddle.nn.Layer):
-    """Pipeline-style tie: the head reads the embedding's weight without
-    calling the embedding layer (PaddleNLP's SharedLayerDesc forward_func)."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = paddle.nn.Embedding(5, 4)
-        self.block = paddle.nn.Linear(4, 4)
-
-    def forward(self, ids):
-        h = self.block(self.embed(ids))
-        return paddle.matmul(h, self.embed.weight, transpose_y=True)
-
-    def head_only(self, h):
-        return paddle.matmul(h, self.embed.weight, transpose_y=True)
-
-
-def names_of(model):
-    return {id(p): n for n, p in model.named_parameters()}
-
-
-def make_owner(model, strict=False, src_ranks=None, messages=None):
-    params = list(model.parameters())
-    comm = RecordingComm(names_of(model), messages)
-    owner = bo.StageOneBroadcastOverlap(
-        params,
-        src_ranks or [0] * len(params),
-        FakeGroup(),
-        model,
-        strict,
-        comm=comm,
-    )
-    owner.open()
-    return owner, comm
-
-
-def record_forwards(model, comm):
-    """A user pre-hook on every sublayer, registered after the overlay's:
-    logs ("forward", name) after the overlay's waits for that layer."""
-    handles = []
-    for name, layer in model.named_sublayers(include_self=True):
-        handles.append(
-            layer.register_forward_pre_hook(
-                lambda _l, _i, name=name or "<root>": comm.events.append(
-                    ("forward", name)
-                )
-            )
-        )
-    return handles
-
-
-def first_step(model, owner, comm, x):
-    """Forward (records the order), then the first launch."""
-    model(x)
-    owner.launch()
-    return comm.take()
-
-
-X = paddle.ones([2, 4])
-# Net's forward after the first step: each layer's waits, then the layer's user pre-hook
-NET_FORWARD = [
-    ("wait", "first.weight"),
-    ("wait", "first.bias"),
-    ("forward", "first"),
-    ("wait", "second.weight"),
-    ("wait", "second.bias"),
-    ("forward", "second"),
-]
-IDS = paddle.to_tensor([[1, 2]], dtype="int64")
-
-
-@pytest.fixture(autouse=True)
-def no_leftovers():
-    yield
-    gc.collect()
-    for owner in bo.open_overlaps():
-        owner.close()
-    assert bo.PENDING == {}
+State = pso.ParamSyncState
 
 
 def test_order_is_forward_order_and_agreed_once():
     model = Net()
     owner, comm = make_owner(model)
-    names = list(names_of(model).values())
-    assert names == ["second.weight", "second.bias", "first.weight", "first.bias"]
+    assert list(names_of(model).values()) == NET_NAMES
     events = first_step(model, owner, comm, X)
     # position list: first.* (2, 3) before second.* (0, 1)
     assert events == [
@@ -190,7 +55,7 @@ def test_order_is_forward_order_and_agreed_once():
         ("broadcast", "second.bias", 0),
     ]
     assert owner.state is State.ORDERED and owner.order == [2, 3, 0, 1]
-    owner.wait_before_update()
+    wait_before_update(owner)
     owner.launch()  # no second agreement
     assert [e[0] for e in comm.take()] == ["wait"] * 4 + ["broadcast"] * 4
 
@@ -207,11 +72,16 @@ def test_forward_waits_each_layer_for_its_own_tasks_just_before_it_runs():
     assert owner.stats["waited_on_read"] == 0
 
 
-@pytest.mark.parametrize("has_prepend", [True, False], ids=["prepend", "paddle_2_6_move_to_front"])
+# prepend=: where this Paddle has it (3.x); the move to the front: everywhere
+@pytest.mark.parametrize(
+    "has_prepend",
+    [False] + [True] * pso._HAS_PREPEND,
+    ids=["paddle_2_6_move_to_front"] + ["prepend"] * pso._HAS_PREPEND,
+)
 def test_pre_hook_a_user_registered_first_still_runs_after_the_waits(has_prepend, monkeypatch):
     # Paddle 2.6's register_forward_pre_hook has no prepend=: the owner moves
     # its hook to the front of the layer's hook dict itself.
-    monkeypatch.setattr(bo, "_HAS_PREPEND", has_prepend)
+    monkeypatch.setattr(pso, "_HAS_PREPEND", has_prepend)
     model = Net()
     box = []
     for name, layer in (("first", model.first), ("second", model.second)):
@@ -290,7 +160,7 @@ def test_step_waits_whatever_is_left_in_launch_order():
     first_step(model, owner, comm, X)
     model.second.bias
     comm.take()
-    owner.wait_before_update()
+    wait_before_update(owner)
     assert comm.take() == [
         ("wait", "first.weight"),
         ("wait", "first.bias"),
@@ -322,7 +192,7 @@ def test_compiled_layer_waits_everything_at_its_entry():
     first_step(model, owner, comm, X)
     kwargs = {"full_graph": True} if paddle.__version__ >= "3" else {}
     paddle.jit.to_static(model.first, **kwargs)
-    owner.wait_before_update()
+    wait_before_update(owner)
     comm.take()
     owner.launch()  # finds the compiled layer
     comm.take()
@@ -333,6 +203,9 @@ def test_compiled_layer_waits_everything_at_its_entry():
         ("wait", "second.weight"),
         ("wait", "second.bias"),
     ]
+    # its layer's pre-hook waits first, then the program waits the rest
+    assert owner.stats["waited_in_forward"] == 2
+    assert owner.stats["waited_in_program"] == 2
 
 
 def test_reference_taken_before_step_is_not_intercepted():
@@ -377,8 +250,9 @@ def test_disagreeing_parameter_lists_raise_naming_the_rank():
     model(X)
     with pytest.raises(RuntimeError, match="rank 1: .*4 parameters here, 5"):
         owner.launch()
-    owner2, _ = make_owner(Net(), messages=[[4], [0, 1, 1, 2]])
-    owner2._layers(X)
+    model2 = Net()
+    owner2, _ = make_owner(model2, messages=[[4], [0, 1, 1, 2]])
+    model2(X)
     with pytest.raises(RuntimeError, match="rank 1: .* not a permutation"):
         owner2.launch()
 
@@ -389,13 +263,13 @@ def test_hooks_and_guards_constant_then_all_removed_on_close():
     hooks = sum(len(l._forward_pre_hooks) for l in model.sublayers(True))
     for _ in range(5):
         model(X)
-        owner.wait_before_update()
+        wait_before_update(owner)
         owner.launch()
     assert sum(len(l._forward_pre_hooks) for l in model.sublayers(True)) == hooks
     assert type(model.first._parameters) is guard.GuardedParameters
     owner.close()
     assert owner.state is State.CLOSED and owner.num_pending == 0
-    assert sum(len(l._forward_pre_hooks) for l in model.sublayers(True)) == 0
+    assert num_hooks(model) == 0
     assert type(model.first._parameters) is OrderedDict
     owner.close()  # idempotent
 
@@ -405,7 +279,7 @@ def test_replaced_parameter_dict_is_guarded_again_at_launch():
     owner, comm = make_owner(model)
     model(X)
     owner.launch()
-    owner.wait_before_update()
+    wait_before_update(owner)
     model.first.__dict__["_parameters"] = OrderedDict(model.first._parameters)
     owner.launch()
     comm.take()
@@ -432,7 +306,7 @@ def test_garbage_collected_optimizer_marks_closed_hooks_removed_later():
     assert owner.num_hooks == 3  # root, first, second
     model.first.weight  # a read still waits for its own unit
     assert comm.take() == [("wait", "first.weight")]
-    bo.open_overlaps()  # the next explicit call waits and sweeps
+    assert sync_registry.open_owners() == []  # the next explicit call waits and sweeps
     assert sorted(comm.take()) == [("wait", n) for n in ("first.bias", "second.bias", "second.weight")]
     assert owner.num_pending == 0 and owner.num_hooks == 0
     model(X)
@@ -454,18 +328,25 @@ def test_deepcopy_waits_and_carries_no_guard_or_hook():
 def test_two_owners_share_one_model_guard_kept_until_last_closes():
     model = Net()
     comm = RecordingComm(names_of(model))
-    owners = []
-    for sub in (model.first, model):
-        params = list(sub.parameters())
-        owner = bo.StageOneBroadcastOverlap(
-            params, [0] * len(params), FakeGroup(), model, comm=comm
-        )
-        owner.open()
-        owners.append(owner)
+    owners = [
+        make_owner(model, params=list(sub.parameters()), comm=comm)[0]
+        for sub in (model.first, model)
+    ]
     owners[0].close()
     assert type(model.first._parameters) is guard.GuardedParameters
     owners[1].close()
     assert type(model.first._parameters) is OrderedDict
+
+
+def owner_args(model):
+    return dict(
+        params=list(model.parameters()),
+        group=FakeGroup(),
+        layers=model,
+        planner=unit_plan.PerParameter([0] * 4),
+        method=V1,
+        strict=False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -474,36 +355,104 @@ def test_two_owners_share_one_model_guard_kept_until_last_closes():
         (dict(layers=None), ValueError, "needs the model"),
         (dict(layers="model"), TypeError, "paddle.nn.Layer"),
         (dict(strict=1), TypeError, "strict must be a bool"),
-        (dict(src_ranks=[0]), ValueError, "source ranks"),
         (dict(layers=paddle.nn.Linear(1, 1)), ValueError, "owns none"),
     ],
 )
 def test_bad_input_raises_before_anything_changes(bad, error, match):
     model = Net()
-    params = list(model.parameters())
-    args = dict(
-        params=params,
-        src_ranks=[0] * 4,
-        group=FakeGroup(),
-        layers=model,
-        strict=False,
-    )
+    args = owner_args(model)
     args.update(bad)
     with pytest.raises(error, match=match):
-        bo.StageOneBroadcastOverlap(**args, comm=RecordingComm({}))
-    assert sum(len(l._forward_pre_hooks) for l in model.sublayers(True)) == 0
+        pso.ParamSyncOverlap(**args, comm=RecordingComm({}))
+    assert num_hooks(model) == 0
     assert type(model.first._parameters) is OrderedDict
 
 
-def test_get_broadcast_overlap_follows_inner_optimizers():
+@pytest.mark.parametrize("cap", [0, -1, 1.5])
+def test_bucket_planner_refuses_a_cap_that_is_not_a_positive_int(cap):
+    with pytest.raises(ValueError, match=f"cap_bytes must be a positive int, got {cap}"):
+        unit_plan.Buckets([0] * 4, cap)
+
+
+def test_wrong_number_of_source_ranks_is_refused_at_planning_before_any_sync():
+    model = Net()
+    owner, comm = make_owner(model, planner=unit_plan.PerParameter([0]))
+    model(X)
+    with pytest.raises(ValueError, match="4 parameters but 1 source ranks"):
+        owner.launch()
+    assert [e[0] for e in comm.take()] == ["agree", "agree"]  # no broadcast
+    assert owner.num_pending == 0 and owner.stats["launched"] == 0
+
+
+def test_public_views():
+    model = Net()
+    owner, comm = make_owner(model)
+    params = list(model.parameters())
+    assert (owner.method, owner.collective) == (V1, "broadcast")
+    assert [owner.index_of(p) for p in params] == [0, 1, 2, 3]
+    assert owner.index_of(paddle.ones([1])) is None
+    assert [id(l) for l in owner.owning_layers] == [id(model.second), id(model.first)]
+    assert owner.units == [] and owner.units_of_layer(model.first) == ()
+    first_step(model, owner, comm)
+    first = [model.first.weight, model.first.bias]
+    assert [[id(p) for p in u.params] for u in owner.units_of_layer(model.first)] == [
+        [id(p)] for p in first
+    ]
+    assert owner.units_of_layer(model) == ()  # the root owns no parameter
+    assert set(owner.stats) == set(
+        "launched waited_in_forward waited_in_program waited_before_update "
+        "waited_unreachable waited_on_read waited_on_demand "
+        "waited_by_other_owner waited_out_of_order rebound".split()
+    )
+    assert owner.stats["launched"] == 4
+
+
+def test_old_names_stay_importable_and_are_the_new_ones():
+    assert broadcast_overlap.StageOneBroadcastOverlap is pso.ParamSyncOverlap
+    assert broadcast_overlap.BroadcastOverlapState is pso.ParamSyncState
+    assert broadcast_overlap.get_broadcast_overlap is pso.get_param_sync_overlap
+    model = Net()
+    owner = broadcast_overlap.StageOneBroadcastOverlap(
+        **owner_args(model), comm=RecordingComm(names_of(model))
+    )
+    assert owner.state is broadcast_overlap.BroadcastOverlapState.RECORDING
+
+
+@pytest.mark.parametrize(
+    "get", [pso.get_param_sync_overlap, broadcast_overlap.get_broadcast_overlap]
+)
+def test_get_param_sync_overlap_follows_inner_optimizers(get):
     class Opt:
         pass
 
     inner, outer = Opt(), Opt()
     outer._inner_opt = inner
-    assert bo.get_broadcast_overlap(outer) is None
-    vars(inner)[bo._OWNER_ATTR] = "owner"
-    assert bo.get_broadcast_overlap(outer) == "owner"
+    assert get(outer) is None
+    vars(inner)["_param_sync_overlap"] = "owner"
+    assert get(outer) == "owner"
+    vars(outer)["_param_sync_overlap"] = "outer's"
+    assert get(outer) == "outer's"
+
+
+@pytest.mark.parametrize("bucket_size_mb", [0, 1])
+def test_parameter_no_layer_owns_is_named_then_waited_at_launch(bucket_size_mb):
+    model = Net()
+    stray = paddle.create_parameter([2], "float32")
+    params = list(model.parameters()) + [stray]
+    n = len(params)
+    if bucket_size_mb:
+        planner = unit_plan.Buckets([0] * n, bucket_size_mb << 20)
+    else:
+        planner = unit_plan.PerParameter([0] * n)
+    comm = RecordingComm({**names_of(model), id(stray): "stray"})
+    with pytest.warns(UserWarning) as caught:
+        owner, _ = make_owner(model, params=params, planner=planner, comm=comm)
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith(f"parameter sync overlap ({V1}): 1 optimizer")
+    assert stray.name in message and "after their broadcast is launched" in message
+    events = first_step(model, owner, comm)
+    assert events[-2:] == [("broadcast", "stray", 0), ("wait", "stray")]
+    assert owner.stats["waited_unreachable"] == 1
 
 
 @pytest.mark.parametrize(
@@ -524,9 +473,7 @@ def test_these_tests_fail_when_a_wait_is_removed(sabotage, monkeypatch):
         ),
     }[sabotage]
     if sabotage == "forward_pre_hook":
-        monkeypatch.setattr(
-            bo.StageOneBroadcastOverlap, "_on_forward_pre", lambda *a: None
-        )
+        monkeypatch.setattr(pso.ParamSyncOverlap, "_on_forward_pre", lambda *a: None)
     elif sabotage == "attribute_read":
         monkeypatch.setattr(
             guard.GuardedParameters, "__getitem__", OrderedDict.__getitem__
@@ -538,8 +485,6 @@ def test_these_tests_fail_when_a_wait_is_removed(sabotage, monkeypatch):
         )
     with pytest.raises(AssertionError):
         scenario()
-    for owner in bo.open_overlaps():
-        owner.close()
 
 
 def test_remove_refused_while_an_owner_is_open():

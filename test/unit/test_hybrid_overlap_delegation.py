@@ -35,13 +35,13 @@ def hybrid(inner):
 def test_each_method_reaches_its_kind_with_every_argument():
     calls = []
     opt = hybrid(fake(DygraphShardingOptimizer, calls))
-    HybridParallelOptimizer._set_broadcast_overlap(opt, True, "model", strict=True, bucket_size_mb=0, max_in_flight=2)
-    assert calls == [("broadcast", (True, "model"), dict(strict=True, bucket_size_mb=0, max_in_flight=2))]
+    HybridParallelOptimizer._set_broadcast_overlap(opt, True, "model", strict=True, bucket_size_mb=0)
+    assert calls == [("broadcast", (True, "model"), dict(strict=True, bucket_size_mb=0))]
     assert opt._broadcast_overlap is True and opt._layers == "model"
     calls.clear()
     opt = hybrid(fake(DygraphShardingOptimizerV2, calls))
     HybridParallelOptimizer._set_all_gather_overlap_forward(opt, True, "model")
-    assert calls == [("all_gather", (True, "model"), dict(strict=False, max_in_flight=None))]
+    assert calls == [("all_gather", (True, "model"), dict(strict=False))]
     HybridParallelOptimizer._set_all_gather_overlap_forward(opt, False)
     assert opt._all_gather_overlap_forward is False and opt._layers is None
 
@@ -77,9 +77,37 @@ def test_v1_method_around_v2_names_the_v2_method():
         HybridParallelOptimizer._set_broadcast_overlap(hybrid(inner), True, "model")
 
 
-def test_flag_must_be_a_bool():
-    with pytest.raises(TypeError, match="must be a Python bool"):
-        HybridParallelOptimizer._set_broadcast_overlap(hybrid(object()), 1, "model")
+@pytest.mark.parametrize(
+    "owner, method, argument",
+    [
+        (HybridParallelOptimizer, "_set_broadcast_overlap", "broadcast_overlap"),
+        (HybridParallelOptimizer, "_set_all_gather_overlap_forward", "all_gather_overlap_forward"),
+        (sharding_overlay.DygraphShardingOptimizer, "_set_broadcast_overlap", "broadcast_overlap"),
+        (sharding_overlay.DygraphShardingOptimizerV2, "_set_all_gather_overlap_forward", "all_gather_overlap_forward"),
+        (sharding_overlay.DygraphShardingOptimizerV2, "_set_broadcast_overlap", "broadcast_overlap"),
+    ],
+)
+def test_flag_must_be_a_bool_named_with_its_method(owner, method, argument):
+    import numpy as np
+
+    for flag in (1, np.bool_(True), "True"):
+        with pytest.raises(TypeError) as error:
+            getattr(owner, method)(hybrid(object()), flag, "model")
+        assert str(error.value).startswith(f"{method}: {argument} must be a Python bool, got {flag!r} of type ")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: HybridParallelOptimizer._set_broadcast_overlap(hybrid(object()), True, "m", max_in_flight=2),
+        lambda: HybridParallelOptimizer._set_all_gather_overlap_forward(hybrid(object()), True, "m", max_in_flight=2),
+        lambda: sharding_overlay.DygraphShardingOptimizer._set_broadcast_overlap(object(), True, "m", max_in_flight=2),
+    ],
+    ids=["hybrid V1", "hybrid V2", "sharding V1"],
+)
+def test_the_removed_launch_depth_argument_is_refused(call):
+    with pytest.raises(TypeError, match="max_in_flight"):
+        call()
 
 
 @pytest.mark.parametrize(

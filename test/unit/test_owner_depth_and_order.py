@@ -1,128 +1,174 @@
-"""In-process tests of the owner's launch depth, order warning, profiler
-spans and V2 all-gather units (recording comm, exact event lists)."""
+"""In-process tests of the owner's schedule (every unit starts inside
+launch(), on every rank, in the agreed order; hooks and reads only wait),
+owners in creation order, the order warning, profiler spans and V2
+all-gather units (fakes of ``owner_fakes.py``, exact event lists)."""
 
 import warnings
 
 import paddle
 import pytest
+from owner_fakes import (
+    CHAIN_NAMES,
+    V2,
+    Chain,
+    FakeGroup,
+    Net,
+    RecordingComm,
+    X,
+    chain_buffers,
+    make_gather_owner,
+    make_owner,
+    names_of,
+    next_step,
+    record_forwards,
+    wait_before_update,
+)
 
 from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    broadcast_overlap as bo,
-)
-from test_broadcast_overlap_owner import (  # noqa: F401  (no_leftovers: autouse)
-    FakeGroup,
-    FakeTask,
-    RecordingComm,
-    names_of,
-    no_leftovers,
-    record_forwards,
+    param_sync_overlap as pso,
+    sync_registry,
+    unit_plan,
 )
 
-X = paddle.ones([2, 4])
 
-
-class Chain(paddle.nn.Layer):
-    """Four linears used in construction order a, b, c, d."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = paddle.nn.Linear(4, 4)
-        self.b = paddle.nn.Linear(4, 4)
-        self.c = paddle.nn.Linear(4, 4)
-        self.d = paddle.nn.Linear(4, 4)
-        self.reverse = False
-
-    def forward(self, x):
-        layers = [self.a, self.b, self.c, self.d]
-        for layer in reversed(layers) if self.reverse else layers:
-            x = layer(x)
-        return x
-
-
-def make(model, max_in_flight=None, strict=False):
-    params = list(model.parameters())
-    comm = RecordingComm(names_of(model))
-    owner = bo.StageOneBroadcastOverlap(
-        params, [0] * len(params), FakeGroup(), model, strict, comm=comm,
-        max_in_flight=max_in_flight,
-    )
-    owner.open()
+def make(model, strict=False):
+    """An owner one step in (order agreed, nothing pending)."""
+    owner, comm = make_owner(model, strict=strict)
     model(X)
     owner.launch()
-    comm.take()
-    owner.wait_before_update()
+    wait_before_update(owner)
     comm.take()
     return owner, comm
 
 
-def broadcasts(events):
-    return [e[1] for e in events if e[0] == "broadcast"]
+def collectives(events):
+    return [e for e in events if e[0] not in ("wait", "forward")]
 
 
-def test_depth_one_starts_the_next_as_each_wait_completes():
+# ----------------------------------------------------------------------
+# schedule: everything starts in launch(), nothing anywhere else
+@pytest.mark.parametrize("reverse", [False, True])
+def test_launch_starts_every_unit_in_the_agreed_order(reverse):
     model = Chain()
-    owner, comm = make(model, max_in_flight=1)
+    model.reverse = reverse
+    owner, comm = make(model)
     owner.launch()
-    assert comm.take() == [("broadcast", "a.weight", 0)]
-    record_forwards(model, comm)
-    model(X)
-    events = comm.take()
-    # a.weight waited -> a.bias started; the wait of a.bias starts b.weight ...
-    assert events[:5] == [
-        ("forward", "<root>"),
-        ("wait", "a.weight"),
-        ("broadcast", "a.bias", 0),
-        ("wait", "a.bias"),
-        ("broadcast", "b.weight", 0),
+    expected = CHAIN_NAMES if not reverse else [
+        f"{l}.{p}" for l in "dcba" for p in ("weight", "bias")
     ]
-    assert broadcasts(events) == [f"{l}.{p}" for l in "abcd" for p in ("weight", "bias")][1:]
-    assert owner.num_pending == 0
+    assert comm.take() == [("broadcast", name, 0) for name in expected]
+    assert owner.num_pending == 8 and owner.stats["launched"] == 16
 
 
-def test_depth_two_keeps_two_in_flight():
+def eval_forward(model):
+    with paddle.no_grad():
+        model(X)
+
+
+READS = {
+    "attribute": lambda m: m.c.weight,
+    "numpy of an attribute": lambda m: m.d.bias.numpy(),
+    "iteration": lambda m: list(m.c.parameters()),
+    "state_dict": lambda m: m.state_dict(),
+    "sublayer forward": lambda m: m.c(X),
+    "eval forward": eval_forward,
+    "forward": lambda m: m(X),
+}
+
+
+@pytest.mark.parametrize("read", sorted(READS))
+def test_a_hook_or_read_after_launch_only_waits(read):
     model = Chain()
-    owner, comm = make(model, max_in_flight=2)
-    owner.launch()
-    assert broadcasts(comm.take()) == ["a.weight", "a.bias"]
-
-
-def test_read_of_an_unstarted_unit_starts_every_unit_before_it_in_order():
-    model = Chain()
-    owner, comm = make(model, max_in_flight=1)
+    owner, comm = make(model)
     owner.launch()
     comm.take()
-    model.c.weight  # e.g. rank 0 alone saving c's weight right after step()
+    READS[read](model)
     events = comm.take()
-    assert broadcasts(events) == ["a.bias", "b.weight", "b.bias", "c.weight"]
-    assert events[-1] == ("wait", "c.weight")
-    # the depth is kept afterwards: nothing more started until a wait
-    assert owner.num_pending == 7
+    assert events and {e[0] for e in events} == {"wait"}
 
 
-def test_all_units_at_the_step_when_depth_is_all():
-    model = Chain()
-    owner, comm = make(model, max_in_flight="all")
-    owner.launch()
-    assert len(broadcasts(comm.take())) == 8
+def test_reads_on_one_rank_alone_leave_every_rank_the_same_collectives():
+    """Rank 0 alone logs a weight and runs an eval forward between steps;
+    both ranks then meet at a barrier: their collective sequences (what
+    NCCL pairs) must be the same, or the barrier pairs with a broadcast."""
+    ranks = []
+    for alone in (True, False):
+        model = Chain()
+        owner, comm = make(model)
+        owner.launch()
+        if alone:
+            model.c.weight.numpy()
+            eval_forward(model)
+        comm.events.append(("barrier",))
+        model(X)
+        log = comm.take()
+        log += next_step(owner, comm)
+        ranks.append(collectives(log))
+    assert ranks[0] == ranks[1]
+    assert ranks[0][:9] == [("broadcast", n, 0) for n in CHAIN_NAMES] + [("barrier",)]
 
 
-@pytest.mark.parametrize("bad, error", [(0, ValueError), (-2, ValueError), (1.5, TypeError), ("two", TypeError), (True, TypeError)])
-def test_bad_depth_is_refused(bad, error):
-    with pytest.raises(error, match="max_in_flight"):
-        bo.check_max_in_flight(bad, 1)
+def test_open_owners_are_listed_in_creation_order_not_opening_order():
+    models = [Net() for _ in range(3)]
+    owners = [
+        pso.ParamSyncOverlap(
+            list(m.parameters()),
+            FakeGroup(),
+            m,
+            unit_plan.PerParameter([0] * 4),
+            "_set_broadcast_overlap",
+            comm=RecordingComm(names_of(m)),
+        )
+        for m in models
+    ]
+    for owner in reversed(owners):
+        owner.open()
+    assert sync_registry.open_owners() == owners
+    owners[1].close()
+    assert sync_registry.open_owners() == [owners[0], owners[2]]
 
 
-def test_depth_from_the_environment(monkeypatch):
-    monkeypatch.setenv(bo.MAX_IN_FLIGHT_ENV, "3")
-    assert bo.check_max_in_flight(None, 1) == 3
-    monkeypatch.setenv(bo.MAX_IN_FLIGHT_ENV, "all")
-    assert bo.check_max_in_flight(None, 1) is None
-    monkeypatch.setenv(bo.MAX_IN_FLIGHT_ENV, "0")
-    with pytest.raises(ValueError, match=bo.MAX_IN_FLIGHT_ENV):
-        bo.check_max_in_flight(None, 1)
-    monkeypatch.delenv(bo.MAX_IN_FLIGHT_ENV)
-    assert bo.check_max_in_flight(None, 1) == 1
-    assert bo.check_max_in_flight(2, 1) == 2  # the keyword wins
+def double(x):
+    return x * 2
+
+
+def test_compiled_program_waits_every_owner_in_creation_order():
+    first, second = Chain(), Net()
+    comm = RecordingComm({**names_of(first), **names_of(second)})
+    owners = [make_owner(m, comm=comm)[0] for m in (first, second)]
+    for model, owner in zip((first, second), owners):
+        model(X)
+        owner.launch()
+    comm.take()
+    paddle.jit.to_static(double, full_graph=True)(X)
+    waits = [e[1] for e in comm.take()]
+    assert waits == CHAIN_NAMES + ["first.weight", "first.bias", "second.weight", "second.bias"]
+    assert [o.stats["waited_in_program"] for o in owners] == [8, 4]
+
+
+def test_a_shared_parameter_pending_on_another_owner_is_waited_by_its_launch():
+    model = Net()
+    comm = RecordingComm(names_of(model))
+    owner1, _ = make_owner(model, params=list(model.first.parameters()), comm=comm)
+    owner2, _ = make_owner(model, comm=comm)
+    model(X)
+    owner1.launch()
+    assert comm.take()[2:] == [("broadcast", "first.weight", 0), ("broadcast", "first.bias", 0)]
+    owner2.launch()
+    assert comm.take()[2:] == [
+        ("wait", "first.weight"),  # owner1's, before owner2 sends it again
+        ("wait", "first.bias"),
+        ("broadcast", "first.weight", 0),
+        ("broadcast", "first.bias", 0),
+        ("broadcast", "second.weight", 0),
+        ("broadcast", "second.bias", 0),
+    ]
+    assert owner1.stats["waited_by_other_owner"] == 2
+    assert owner2.stats["waited_by_other_owner"] == 0
+    assert owner1.num_pending == 0 and owner2.num_pending == 4
+    model.first.weight  # the registry points at owner2's unit now
+    assert comm.take() == [("wait", "first.weight")]
+    assert owner2.stats["waited_on_read"] == 1
 
 
 # ----------------------------------------------------------------------
@@ -140,11 +186,11 @@ def test_training_forward_in_another_order_warns_once_naming_the_layer():
     model.reverse = True
     owner.launch()
     (message,) = order_warnings(lambda: model(X))
+    assert message.startswith("parameter sync overlap (_set_broadcast_overlap): ")
     assert model.d._full_name in message
     assert model.d.weight.name in message and model.a.weight.name in message
     assert owner.stats["waited_out_of_order"] > 0
-    owner.wait_before_update()
-    owner.launch()
+    next_step(owner, comm)
     assert order_warnings(lambda: model(X)) == []  # once per owner
 
 
@@ -166,25 +212,22 @@ def test_no_warning_outside_the_first_training_forward(how):
         elif how == "helper":  # a helper calling a sublayer between steps
             model.d(X)
         else:  # micro-batch 2 / recompute: after the first root forward
+            model.depth = 2  # a, b: in order
             model(X)
-            owner.wait_before_update()
-            for unit in owner.units:  # pending again, as if re-launched
-                unit.mark_due(owner)
-            owner._next_start = owner._first_unsynced = 0
-            owner._start_more()
-            model.reverse = True
+            model.reverse, model.depth = True, 4
             model(X)
 
     assert order_warnings(run) == []
+    assert owner.stats["waited_out_of_order"] > 0  # seen, just not said
 
 
 def test_forward_in_the_agreed_order_never_counts_out_of_order():
     model = Chain()
-    owner, comm = make(model, max_in_flight=1)
+    owner, comm = make(model)
     for _ in range(3):
         owner.launch()
         model(X)
-        owner.wait_before_update()
+        wait_before_update(owner)
     assert owner.stats["waited_out_of_order"] == 0
 
 
@@ -203,20 +246,20 @@ def test_launch_and_waits_are_profiler_spans(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(bo.paddle.profiler, "RecordEvent", Span)
+    monkeypatch.setattr(pso.paddle.profiler, "RecordEvent", Span)
     model = Chain()
     owner, comm = make(model)
     spans.clear()
     owner.launch()
     model.a(X)
     assert spans == [
-        "paddle_overlay::launch",
-        f"paddle_overlay::wait {model.a.weight.name}",
-        f"paddle_overlay::wait {model.a.bias.name}",
+        "ParamSyncOverlap::launch",
+        f"ParamSyncOverlap::wait {model.a.weight.name}",
+        f"ParamSyncOverlap::wait {model.a.bias.name}",
     ]
 
 
-def test_spans_show_on_a_paddle_profiler_timeline(tmp_path):
+def test_spans_show_on_a_paddle_profiler_timeline():
     import paddle.profiler as profiler
 
     model = Chain()
@@ -239,65 +282,31 @@ def test_spans_show_on_a_paddle_profiler_timeline(tmp_path):
 
     for tree in seen[0].profiler_result.get_data().values():
         walk(tree)
-    assert "paddle_overlay::launch" in names
-    assert f"paddle_overlay::wait {model.a.weight.name}" in names
+    assert "ParamSyncOverlap::launch" in names
+    assert f"ParamSyncOverlap::wait {model.a.weight.name}" in names
 
 
 # ----------------------------------------------------------------------
-# V2: one all-gather per comm buffer, in first-use order
-class FakeBuffer:
-    def __init__(self, params, group):
-        self._params = params
-        self._comm_group = group
-        numel = sum(int(p._numel()) for p in params)
-        self.param_storage = paddle.zeros([numel + numel % 2], dtype="float32")
-
-
-class GatherGroup(FakeGroup):
-    nranks = 2
-    rank = 1
-
-
-class GatherComm(RecordingComm):
-    def __init__(self, names, buffers):
-        super().__init__(names)
-        self._buffer_names = {id(b.param_storage): f"buf{k}" for k, b in enumerate(buffers)}
-        self.shards = []
-
-    def all_gather(self, shard, full, group):
-        name = self._buffer_names[id(full)]
-        self.shards.append((name, int(shard._numel()), shard.data_ptr() - full.data_ptr()))
-        self.events.append(("all_gather", name))
-        return FakeTask(self.events, name)
-
-
-def test_v2_buffers_are_gathered_in_first_use_order_one_in_flight():
+# V2: one all-gather per comm buffer, in first-use order, all in flight
+def test_v2_buffers_are_gathered_in_first_use_order_all_at_launch():
     model = Chain()
-    group = GatherGroup()
-    p = dict(model.named_parameters())
     # Paddle's layout: buffer 0 holds d, buffer 1 holds a and c, buffer 2 b
-    buffers = [
-        FakeBuffer([p["d.weight"], p["d.bias"]], group),
-        FakeBuffer([p["a.weight"], p["a.bias"], p["c.weight"], p["c.bias"]], group),
-        FakeBuffer([p["b.weight"], p["b.bias"]], group),
-    ]
-    params = list(model.parameters())
-    comm = GatherComm(names_of(model), buffers)
-    owner = bo.StageOneBroadcastOverlap(
-        params, None, group, model, comm=comm, comm_buffers=lambda: buffers, max_in_flight=1
-    )
-    owner.open()
+    buffers = chain_buffers(model)
+    owner, comm = make_gather_owner(model, buffers)
+    assert (owner.method, owner.collective) == (V2, "all-gather")
     model(X)
     owner.launch()
-    events = comm.take()
-    assert events[-1] == ("all_gather", "buf1")  # a is used first
+    assert comm.take()[2:] == [
+        ("all_gather", "buf1"),  # a is used first
+        ("all_gather", "buf2"),
+        ("all_gather", "buf0"),
+    ]
+    assert owner.num_pending == 3
     record_forwards(model, comm)
     model(X)
     assert [e for e in comm.take() if e[0] != "forward"] == [
         ("wait", "buf1"),
-        ("all_gather", "buf2"),
         ("wait", "buf2"),
-        ("all_gather", "buf0"),
         ("wait", "buf0"),
     ]
     # rank 1 contributes the second half of each buffer
@@ -305,37 +314,36 @@ def test_v2_buffers_are_gathered_in_first_use_order_one_in_flight():
     assert owner.stats["waited_out_of_order"] == 0
 
 
-@pytest.mark.skipif(
-    not hasattr(paddle.Tensor, "_clear_to_zero_allocation"),
-    reason="this Paddle has no clear_param_storage (V2 on Paddle 2.6 frees no storage)",
-)
-def test_v2_frozen_only_buffer_is_skipped_and_cleared_storage_refused_by_name():
+def test_v2_frozen_only_buffer_is_skipped():
     model = Chain()
-    group = GatherGroup()
-    p = dict(model.named_parameters())
-    buffers = [FakeBuffer([p["a.weight"], p["a.bias"]], group),
-               FakeBuffer([p[f"{l}.{n}"] for l in "bcd" for n in ("weight", "bias")], group)]
-    comm = GatherComm(names_of(model), buffers)
-    owner = bo.StageOneBroadcastOverlap(
-        list(model.parameters()), None, group, model, comm=comm, comm_buffers=buffers, max_in_flight=1
-    )
-    owner.open()
+    buffers = chain_buffers(model, layout=(("a",), ("b", "c", "d")))
+    owner, comm = make_gather_owner(model, buffers)
     model(X)
     model.a.weight.stop_gradient = model.a.bias.stop_gradient = True
     owner.launch()
-    assert [e for e in comm.take() if e[0] == "all_gather"] == [("all_gather", "buf1")]
-    owner.wait_before_update()
+    assert collectives(comm.take())[2:] == [("all_gather", "buf1")]
     model.a.weight.stop_gradient = model.a.bias.stop_gradient = False
+    assert next_step(owner, comm) == [("all_gather", "buf0"), ("all_gather", "buf1")]
+
+
+def test_v2_cleared_storage_is_refused_by_name_at_launch():
+    model = Chain()
+    buffers = chain_buffers(model, layout=(("a",), ("b", "c", "d")))
+    owner, comm = make_gather_owner(model, buffers)
+    model(X)
     owner.launch()
+    wait_before_update(owner)
     comm.take()
     storage = buffers[1].param_storage
     numel = int(storage._numel())
-    storage._clear_to_zero_allocation()  # what clear_param_storage does
-    with pytest.raises(RuntimeError, match="comm_buffer1 was freed"):
-        model(X)
-    # Paddle's reset_param_storage shares new memory into the same tensor:
-    # the refused unit is started then, never before
+    # what clear_param_storage does (3.x); _clear_data frees it on 2.6 too
+    getattr(storage, "_clear_to_zero_allocation", storage._clear_data)()
+    with pytest.raises(RuntimeError, match="comm_buffer1 was freed.*reset_param_storage"):
+        owner.launch()
+    # buf0 was sent before the refusal, as on every rank (same buffers)
+    assert comm.take() == [("all_gather", "buf0")]
+    # Paddle's reset_param_storage shares new memory into the same tensor
     paddle.zeros([numel])._share_buffer_to(storage)
+    assert next_step(owner, comm) == [("all_gather", "buf0"), ("all_gather", "buf1")]
     model(X)
-    assert ("all_gather", "buf1") in comm.take()
     assert owner.num_pending == 0

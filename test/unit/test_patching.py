@@ -4,6 +4,7 @@ exact restore, the version gate, the structure checks, the log line."""
 import collections
 import contextlib
 import io
+import os
 import unittest
 import warnings
 from unittest import mock
@@ -250,7 +251,7 @@ class TestReadInterceptionInternals(unittest.TestCase):
 
 class TestReadInterceptionRestores(unittest.TestCase):
     """The last release() restores StaticFunction.__call__ and SOT's skip
-    list exactly."""
+    list exactly; a layer stays guarded while another open owner uses it."""
 
     def test_acquire_release_restores_everything(self):
         from paddle.jit.dy2static.program_translator import StaticFunction
@@ -258,50 +259,96 @@ class TestReadInterceptionRestores(unittest.TestCase):
 
         from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
             read_interception as ri,
+            sync_registry,
         )
 
         call, names, regex = StaticFunction.__call__, set(skip_files.skip_file_names), skip_files.skip_file_name_re
 
-        class Owner:
-            pass
+        class Owner:  # what read_interception reads of an owner
+            def __init__(self, layers):
+                self.serial = sync_registry.next_serial()
+                self.owning_layers = layers
 
-        a, b = Owner(), Owner()
         layer = paddle.nn.Linear(2, 2)
-        ri.acquire(a, [layer])
-        ri.acquire(b, [layer])
+        a, b = Owner([layer]), Owner([layer])
+        for owner in (a, b):  # as ParamSyncOverlap.open()
+            sync_registry.add(owner)
+            ri.acquire(owner)
         self.assertIsNot(StaticFunction.__call__, call)
         self.assertGreater(len(skip_files.skip_file_names), len(names))
         self.assertIs(type(layer._parameters), ri.GuardedParameters)
-        ri.release(a, [layer])  # b still holds everything
-        self.assertIsNot(StaticFunction.__call__, call)
-        self.assertIs(type(layer._parameters), ri.GuardedParameters)
-        ri.release(b, [layer])
-        self.assertIs(StaticFunction.__call__, call)
+        for owner, still in ((a, True), (b, False)):  # as close()
+            sync_registry.discard(owner)
+            ri.release(owner)
+            self.assertIs(type(layer._parameters) is ri.GuardedParameters, still)
+            self.assertIs(StaticFunction.__call__ is not call, still)
         self.assertEqual(skip_files.skip_file_names, names)
         self.assertIs(skip_files.skip_file_name_re, regex)
         self.assertIs(type(layer._parameters), collections.OrderedDict)
+        self.assertFalse(ri.is_installed())
 
-    def test_holder_collected_without_release_restores_everything(self):
+    def test_optimizer_collected_without_close_restores_everything_at_the_next_call(self):
         import gc
 
+        from owner_fakes import Net, make_owner
         from paddle.jit.dy2static.program_translator import StaticFunction
 
         from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
             read_interception as ri,
+            sync_registry,
         )
 
         call = StaticFunction.__call__
 
-        class Owner:
+        class Optimizer:
             pass
 
-        owner = Owner()
-        ri.acquire(owner, [])
+        model = Net()
+        owner, _ = make_owner(model)
+        optimizer = Optimizer()
+        owner.close_with(optimizer)
         self.assertIsNot(StaticFunction.__call__, call)
-        del owner
-        gc.collect()
+        del optimizer
+        gc.collect()  # marked closed there; nothing unhooked inside gc
+        self.assertTrue(ri.is_installed())
+        self.assertEqual(sync_registry.open_owners(), [])  # the sweep
         self.assertIs(StaticFunction.__call__, call)
         self.assertFalse(ri.is_installed())
+        self.assertIs(type(model.first._parameters), collections.OrderedDict)
+
+
+class TestRemovedDepthSetting(unittest.TestCase):
+    """PADDLE_OVERLAY_MAX_IN_FLIGHT (the removed launch depth) still set:
+    apply() says it is ignored, when it patches."""
+
+    def setUp(self):
+        paddle_overlay.remove()  # apply() only speaks when it patches
+
+    tearDown = setUp
+
+    def apply_with(self, value):
+        """apply() with the variable at ``value`` (None: unset); the
+        warnings that name it."""
+        with mock.patch.dict("os.environ"), warnings.catch_warnings(record=True) as caught, \
+                contextlib.redirect_stderr(io.StringIO()):
+            os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
+            if value is not None:
+                os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = value
+            warnings.simplefilter("always")
+            paddle_overlay.apply()
+        self.assertTrue(paddle_overlay.is_applied())
+        return [str(w.message) for w in caught if "MAX_IN_FLIGHT" in str(w.message)]
+
+    @parameterized.expand([("1",), ("all",), ("0",)])
+    def test_set_warns_it_is_ignored(self, value):
+        (message,) = self.apply_with(value)
+        self.assertTrue(message.startswith("PADDLE_OVERLAY_MAX_IN_FLIGHT is ignored: the launch depth was removed"))
+        self.assertIn("unset it", message)
+        self.assertEqual(self.apply_with(value), [])  # applied already: nothing patched, nothing said
+
+    @parameterized.expand([(None,), ("",), ("  ",)])
+    def test_unset_or_empty_says_nothing(self, value):
+        self.assertEqual(self.apply_with(value), [])
 
 
 if __name__ == "__main__":

@@ -1,37 +1,28 @@
 """In-process tests of the race checker (paddle_overlay.race_check).
 
-The owner runs with the recording comm of test_broadcast_overlap_owner, so
+The owner runs with the recording comm of owner_fakes, so
 broadcasts stay pending until something waits for them; the checker must
 name each read of a pending parameter (parameter, layer, path), count none
 for reads through layers, raise in "raise" mode, and unwrap completely.
 """
 
-import gc
-
 import paddle
 import pytest
-from test_broadcast_overlap_owner import X, Net, bo, first_step, make_owner
+from owner_fakes import (
+    V1,
+    V2,
+    X,
+    Chain,
+    Net,
+    chain_buffers,
+    close_all,
+    first_step,
+    make_gather_owner,
+    make_owner,
+    next_step,
+)
 
 from paddle_overlay import race_check
-
-
-@pytest.fixture(autouse=True)
-def close_owners_and_checker():
-    yield
-    race_check.disable()
-    race_check._State.races.clear()
-    gc.collect()
-    for owner in bo.open_overlaps():
-        owner.close()
-
-
-@pytest.fixture
-def checker():
-    race_check._State.races.clear()
-    race_check.enable("report")
-    yield race_check
-    race_check.disable()
-    race_check._State.races.clear()
 
 
 class HeldReference(Net):
@@ -62,14 +53,12 @@ def test_held_reference_read_is_named_by_parameter_layer_and_path(checker):
     owner, comm = make_owner(model)
     first_step(model, owner, comm, X)
     name = model.first.weight.name
-    owner.wait_before_update()
-    owner.launch()  # pending again
+    next_step(owner, comm)  # pending again
     model(X)  # forward reads the held reference before anything waits
     races = checker.races()
     assert races == {(name, f"HeldReference({model.full_name()})", "matmul"): 1}
     held = model.cache[0]
-    owner.wait_before_update()
-    owner.launch()
+    next_step(owner, comm)
     held.numpy()  # between steps
     assert checker.races()[(name, "<outside forward>", "Tensor.numpy")] == 1
     text = checker.summary()
@@ -77,13 +66,31 @@ def test_held_reference_read_is_named_by_parameter_layer_and_path(checker):
     assert f"{name}  in <outside forward>  via Tensor.numpy" in text
 
 
-def test_raise_mode_stops_at_the_first_race(checker):
+class HeldChain(Chain):
+    def __init__(self):
+        super().__init__()
+        self.cache = [self.a.weight]
+
+    def forward(self, x):
+        return super().forward(paddle.matmul(x, self.cache[0]))
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["V1 broadcast", "V2 all-gather"])
+def test_raise_mode_stops_at_the_first_race_naming_the_collective_and_method(checker, v2):
     checker.enable("raise")
-    model = HeldReference()
-    owner, comm = make_owner(model)
+    model = HeldChain()
+    if v2:
+        owner, comm = make_gather_owner(model, chain_buffers(model))
+    else:
+        owner, comm = make_owner(model)
     first_step(model, owner, comm, X)
-    with pytest.raises(RuntimeError, match="read parameter .* through matmul"):
+    collective, method = ("all-gather", V2) if v2 else ("broadcast", V1)
+    with pytest.raises(RuntimeError) as error:
         model(X)
+    message = str(error.value)
+    assert f"read parameter {model.a.weight.name} in HeldChain(" in message
+    assert f"through matmul while its {collective} was still pending" in message
+    assert f"pass strict=True to {method}." in message
 
 
 def test_disable_unwraps_everything():
@@ -116,8 +123,7 @@ def test_bad_mode_raises():
 def test_apply_check_switches_the_checker_and_refuses_bad_values():
     import paddle_overlay
 
-    for owner in bo.open_overlaps():
-        owner.close()
+    close_all()
     was_applied = paddle_overlay.is_applied()
     with pytest.raises(ValueError, match="apply\\(check='bogus'\\)"):
         paddle_overlay.apply(check="bogus")

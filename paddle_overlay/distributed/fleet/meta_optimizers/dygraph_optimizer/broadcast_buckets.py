@@ -202,8 +202,8 @@ def changed_param_error(param, was, now, method):
     first step (``was``/``now``: ``(dtype name, elements)``)."""
     return ValueError(
         f"parameter sync overlap: parameter {param.name} changed from "
-        f"{was[0]} x {was[1]} elements to {now[0]} x {now[1]} after the "
-        "first step planned its collectives (e.g. model.to(dtype=...)); "
+        f"{was[0]} x {was[1]} elements to {now[0]} x {now[1]} elements "
+        "after the first step planned its collectives (e.g. model.to(dtype=...)); "
         "every rank would no longer send the same collectives. Turn the "
         f"overlap off (optimizer.{method}(False)), change the model, then "
         "turn it on again. Nothing was sent."

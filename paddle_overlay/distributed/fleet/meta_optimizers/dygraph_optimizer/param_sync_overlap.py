@@ -458,11 +458,12 @@ class ParamSyncOverlap:
                 "minimize() wait for them before the update."
             )
         if self._state is ParamSyncState.RECORDING:
-            self._order = self._agree_order()
-            self._recorded = {}
+            order = self._agree_order()
+            # a planner error leaves the recorded order for the retry
             self._plan = self._planner.plan(
-                self._order, self._params, self._group, self._unreachable
+                order, self._params, self._group, self._unreachable
             )
+            self._order, self._recorded = order, {}
             self._state = ParamSyncState.ORDERED
         else:
             self.stats["rebound"] += self._plan.prepare(self._method)
@@ -472,16 +473,17 @@ class ParamSyncOverlap:
             self._use_units(units)
         due = [unit for unit in self._units if unit.needs_sync()]
         self._wait_for_other_owners(due)
-        with paddle.profiler.RecordEvent("ParamSyncOverlap::launch"):
-            for unit in due:
-                unit.start(self._comm)  # may raise
-                for param in unit.params:
-                    sync_registry.PENDING[id(param)] = (self, unit)
-        self.stats["launched"] += len(due)
         self._first_unsynced = 0
         self._order_check_armed = self._lost_check_armed = True
-        self._started_now, self._read_waited_now = len(due), 0
+        self._started_now = self._read_waited_now = 0
         self._first_read = None
+        with paddle.profiler.RecordEvent("ParamSyncOverlap::launch"):
+            for unit in due:
+                unit.start(self._comm)  # may raise: the started stay counted
+                for param in unit.params:
+                    sync_registry.PENDING[id(param)] = (self, unit)
+                self.stats["launched"] += 1
+                self._started_now += 1
         self.wait(self._unreachable_units, "waited_unreachable")
 
     def _wait_for_other_owners(self, units):
