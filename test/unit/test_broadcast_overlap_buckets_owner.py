@@ -188,9 +188,10 @@ CHANGES = {
 }
 
 
+@pytest.mark.parametrize("entry", ["before_update", "launch"])  # step()'s start; a launch
 @pytest.mark.parametrize("mode", sorted(MAKERS) + ["per_parameter"])
 @pytest.mark.parametrize("change", sorted(CHANGES))
-def test_dtype_or_size_change_is_refused_before_anything_is_sent(mode, change):
+def test_dtype_or_size_change_is_refused_before_anything_is_sent(mode, change, entry):
     model = Net()
     if mode == "per_parameter":
         owner, comm = make_bucket_owner(model, 0)
@@ -207,7 +208,7 @@ def test_dtype_or_size_change_is_refused_before_anything_is_sent(mode, change):
     }
     stats = dict(owner.stats)
     with pytest.raises(ValueError) as error:
-        owner.launch()
+        getattr(owner, entry)()
     message = str(error.value)
     named = [n for n in changed if f"parameter {n} " in message]
     assert len(named) == 1 and changed[named[0]] in message, message

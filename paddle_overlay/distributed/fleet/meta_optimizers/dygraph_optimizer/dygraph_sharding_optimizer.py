@@ -36,6 +36,7 @@ from .param_sync_overlap import (
     check_overlap_flag,
     launch_or_sync,
     switch_owner,
+    update_then,
     wait_then,
 )
 
@@ -147,16 +148,17 @@ class DygraphShardingOptimizer:
         return launch_or_sync(self, self._origin_sharding_sync_parameters)
 
     def step(self):
-        """Wait for pending broadcasts, then run Paddle's ``step()``."""
-        return wait_then(self, "waited_before_update", self._origin_step)
+        """Wait for pending broadcasts and check the parameters against the
+        plan, then run Paddle's ``step()``."""
+        return update_then(self, self._origin_step)
 
     def minimize(
         self, loss, startup_program=None, parameters=None, no_grad_set=None
     ):
-        """Wait for pending broadcasts, then run Paddle's ``minimize()``."""
+        """Wait for pending broadcasts and check the parameters against the
+        plan, then run Paddle's ``minimize()``."""
         args = (loss, startup_program, parameters, no_grad_set)
-        reason = "waited_before_update"
-        return wait_then(self, reason, self._origin_minimize, *args)
+        return update_then(self, self._origin_minimize, *args)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending broadcasts."""
@@ -251,7 +253,7 @@ class DygraphShardingOptimizerV2:
 
     def step(self):
         """Wait for pending all-gathers, then run Paddle's ``step()``."""
-        return wait_then(self, "waited_before_update", self._origin_step)
+        return update_then(self, self._origin_step)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending gathers."""

@@ -113,6 +113,16 @@ def launch_or_sync(optimizer, blocking_sync):
         overlap.launch()
 
 
+def update_then(optimizer, call, *args):
+    """Before an update (``step``/``minimize``): wait for pending units and
+    check the parameters against the plan, then ``call(*args)``; a refused
+    change raises before the update changes anything."""
+    overlap = get_param_sync_overlap(optimizer)
+    if overlap is not None:
+        overlap.before_update()
+    return call(*args)
+
+
 def wait_then(optimizer, reason, call, *args):
     """Wait for pending units (counted as ``reason``), then ``call(*args)``."""
     overlap = get_param_sync_overlap(optimizer)
@@ -236,6 +246,7 @@ class ParamSyncOverlap:
         self._pre_hook_handles = {}  # id(layer) -> handle
         self._post_hook_handle = self._finalizer = None
         self._defer_depth, self._launch_deferred = 0, False
+        self._prepared = False  # before_update() checked the plan this step
         # public counters (get_param_sync_overlap); waited_out_of_order: a
         # layer waited while an earlier unit was not synced (less overlap)
         self.stats = dict.fromkeys(_STATS, 0)
@@ -465,8 +476,9 @@ class ParamSyncOverlap:
             )
             self._order, self._recorded = order, {}
             self._state = ParamSyncState.ORDERED
-        else:
+        elif not self._prepared:
             self.stats["rebound"] += self._plan.prepare(self._method)
+        self._prepared = False
         read_interception.refresh(self)
         units = self._plan.units()
         if units is not self._units:
@@ -573,6 +585,16 @@ class ParamSyncOverlap:
     def wait_all(self, reason="waited_on_demand"):
         return self.wait(self._units, reason)
 
+    def before_update(self):
+        """Wait for every pending unit; after the first step also check the
+        parameters against the plan and put replaced memory back into its
+        slot (local). ValueError (names the parameter and the fix): a
+        dtype or size changed; raised before the update changes anything."""
+        self.wait_all("waited_before_update")
+        if self._state is ParamSyncState.ORDERED:
+            self.stats["rebound"] += self._plan.prepare(self._method)
+            self._prepared = True
+
     def _on_forward_pre(self, layer, _inputs):
         # RECORDING: record first use; then wait for the layer's own units
         state = self._state
@@ -581,11 +603,13 @@ class ParamSyncOverlap:
                 dict.fromkeys(self._indices_of_layer.get(id(layer), ()))
             )
             return
+        if state is not ParamSyncState.ORDERED:
+            return  # closed (or abandoned, its hooks removed later)
         if layer is self._layers:
             self._in_root_forward = True
             if self._lost_check_armed:
                 self._check_lost_overlap()
-        if not sync_registry.PENDING or state is not ParamSyncState.ORDERED:
+        if not sync_registry.PENDING:
             return
         if self._strict:
             self.wait_all("waited_in_forward")
