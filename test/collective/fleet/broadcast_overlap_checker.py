@@ -279,6 +279,13 @@ class BroadcastWaitChecker:
         inner.__dict__["_apply_optimize"] = checked_apply_optimize
         self._patched_optimizers.append(inner)
 
+    def owns_hook(self, layer, hook_id):
+        """True when ``hook_id`` in ``layer._forward_pre_hooks`` is one of
+        the checker's pre-hooks (registered by :meth:`watch`)."""
+        return any(
+            l is layer and h._hook_id == hook_id for l, h in self._hooked
+        )
+
     def hooks_last(self):
         """Move the checker's pre-hooks after every other pre-hook of their
         layers: an overlap that registers its hooks later than ``watch``

@@ -221,6 +221,14 @@ def read_guard_module():
     ]
 
 
+def sync_registry_module():
+    """The module holding the open owners (``open_owners()``, creation
+    order) and ``PENDING`` (overlay's or patched Paddle's)."""
+    return importlib.import_module(
+        overlap_module().__name__.rpartition(".")[0] + ".sync_registry"
+    )
+
+
 # bucket_size_mb set by ``bucket_size_mb()`` for its block; None: the launch's
 _BUCKET_MB = [None]
 
@@ -267,6 +275,53 @@ def per_parameter(opt):
 def overlap_impl(opt):
     """The ParamSyncOverlap of a fleet optimizer (None when off)."""
     return overlap_module().get_param_sync_overlap(opt)
+
+
+def sharding_optimizer(opt):
+    """The sharding stage 1 optimizer (V1 or V2) inside fleet's wrappers."""
+    inner = opt
+    while not type(inner).__name__.startswith("DygraphShardingOptimizer"):
+        inner = vars(inner)["_inner_opt"]
+    return inner
+
+
+def optimizer_parameters(opt):
+    """The sharding optimizer's own parameter list, whose positions the
+    overlap's ``order`` and units' ``indices`` are (V1's
+    ``_origin_parameter_list``, V2's ``_parameter_list``); checked against
+    the overlap's public ``index_of``."""
+    inner = sharding_optimizer(opt)
+    params = list(
+        getattr(inner, "_origin_parameter_list", None) or inner._parameter_list
+    )
+    impl = overlap_impl(opt)
+    if impl is not None:
+        where = [impl.index_of(p) for p in params]
+        assert where == list(range(len(params))), where
+    return params
+
+
+def bucket_units(opt):
+    """The units of ``opt``'s overlap that send a bucket (a 1-D buffer, or a
+    slice of Paddle's fused buffer, holding ``.params``), in launch order;
+    the others send their one parameter itself."""
+    return [
+        u
+        for u in overlap_impl(opt).units
+        if not (len(u.params) == 1 and u.tensor is u.params[0])
+    ]
+
+
+def slot_offsets(unit):
+    """Element offsets of a bucket unit's ``params`` in its buffer."""
+    size = unit.tensor.element_size()
+    start = unit.tensor.data_ptr()
+    offsets = []
+    for p in unit.params:
+        delta = p.data_ptr() - start
+        assert delta % size == 0, (unit.label, p.name, delta)
+        offsets.append(delta // size)
+    return offsets
 
 
 def total_forward_pre_hooks(model):
@@ -332,22 +387,51 @@ EXPECTED_WARNINGS = (
 # The overlap's warning (once per owner) that a training forward used the
 # parameters in another order than the agreed one.
 ORDER_WARNING = "in another order than the first one"
+# The overlap's warning (once per owner), at the first root forward after a
+# step, that reads between step() and that forward waited for most of the
+# step's units (e.g. a parameters() loop or a state_dict() between steps).
+LOST_OVERLAP_WARNING = "so they did not overlap the forward"
 
 
 @contextlib.contextmanager
-def order_warnings():
+def overlap_warnings(text):
     """Yields a list that holds, once the block ends, the messages of the
-    order warnings (ORDER_WARNING) raised in the block; every other warning
+    warnings raised in the block that contain ``text``; every other warning
     goes on to ``run_cases``, which fails the case on it."""
     found = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield found
     for w in caught:
-        if ORDER_WARNING in str(w.message):
+        if text in str(w.message):
             found.append(str(w.message))
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def order_warnings():
+    """``overlap_warnings`` of the order warning (ORDER_WARNING)."""
+    return overlap_warnings(ORDER_WARNING)
+
+
+def lost_overlap_warnings():
+    """``overlap_warnings`` of the lost-overlap warning
+    (LOST_OVERLAP_WARNING)."""
+    return overlap_warnings(LOST_OVERLAP_WARNING)
+
+
+def assert_lost_overlap_warning(found, path, launched=None, read=None):
+    """``found`` (from ``lost_overlap_warnings``) is one warning, naming the
+    first read's path (``"attribute"``, ``"iteration"``) at a line of the
+    test scripts (the user's line, not Paddle's or the overlay's) and, when
+    given, ``read`` of the ``launched`` units."""
+    assert len(found) == 1, found
+    message = found[0]
+    here = os.path.dirname(os.path.abspath(__file__))
+    assert f"(first: {path} at {here}{os.sep}" in message, message
+    if launched is not None:
+        wanted = f"{read} of the {launched} "
+        assert wanted in message, (read, launched, message)
 
 
 def expected_warning(w):

@@ -37,6 +37,11 @@ Environment:
   (traceback included); a named case that passes fails the launch
   (``XPASS``).
 
+The product says once per owner, at the first forward after a step, when
+reads between that step and the forward waited for most of its gathers
+(its lost-overlap warning): the cases that really read everything between
+steps assert it (product only); a case that reads less must not see it.
+
 Each rank prints ``CASE <name> PASS|FAIL|XFAIL|XPASS`` and exits non-zero
 on any FAIL or XPASS. The verdict of a case is agreed across the ranks (a
 case fails on every rank when it fails on one), so the ranks stay in step.
@@ -59,8 +64,10 @@ from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     all_ranks_equal,
     assert_bitwise_equal,
+    assert_lost_overlap_warning,
     cases_of,
     expected_warning,
+    lost_overlap_warnings,
     overlap_impl,
 )
 
@@ -86,7 +93,6 @@ STEPS = 3
 # comm buffer size: sharding_configs.comm_buffer_size_MB on Paddle 3.x (an
 # int, so 1 is the smallest), hybrid_parallel_cpu_shim item 9 on 2.6
 BUFFER_MB = 1
-DEFAULT = object()  # max_in_flight not given
 
 
 def rank():
@@ -358,13 +364,10 @@ def buffer_of(opt):
     return {p.name: i for i, ps in enumerate(buffers(opt)) for p in ps}
 
 
-def enable(opt, model, max_in_flight=DEFAULT):
+def enable(opt, model):
     """Turn the overlap on as PaddleFormers does (two positional
-    arguments); ``max_in_flight`` only when given."""
-    kwargs = (
-        {} if max_in_flight is DEFAULT else {"max_in_flight": max_in_flight}
-    )
-    opt._set_all_gather_overlap_forward(True, model, **kwargs)
+    arguments)."""
+    opt._set_all_gather_overlap_forward(True, model)
     if IMPL == "product":
         assert overlap_impl(opt) is not None, (
             "the product is not applied to V2: _set_all_gather_overlap_"
@@ -391,7 +394,6 @@ def train(
     parameters=None,
     prepare=None,
     after_step=None,
-    max_in_flight=DEFAULT,
     raw_layers=False,
 ):
     """Train ``cls`` and return a namespace with ``losses``, ``extras``
@@ -413,7 +415,7 @@ def train(
         raw=raw, model=model, opt=opt, losses=[], extras=[], params=None
     )
     if overlap:
-        enable(opt, raw if raw_layers else model, max_in_flight)
+        enable(opt, raw if raw_layers else model)
     if checker is not None:
         checker.watch(model, opt)
     if prepare is not None:
@@ -438,13 +440,16 @@ def train(
     return run
 
 
-def compare(cls=LM, **kwargs):
+def compare(cls=LM, lost=None, **kwargs):
     """V2 off, then V2 with overlap under the wait checker; returns
     ``(off, on, checker)``. Raises AssertionError naming the first
     difference, after the collective check every rank runs (so a failure
-    on one rank leaves the ranks in step)."""
+    on one rank leaves the ranks in step). ``lost``: the first read's path
+    (``"iteration"``, ``"attribute"``) of the product's lost-overlap
+    warning the case expects on this rank (its reads between steps wait
+    for every gather of the step), None for none."""
     off = train(cls, overlap=False, **kwargs)
-    with BroadcastWaitChecker() as checker:
+    with BroadcastWaitChecker() as checker, lost_overlap_warnings() as said:
         on = train(cls, overlap=IMPL != "off", checker=checker, **kwargs)
     ranks_equal = all_ranks_equal(digest(on.params))
     what = f"{cls.__name__} {sorted(kwargs)}"
@@ -463,6 +468,11 @@ def compare(cls=LM, **kwargs):
     assert checker.counts["gathers"] > 0, "no all-gather of a parameter seen"
     assert ranks_equal, "parameters differ across ranks"
     assert len(buffers(on.opt)) >= 3, f"{len(buffers(on.opt))} comm buffers"
+    if IMPL == "product" and lost is not None:
+        units = len(overlap_impl(on.opt).units)
+        assert_lost_overlap_warning(said, lost, units, units)
+    else:  # (Paddle's own overlap has no such warning)
+        assert said == [], said
     return off, on, checker
 
 
@@ -475,7 +485,11 @@ def case_equal_on_off():
 
 def case_state_dict_right_after_step():
     """Item 2: state_dict() right after step(), before any forward."""
-    compare(LM, after_step=lambda step, run: snapshot(run.raw).values())
+    compare(
+        LM,
+        after_step=lambda step, run: snapshot(run.raw).values(),
+        lost="iteration",
+    )
 
 
 def case_parameters_loop_ema_right_after_step():
@@ -490,22 +504,30 @@ def case_parameters_loop_ema_right_after_step():
             values.append(ema[i].copy())
         return values
 
-    compare(LM, after_step=update_ema)
+    compare(LM, after_step=update_ema, lost="iteration")
 
 
 def case_encode_helper_between_steps():
     """Item 3: a helper calls a sublayer whose parameters span several
-    buffers, between steps (step() started the first one only)."""
+    buffers, between steps (Paddle's own overlap started the first one
+    only). The helper's sublayer call waits in its pre-hook (a forward, not
+    a read: no lost-overlap warning)."""
     tokens = batch(7)[0]
+    names = []
+
+    def encoder_names(run):
+        # read before training (nothing pending): the span check below
+        # reads no parameter between steps
+        names[:] = [p.name for p in run.raw.encoder.parameters()]
 
     def encode(step, run):
         if step == 0:
             where = buffer_of(run.opt)
-            spans = {where[p.name] for p in run.raw.encoder.parameters()}
+            spans = {where[name] for name in names}
             assert spans == set(range(6)), spans
         return [run.raw.encode(tokens).numpy()]
 
-    compare(EncodeLM, after_step=encode)
+    compare(EncodeLM, prepare=encoder_names, after_step=encode)
 
 
 def case_freeze_parameters_after_first_step():
@@ -655,24 +677,34 @@ def case_layer_spanning_two_buffers():
     """A Linear whose weight and bias lie in two buffers, read by a helper
     (F.linear of its weight and bias) right after each step."""
     probe = paddle.ones([1, 2 * HIDDEN])
+    linears = []
+
+    def find_linears(run):
+        # names read before training (nothing pending): finding the split
+        # layer below reads no parameter between steps
+        linears[:] = [
+            (layer, layer.weight.name, layer.bias.name)
+            for layer in run.raw.sublayers()
+            if isinstance(layer, nn.Linear)
+        ]
 
     def read_split_layer(step, run):
         where = buffer_of(run.opt)
         split = [
             layer
-            for layer in run.raw.sublayers()
-            if isinstance(layer, nn.Linear)
-            and where[layer.weight.name] != where[layer.bias.name]
+            for layer, weight, bias in linears
+            if where[weight] != where[bias]
         ]
         assert split, "no Linear spans two buffers in this layout"
         layer = split[-1]
+        # the helper reads the two buffers of its 4: not a lost overlap
         return [
             F.linear(
                 probe[:, : layer.weight.shape[0]], layer.weight, layer.bias
             ).numpy()
         ]
 
-    compare(LM, after_step=read_split_layer)
+    compare(LM, prepare=find_linears, after_step=read_split_layer)
 
 
 def case_tied_embedding_head():
@@ -723,7 +755,7 @@ def case_save_right_after_step_and_reload():
         return snapshot(fresh).values()
 
     with tmp:
-        compare(LM, after_step=save_and_reload)
+        compare(LM, after_step=save_and_reload, lost="iteration")
 
 
 def case_eval_between_steps():
@@ -754,36 +786,32 @@ def case_to_static():
     compare(LM, prepare=compile_forward)
 
 
-def rank0_only_save(max_in_flight):
+def case_rank0_only_save():
     """``if rank == 0: paddle.save(net.state_dict())`` right after step(),
-    the other ranks going straight to the next forward: no hang, and rank
-    0's file equal to overlap off's."""
+    then a barrier on every rank (the other ranks go straight to it): no
+    hang (step() started every gather on every rank; reads only wait), and
+    rank 0's file equal to overlap off's; the product says on rank 0 alone
+    that its save took the overlap away from its next forward."""
     tmp = tempfile.TemporaryDirectory(prefix=f"allgather_overlap_r{rank()}_")
     folder = tmp.name
     counter = [0]
 
     def save_on_rank0(step, run):
-        if rank() != 0:
-            return []
-        counter[0] += 1
-        path = os.path.join(folder, f"model_{counter[0]}.pdparams")
-        paddle.save(run.raw.state_dict(), path)
-        return [v.numpy() for v in paddle.load(path).values()]
+        values = []
+        if rank() == 0:
+            counter[0] += 1
+            path = os.path.join(folder, f"model_{counter[0]}.pdparams")
+            paddle.save(run.raw.state_dict(), path)
+            values = [v.numpy() for v in paddle.load(path).values()]
+        paddle.distributed.barrier()
+        return values
 
     with tmp:
-        compare(LM, after_step=save_on_rank0, max_in_flight=max_in_flight)
-
-
-def case_rank0_only_save_depth_1():
-    rank0_only_save(DEFAULT if IMPL != "product" else 1)
-
-
-def case_rank0_only_save_depth_2():
-    rank0_only_save(2)
-
-
-def case_rank0_only_save_depth_all():
-    rank0_only_save("all")
+        compare(
+            LM,
+            after_step=save_on_rank0,
+            lost="iteration" if rank() == 0 else None,
+        )
 
 
 def case_forward_with_own_collective():
@@ -793,65 +821,85 @@ def case_forward_with_own_collective():
     compare(CollectiveLM)
 
 
-def launched_inside_step(max_in_flight=DEFAULT, env=None):
-    """All-gathers of parameters each ``step()`` launches, with the depth
-    given by keyword or by env ``PADDLE_OVERLAY_MAX_IN_FLIGHT``."""
-    counts = []
+def schedule(env=None, steps=3):
+    """Train LM with the overlap under the wait checker, counting the
+    parameter all-gathers started inside each ``step()`` and between steps
+    (the next forward's hooks, a read of one parameter and one of the whole
+    model), and ``(num_pending, units that need a sync)`` right after each
+    step. ``env``: PADDLE_OVERLAY_MAX_IN_FLIGHT during the run."""
+    inside, between, pending = [], [], []
     saved = os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
     if env is not None:
         os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = env
     try:
-        with BroadcastWaitChecker() as checker:
+        with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
+            last = [0]
 
             def count_step(run):
                 original = run.opt.step
 
                 def step():
                     before = checker.counts["gathers"]
+                    between.append(before - last[0])
                     original()
-                    counts.append(checker.counts["gathers"] - before)
+                    last[0] = checker.counts["gathers"]
+                    inside.append(last[0] - before)
+                    impl = overlap_impl(run.opt)
+                    due = sum(u.needs_sync() for u in impl.units)
+                    pending.append((impl.num_pending, due))
 
                 run.opt.step = step
+
+            def read(step, run):
+                # a read of one parameter, then of the whole model, between
+                # steps (the second waits for every gather: said once)
+                values = [run.raw.head.weight.numpy()]
+                if step == 0:
+                    values += list(snapshot(run.raw).values())
+                return values
 
             run = train(
                 LM,
                 overlap=True,
                 checker=checker,
-                steps=2,
+                steps=steps,
                 prepare=count_step,
-                max_in_flight=max_in_flight,
+                after_step=read,
             )
+            between.append(checker.counts["gathers"] - last[0])
     finally:
         os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
         if saved is not None:
             os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = saved
     assert checker.violations == [], checker.violations[:8]
-    return counts, len(buffers(run.opt))
+    assert checker.num_unwaited() == 0, checker.num_unwaited()
+    units = len(overlap_impl(run.opt).units)
+    assert_lost_overlap_warning(lost, "attribute", units, units)
+    return inside, between, pending, units, len(buffers(run.opt))
 
 
-def case_depth_by_keyword_and_environment():
-    """Product only: ``max_in_flight`` (keyword, else env
-    PADDLE_OVERLAY_MAX_IN_FLIGHT, else 1 for V2) is how many all-gathers
-    step() leaves in flight: 1, 2, or every buffer for 'all' (None: not
-    given)."""
+def case_every_gather_starts_inside_step():
+    """Product only: ``step()`` starts the all-gather of every comm buffer
+    (every one needs a sync here) on every rank, all left in flight; the
+    next forward's pre-hooks, reads and the final state_dict() start none
+    (they only wait). The removed depth setting's environment variable
+    changes nothing."""
     if IMPL != "product":
-        print(f"depth case: not applicable to impl {IMPL}", flush=True)
+        print(f"schedule case: not applicable to impl {IMPL}", flush=True)
         return
-    counts, n = launched_inside_step()
-    assert counts == [1, 1], ("default", counts)
-    for depth, env, expected in (
-        (2, None, 2),
-        ("all", None, n),
-        (None, "all", n),  # None reads the env
-        (1, "all", 1),  # the keyword wins over the env
-    ):
-        counts, _ = launched_inside_step(max_in_flight=depth, env=env)
-        assert counts == [expected] * 2, (depth, env, counts, n)
+    for env in (None, "1"):
+        inside, between, pending, units, n = schedule(env)
+        assert units == n >= 3, (units, n)
+        assert inside == [n] * 3, (env, inside, n)
+        assert between == [0] * 4, (env, between)
+        assert pending == [(n, n)] * 3, (env, pending)
+        assert all_ranks_equal(inside + between), (inside, between)
 
 
-def case_bad_max_in_flight_refused_before_any_change():
-    """Product only: a bad depth raises TypeError/ValueError and leaves no
-    hook behind."""
+def case_bad_arguments_refused_before_any_change():
+    """Product only: a bad flag, ``layers`` or ``strict``, or the removed
+    ``max_in_flight`` keyword, raises TypeError/ValueError naming it and
+    leaves no hook and no owner behind."""
     if IMPL != "product":
         print(f"bad-input case: not applicable to impl {IMPL}", flush=True)
         return
@@ -860,15 +908,29 @@ def case_bad_max_in_flight_refused_before_any_change():
         opt = fleet.distributed_optimizer(adamw(raw.parameters()))
         model = fleet.distributed_model(raw)
     base = total_forward_pre_hooks(raw)
-    for bad in (0, -1, 1.5, "two", True):
-        try:
-            opt._set_all_gather_overlap_forward(True, model, max_in_flight=bad)
-        except (TypeError, ValueError):
-            pass
-        else:
-            raise AssertionError(f"max_in_flight={bad!r} was accepted")
-        assert total_forward_pre_hooks(raw) == base, bad
-        assert overlap_impl(opt) is None or overlap_impl(opt).num_hooks == 0
+    other = build(LM)
+    method = "_set_all_gather_overlap_forward"
+    bad = [
+        ((1, model), {}, TypeError, "all_gather_overlap_forward"),
+        (("yes", model), {}, TypeError, "bool"),
+        ((True, None), {}, ValueError, f"{method}(True, model)"),
+        ((True, "model"), {}, TypeError, "paddle.nn.Layer"),
+        ((True, other), {}, ValueError, "owns none"),
+        ((True, model), {"strict": 1}, TypeError, "strict"),
+        ((True, model), {"max_in_flight": 1}, TypeError, "max_in_flight"),
+    ]
+    for target in (opt, inner_v2(opt)):
+        for args, kwargs, error, text in bad:
+            try:
+                getattr(target, method)(*args, **kwargs)
+            except error as e:
+                assert text in str(e), (args, kwargs, str(e))
+            else:
+                raise AssertionError(f"{args} {kwargs} accepted")
+            assert total_forward_pre_hooks(raw) == base, (args, kwargs)
+            assert overlap_impl(opt) is None, (args, kwargs)
+    opt._set_all_gather_overlap_forward(False, model)  # a no-op when off
+    assert overlap_impl(opt) is None
 
 
 # ----------------------------------------------------------------------

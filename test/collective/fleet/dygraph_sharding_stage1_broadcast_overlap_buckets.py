@@ -18,17 +18,22 @@ reports show flat or bucketed parameter storage breaking.
 Each case: overlap with buckets on vs overlap off bitwise equal (numpy
 copies), no read of a parameter whose bucket is still pending (the wait
 checker maps a bucket's broadcast to the parameters living in its buffer),
-and the bucket plan checked directly. Small caps (a few KB) give these tiny
-models several windows. Cases run by env ``BROADCAST_OVERLAP_CASES`` (all by
+and the buckets checked directly, from the owner's public units (each
+bucket unit's ``tensor`` is its 1-D buffer, ``params`` its members, ``src``
+its owner rank). Small caps (a few KB) give these tiny models several
+windows. Cases run by env ``BROADCAST_OVERLAP_CASES`` (all by
 default) under ``python -m paddle.distributed.launch --nproc_per_node 2``.
 """
 
 import contextlib
+import math
 import os
 import sys
 import tempfile
-import warnings
+import types
+import zlib
 
+import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
@@ -37,11 +42,19 @@ from broadcast_overlap_training import (
     adamw,
     all_ranks_equal,
     assert_bitwise_equal,
+    assert_lost_overlap_warning,
+    bucket_units,
     build_with_initial_state,
     cases_of,
+    lm_loss,
+    lost_overlap_warnings,
+    optimizer_parameters,
     overlap_impl,
+    per_parameter,
     rank,
     run_cases,
+    sharding_optimizer,
+    slot_offsets,
     train,
 )
 from dygraph_sharding_stage1_broadcast_overlap_models import (
@@ -103,36 +116,110 @@ def compare_buckets(
     return checker, model, opt, off
 
 
-def storage(opt):
-    """The owner's BucketStorage (None in per-parameter mode)."""
-    return overlap_impl(opt).bucket_storage
-
-
 def params_of(opt):
-    return overlap_impl(opt)._params
+    """The optimizer's parameter list (positions of the overlap's units)."""
+    return optimizer_parameters(opt)
+
+
+def dtype_name(tensor):
+    name = str(tensor.dtype).rsplit(".", 1)[-1].lower()
+    return {"fp32": "float32", "fp64": "float64"}.get(name, name)
+
+
+def numel(param):
+    return math.prod(int(d) for d in param.shape)
+
+
+def buckets(opt):
+    """The owner's buckets, in launch order, from its public units: per
+    bucket unit its ``buffer`` (the unit's 1-D ``tensor``), ``src`` (owner
+    rank), ``dtype``, ``length``, ``params`` (members, in slot order),
+    ``indices`` (their positions), ``offsets`` (where each member's memory
+    starts in the buffer, in elements) and ``numels``; [] per parameter."""
+    impl = overlap_impl(opt)
+    found = []
+    for unit in bucket_units(opt):
+        buf = unit.tensor
+        found.append(
+            types.SimpleNamespace(
+                unit=unit,
+                buffer=buf,
+                src=unit.src,
+                dtype=dtype_name(buf),
+                length=int(buf.shape[0]),
+                params=list(unit.params),
+                indices=[impl.index_of(p) for p in unit.params],
+                offsets=slot_offsets(unit),
+                numels=[numel(p) for p in unit.params],
+            )
+        )
+    return found
+
+
+def bucket_of(opt, param):
+    """Index in ``buckets(opt)`` of the bucket holding ``param``, or None."""
+    holding = [
+        k
+        for k, b in enumerate(buckets(opt))
+        if any(p is param for p in b.params)
+    ]
+    assert len(holding) <= 1, (param.name, holding)
+    return holding[0] if holding else None
+
+
+def owner_rank(opt, param):
+    """Global rank that owns ``param`` (Paddle's V1 partition,
+    ``_rank2params``, in the sharding group's ranks)."""
+    from paddle.distributed import fleet as _fleet
+
+    group = _fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
+    inner = sharding_optimizer(opt)
+    (r,) = [
+        r
+        for r, ps in inner._rank2params.items()
+        if any(p is param for p in ps)
+    ]
+    return group.ranks[r]
+
+
+def planned_windows(opt, cap_mb):
+    """The windows of the agreed order, reconstructed by the test: in
+    ``order``, the trainable, untied, non-empty parameters, a window closed
+    once it holds ``cap_mb`` MB or more (positions, per window)."""
+    cap, params = int(cap_mb * (1 << 20)), params_of(opt)
+    windows, window, size, placed = [], [], 0, set()
+    for i in overlap_impl(opt).order:
+        p = params[i]
+        if p.stop_gradient or id(p) in placed or not numel(p):
+            continue
+        placed.add(id(p))
+        window.append(i)
+        size += numel(p) * p.element_size()
+        if size >= cap:
+            windows.append(window)
+            window, size = [], 0
+    return windows + [window] if window else windows
 
 
 def assert_views_of_buffers(opt):
-    """Every bucketed parameter's memory is its slot of its bucket's buffer,
-    and slots never overlap."""
-    store, params = storage(opt), params_of(opt)
-    for spec, buf in zip(store.specs, store.buffers):
-        assert str(buf.dtype) == str(params[spec.indices[0]].dtype)
-        assert buf.shape == [spec.length]
-        size = (
-            buf.element_size()
-            if hasattr(buf, "element_size")
-            else {"float64": 8}.get(spec.dtype, 4)
-        )
+    """Every bucketed parameter's memory is a slot of its bucket's 1-D
+    buffer, of the buffer's dtype, members in slot order, slots inside the
+    buffer and never overlapping; no parameter in two buckets."""
+    seen = []
+    for b in buckets(opt):
+        assert len(b.buffer.shape) == 1, b.buffer.shape
         end = 0
-        for i, off, n in zip(spec.indices, spec.offsets, spec.numels):
-            assert off >= end, (spec, i)
+        for p, off, n in zip(b.params, b.offsets, b.numels):
+            assert dtype_name(p) == b.dtype, (p.name, b.dtype)
+            assert off >= end, (b.unit.label, p.name, off, end)
             end = off + n
-            assert params[i].data_ptr() == buf.data_ptr() + off * size, (
-                spec,
-                i,
-            )
-        assert end <= spec.length
+            seen.append(id(p))
+        assert end <= b.length, (b.unit.label, end, b.length)
+    assert len(seen) == len(set(seen)), "a parameter in two buckets"
+
+
+def digest(params):
+    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
 
 
 # ----------------------------------------------------------------------
@@ -216,13 +303,27 @@ def case_on_off_bitwise_with_buckets():
         (256, {}),
     ):
         checker, model, opt, _ = compare_buckets(TinyLM, cap, **kwargs)
-        store = storage(opt)
-        specs = store.specs
-        n = len(params_of(opt))
+        specs, params = buckets(opt), params_of(opt)
+        n = len(params)
         assert specs and len(specs) < n, (len(specs), n)
-        # at most one bucket per (window, owner, dtype)
-        keys = [(s.window, s.src, s.dtype) for s in specs]
+        # every parameter in a bucket: the units are the buckets
+        assert len(overlap_impl(opt).units) == len(specs)
+        assert sorted(i for s in specs for i in s.indices) == list(range(n))
+        # one bucket per (window, owner, dtype) holding parameters: each
+        # bucket's members lie in one window, have its owner and dtype
+        windows = planned_windows(opt, cap)
+        window_of = {i: w for w, ps in enumerate(windows) for i in ps}
+        keys = []
+        for s in specs:
+            (window,) = {window_of[i] for i in s.indices}
+            assert {owner_rank(opt, p) for p in s.params} == {s.src}, s.src
+            keys.append((window, s.src, s.dtype))
         assert len(keys) == len(set(keys)), keys
+        wanted = {
+            (window_of[i], owner_rank(opt, p), dtype_name(p))
+            for i, p in enumerate(params)
+        }
+        assert set(keys) == wanted, (keys, wanted)
         # the launches were the buckets, nothing per parameter
         assert checker.counts["launched"] == STEPS * len(specs), (
             checker.counts,
@@ -231,7 +332,9 @@ def case_on_off_bitwise_with_buckets():
         assert_views_of_buffers(opt)
         assert all_ranks_equal([s.length for s in specs])
         if cap == 256:
-            assert len({s.window for s in specs}) == 1
+            assert len(windows) == 1, windows
+        else:
+            assert len(windows) > 1, windows
 
 
 def case_checker_catches_a_pending_bucket():
@@ -241,10 +344,15 @@ def case_checker_catches_a_pending_bucket():
     with BroadcastWaitChecker() as checker:
 
         def drop_head_wait(step, model, opt):
-            impl = overlap_impl(opt)
+            # remove the overlap's pre-hook of the head (every pre-hook of
+            # the head but the checker's): the head's forward no longer
+            # waits before the checker's hook looks
             head = model._layers.head
-            impl._units_of_layer[id(head)] = ()
-            impl._pre_hook_handles[id(head)].remove()
+            hooks = head._forward_pre_hooks
+            mine = [h for h in hooks if not checker.owns_hook(head, h)]
+            assert len(mine) == (1 if step == 0 else 0), (step, mine)
+            for hook_id in mine:
+                del hooks[hook_id]
 
         train(
             model=model,
@@ -262,20 +370,24 @@ def case_checker_catches_a_pending_bucket():
 def case_tied_parameter_one_slot():
     checker, model, opt, _ = compare_buckets(TiedLM, 2 * KB)
     inner = model._layers
-    params, store = params_of(opt), storage(opt)
-    assert inner.mix_a.weight is inner.mix_b.weight
-    position = [i for i, p in enumerate(params) if p is inner.mix_a.weight]
+    params, specs = params_of(opt), buckets(opt)
+    tied = inner.mix_a.weight
+    assert tied is inner.mix_b.weight
+    position = [i for i, p in enumerate(params) if p is tied]
     assert len(position) == 1, position
-    slots = [i for s in store.specs for i in s.indices if i == position[0]]
+    # one slot: in one bucket, once
+    slots = [i for s in specs for i in s.indices if i == position[0]]
     assert slots == position, slots
-    spec = store.specs[store.bucket_of(position[0])]
-    assert spec.src == overlap_impl(opt)._src_ranks[position[0]]
+    spec = specs[bucket_of(opt, tied)]
+    assert sum(p is tied for p in spec.params) == 1
+    assert spec.src == owner_rank(opt, tied)
     assert_views_of_buffers(opt)
     impl = overlap_impl(opt)
-    units_a = impl._units_of_layer[id(inner.mix_a)]
-    units_b = impl._units_of_layer[id(inner.mix_b)]
-    (unit,) = impl.units_of(position[0])
-    assert unit in units_a and unit in units_b
+    units_a = impl.units_of_layer(inner.mix_a)
+    units_b = impl.units_of_layer(inner.mix_b)
+    (unit,) = [u for u in impl.units if position[0] in u.indices]
+    assert unit is spec.unit
+    assert any(u is unit for u in units_a) and any(u is unit for u in units_b)
 
 
 def case_frozen_and_trainable_share_windows_under_weight_decay():
@@ -307,21 +419,16 @@ def case_frozen_and_trainable_share_windows_under_weight_decay():
         on_step=freeze_later,
         steps=4,
     )
-    inner, store = model._layers, storage(opt)
-    params = params_of(opt)
+    inner = model._layers
     for name, p in (
         ("up.w", inner.blocks[0].up.weight),
         ("norm.w", inner.blocks[1].norm.weight),
     ):
         assert p.numpy().tobytes() == frozen_init[name].tobytes(), name
-        i = [k for k, q in enumerate(params) if q is p][0]
-        assert store.bucket_of(i) is None, name
+        assert bucket_of(opt, p) is None, name
     later = inner.blocks[1].down.weight
     assert later.numpy().tobytes() == freeze_later.value.tobytes()
-    assert (
-        store.bucket_of([k for k, q in enumerate(params) if q is later][0])
-        is not None
-    )
+    assert bucket_of(opt, later) is not None
 
 
 def case_mixed_dtypes_never_share_a_buffer():
@@ -333,13 +440,12 @@ def case_mixed_dtypes_never_share_a_buffer():
         return paddle.optimizer.SGD(learning_rate=0.05, parameters=params)
 
     _, model, opt, _ = compare_buckets(MixedDtypeLM, 2 * KB, make_optimizer=sgd)
-    store, params = storage(opt), params_of(opt)
     dtypes = set()
-    for spec, buf in zip(store.specs, store.buffers):
-        for i in spec.indices:
-            assert str(params[i].dtype) == str(buf.dtype), (
-                params[i].name,
-                buf.dtype,
+    for spec in buckets(opt):
+        for p in spec.params:
+            assert str(p.dtype) == str(spec.buffer.dtype), (
+                p.name,
+                spec.buffer.dtype,
             )
         dtypes.add(spec.dtype)
     assert dtypes == {"float32", "float64"}, dtypes
@@ -352,11 +458,10 @@ def case_mixed_dtypes_never_share_a_buffer():
 def case_odd_sizes_ranks_agree_on_lengths():
     for cap in (0.25 * KB, 2 * KB):
         _, model, opt, _ = compare_buckets(OddSizesLM, cap)
-        store = storage(opt)
         assert_views_of_buffers(opt)
         layout = [
             v
-            for s in store.specs
+            for s in buckets(opt)
             for v in (s.src, s.length, *s.offsets, *s.numels)
         ]
         assert all_ranks_equal(layout), layout
@@ -377,22 +482,32 @@ def case_layer_spanning_two_buckets_waits_for_both():
     )  # Linear(HIDDEN, VOCAB=32) float32
     _, model, opt, _ = compare_buckets(TinyLM, head_weight_mb)
     impl, head = overlap_impl(opt), model._layers.head
-    units = impl._units_of_layer[id(head)]
+    units = impl.units_of_layer(head)
     assert len(units) == 2, units
-    store = storage(opt)
-    buckets = {
-        store.bucket_of(impl._index_of[id(p)]) for p in head.parameters()
-    }
-    assert len(buckets) == 2, buckets
+    holding = {bucket_of(opt, p) for p in head.parameters()}
+    assert len(holding) == 2 and None not in holding, holding
+    assert {id(buckets(opt)[k].unit) for k in holding} == {id(u) for u in units}
 
     model2, opt2 = bucketed(TinyLM, head_weight_mb)
     with BroadcastWaitChecker() as checker:
 
         def first_only(step, model, opt):
-            impl = overlap_impl(opt)
-            impl._units_of_layer[id(model._layers.head)] = impl._units_of_layer[
-                id(model._layers.head)
-            ][:1]
+            # the head's pre-hook replaced by one that waits for its first
+            # unit only, ahead of the checker's hook
+            if step != 0:
+                return
+            impl, head = overlap_impl(opt), model._layers.head
+            hooks = head._forward_pre_hooks
+            mine = [h for h in hooks if not checker.owns_hook(head, h)]
+            assert len(mine) == 1, mine
+            del hooks[mine[0]]
+            first = impl.units_of_layer(head)[:1]
+
+            def wait_first(_layer, _inputs):
+                impl.wait(first, "waited_in_forward")
+
+            handle = head.register_forward_pre_hook(wait_first)
+            hooks.move_to_end(handle._hook_id, last=False)
 
         train(
             model=model2, opt=opt2, steps=3, checker=checker, on_step=first_only
@@ -455,8 +570,9 @@ def case_checkpoint_across_bucket_modes():
     keys, shapes and values; training continues bitwise equal to an
     uninterrupted run. Loads into bucketed parameters: set_state_dict copies
     into the views; a load that hands new tensors (shares a fresh tensor's
-    memory into a parameter) is found at the next launch: the ranks agree
-    that one saw a replacement and plan again (one warning naming it)."""
+    memory into a parameter) is found at the next launch and the parameter
+    is put back into its slot there, locally, with no collective and no
+    warning (``stats["rebound"]``)."""
     total, cut = STEPS + 2, 2
     base_losses, base_params, _ = train(TinyLM, overlap=False, steps=total)
     states = {}
@@ -504,10 +620,7 @@ def case_checkpoint_across_bucket_modes():
             fresh_opt._set_broadcast_overlap(
                 True, layers=fresh, bucket_size_mb=loaded_with
             )
-        with warnings.catch_warnings(
-            record=True
-        ) as caught, BroadcastWaitChecker() as checker:
-            warnings.simplefilter("always")
+        with lost_overlap_warnings() as lost, BroadcastWaitChecker() as checker:
             rest_losses, rest_params, _ = train(
                 model=fresh,
                 opt=fresh_opt,
@@ -524,28 +637,26 @@ def case_checkpoint_across_bucket_modes():
             what,
         )
         if loaded_with is not None:
-            named = [
-                str(w.message)
-                for w in caught
-                if handed[0].name in str(w.message)
-            ]
-            assert len(named) == 1, [str(w.message) for w in caught]
+            # the load by copy read every parameter right after a step (its
+            # state_dict()): said once; no other warning (run_cases)
+            assert_lost_overlap_warning(lost, "iteration")
             impl = overlap_impl(fresh_opt)
-            # replaced on every rank: the plan was rebuilt once, agreed,
-            # and the parameter lives in a bucket again
-            assert impl.stats["replanned"] == 1, impl.stats
-            assert (
-                storage(fresh_opt).bucket_of(impl._index_of[id(handed[0])])
-                is not None
-            )
+            # replaced on every rank: rebound into its slot once, at the
+            # next launch, and it lives in its bucket again
+            assert impl.stats["rebound"] == 1, impl.stats
+            assert bucket_of(fresh_opt, handed[0]) is not None
             assert_views_of_buffers(fresh_opt)
+            assert all_ranks_equal([impl.stats["launched"], len(impl.units)])
+        else:
+            assert lost == [], lost
     assert states[2 * KB] == states[None]
 
 
 def case_bucket_size_zero_is_per_parameter():
     checker, model, opt, _ = compare_buckets(TinyLM, 0)
-    assert storage(opt) is None
+    assert per_parameter(opt) and buckets(opt) == []
     n = sum(1 for p in params_of(opt) if not p.stop_gradient)
+    assert len(overlap_impl(opt).units) == len(params_of(opt))
     assert checker.counts["launched"] == STEPS * n
 
 
@@ -653,56 +764,121 @@ def case_tensor_fusion_slices_bitwise_equal():
                 (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
                 for t in fused
             ]
-            store = storage(opt)
-            assert store.specs and len(store.specs) < len(params_of(opt))
-            for (
-                buf
-            ) in store.buffers:  # slices of the fused buffers, nothing new
+            specs = buckets(opt)
+            assert specs and len(specs) < len(params_of(opt))
+            assert len(overlap_impl(opt).units) == len(specs)
+            for spec in specs:  # slices of the fused buffers, nothing new
+                buf = spec.buffer
                 assert any(
                     lo <= buf.data_ptr() < hi for lo, hi in spans
                 ), buf.data_ptr()
+                end = buf.data_ptr() + spec.length * buf.element_size()
+                assert any(lo < end <= hi for lo, hi in spans), end
+            assert_views_of_buffers(opt)
             assert checker.counts["launched"] == STEPS * len(
-                store.specs
+                specs
             ), checker.counts
             assert all_ranks_equal(
-                [v for s in store.specs for v in (s.length, *s.offsets)]
+                [v for s in specs for v in (s.length, *s.offsets)]
             )
         checker, model, opt, _ = compare_buckets(TinyLM, 0)
-        assert storage(opt) is None
+        assert per_parameter(opt) and buckets(opt) == []
         assert checker.counts["launched"] == STEPS * len(params_of(opt))
 
 
-def case_memory_replaced_on_one_rank_only_replans_on_every_rank():
-    """Rank 1 alone gives a bucketed parameter new memory (same values)
-    after a step: the per-launch agreement makes every rank plan again, so
-    the ranks keep issuing the same broadcasts (no hang, no mismatched
-    collectives) and training stays bitwise equal to overlap off."""
-    replaced = []
+def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
+    """A bucketed parameter given new memory (same dtype and size, same
+    values) after a step, on rank 1 alone or on every rank: at the next
+    launch each rank that saw it puts the parameter back into its slot
+    locally (``stats["rebound"]``, no collective, no warning), so the ranks
+    keep issuing the same broadcasts (no hang, no mismatched collectives)
+    and training stays bitwise equal to overlap off."""
+    for ranks in ({1}, {0, 1}):
+        replaced = []
 
-    def replace_on_rank_1(step, model, opt):
-        if step == 1 and rank() == 1:
-            p = model._layers.blocks[0].up.weight
-            fresh = paddle.to_tensor(p.numpy())
-            p.get_tensor()._share_data_with(fresh.get_tensor())
-            replaced.append(fresh)  # keep the new memory alive
+        def replace(step, model, opt, ranks=ranks, replaced=replaced):
+            if step == 1 and rank() in ranks:
+                p = model._layers.blocks[0].up.weight
+                fresh = paddle.to_tensor(p.numpy())
+                p.get_tensor()._share_data_with(fresh.get_tensor())
+                assert p.data_ptr() == fresh.data_ptr()  # out of its slot
+                if overlap_impl(opt) is not None:  # (the off run too)
+                    assert bucket_of(opt, p) is not None
+                    replaced.append((p, fresh))  # keep the new memory alive
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
         checker, model, opt, _ = compare_buckets(
-            TinyLM, 2 * KB, on_step=replace_on_rank_1
+            TinyLM, 2 * KB, on_step=replace
         )
-    messages = [
-        str(w.message)
-        for w in caught
-        if "plans its units again" in str(w.message)
-    ]
-    assert len(messages) == 1, messages
-    if rank() == 0:
-        assert "another rank" in messages[0], messages
-    impl = overlap_impl(opt)
-    assert impl.stats["replanned"] == 1, impl.stats
-    assert all_ranks_equal([impl.stats["launched"], len(storage(opt).specs)])
-    assert_views_of_buffers(opt)
+        impl = overlap_impl(opt)
+        assert impl.stats["rebound"] == (1 if rank() in ranks else 0), (
+            ranks,
+            impl.stats,
+        )
+        if replaced:  # back in its slot: no longer the fresh memory
+            p, fresh = replaced[0]
+            assert p.data_ptr() != fresh.data_ptr()
+        assert all_ranks_equal([impl.stats["launched"], len(buckets(opt))])
+        assert impl.stats["launched"] == STEPS * len(impl.units), impl.stats
+        assert_views_of_buffers(opt)
+
+
+def case_dtype_change_refused_on_every_rank_then_retrained():
+    """``model.to(dtype="float64")`` on every rank between steps (per
+    parameter and with buckets): the next step() raises ValueError on every
+    rank, naming a parameter and ``_set_broadcast_overlap(False)``, before
+    any broadcast is sent; then overlap off and on again plans from the
+    converted model and trains (ranks agree, every read waited). SGD: no
+    optimizer state of the old dtype."""
+
+    def sgd(params):
+        return paddle.optimizer.SGD(learning_rate=0.05, parameters=params)
+
+    for cap in (0, 2 * KB):
+        model, opt = bucketed(TinyLM, cap, make_optimizer=sgd)
+        with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
+            # (train() ends with model.state_dict(): every unit waited by
+            # that read, so the next forward says the overlap was lost)
+            train(model=model, opt=opt, steps=2, checker=checker)
+            impl = overlap_impl(opt)
+            sent = checker.counts["launched"]
+            assert sent == impl.stats["launched"] == 2 * len(impl.units) > 0
+            model._layers.to(dtype="float64")
+            loss = lm_loss(model, 2)
+            loss.backward()
+            try:
+                opt.step()
+            except ValueError as e:
+                message = str(e)
+            else:
+                raise AssertionError(f"cap {cap}: the dtype change was sent")
+            opt.clear_grad()
+            assert checker.counts["launched"] == sent, checker.counts
+        assert_lost_overlap_warning(lost, "iteration")
+        assert "_set_broadcast_overlap(False)" in message, message
+        named = [p.name for p in params_of(opt) if f" {p.name} " in message]
+        assert len(named) == 1, (named, message)
+        assert "float32" in message and "float64" in message, message
+        assert impl.stats["launched"] == 2 * len(impl.units), impl.stats
+        assert impl.num_pending == 0
+        # every rank refused it: the next collective still pairs up
+        assert all_ranks_equal([1])
+        opt._set_broadcast_overlap(False)
+        opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=cap)
+        with BroadcastWaitChecker() as checker:
+            _, params, _ = train(
+                model=model, opt=opt, steps=2, first_step=3, checker=checker
+            )
+        assert checker.violations == [], checker.violations[:5]
+        assert checker.counts["launched"] > 0 and checker.num_unwaited() == 0
+        assert all(v.dtype == np.float64 for v in params.values()), {
+            k: v.dtype for k, v in params.items()
+        }
+        assert all(np.isfinite(v).all() for v in params.values())
+        assert all_ranks_equal(digest(params))
+        assert {s.dtype for s in buckets(opt)} <= {"float64"}
+        assert_views_of_buffers(opt)
+        opt._set_broadcast_overlap(False)
+
 
 
 def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
@@ -736,30 +912,38 @@ def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
     )
 
 
-def case_depth_one_from_the_environment_with_a_rank0_only_save():
-    """PADDLE_OVERLAY_MAX_IN_FLIGHT=1: one bucket in flight, the next started
-    as each wait completes; rank 0 alone reads the whole model right after
-    every step (the README's save pattern) and neither hangs nor reads stale
-    values: a read of an unstarted bucket first starts every bucket before
-    it, in the agreed order, which the other rank then follows."""
+def case_rank0_only_save_then_barrier():
+    """Rank 0 alone reads the whole model right after every step (the
+    README's save pattern), then every rank meets at a barrier: step()
+    started every bucket on every rank, reads only wait, so the barrier
+    pairs up (no hang) and rank 0 reads no stale value; rank 0's reads took
+    the overlap away from its next forward: said once, there only."""
     saved = []
+    pending_after_step = []
 
     def rank0_reads(step, model, opt):
+        impl = overlap_impl(opt)
+        if impl is not None:
+            # every unit in flight right after step(), nothing started since
+            due = sum(u.needs_sync() for u in impl.units)
+            pending_after_step.append((impl.num_pending, due))
         if rank() == 0:
             saved.append(
                 {k: v.numpy().copy() for k, v in model.state_dict().items()}
             )
+        paddle.distributed.barrier()
 
-    os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = "1"
-    try:
+    with lost_overlap_warnings() as lost:
         checker, model, opt, off = compare_buckets(
             TinyLM, 2 * KB, on_step=rank0_reads
         )
-    finally:
-        del os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"]
     impl = overlap_impl(opt)
-    assert impl.max_in_flight == 1
-    assert len(storage(opt).specs) > 2  # several buckets, so depth matters
+    units = len(impl.units)
+    assert len(buckets(opt)) > 2  # several buckets in flight at once
+    assert pending_after_step == [(units, units)] * STEPS, pending_after_step
+    # reads and forwards started nothing: one launch of each unit per step
+    assert impl.stats["launched"] == STEPS * units, impl.stats
+    assert all_ranks_equal([impl.stats["launched"]])
     if rank() == 0:
         # the off run reads too: 2 * STEPS reads on rank 0
         assert (
@@ -768,6 +952,15 @@ def case_depth_one_from_the_environment_with_a_rank0_only_save():
         final = {k: v.numpy() for k, v in model.state_dict().items()}
         for k, v in saved[-1].items():
             assert v.tobytes() == final[k].tobytes(), k
+        assert_lost_overlap_warning(lost, "iteration", units, units)
+        # every unit of every step waited by rank 0's reads (the final
+        # state_dict() of train() found nothing pending)
+        assert impl.stats["waited_on_read"] == STEPS * units, impl.stats
+    else:
+        # only train()'s final state_dict() read here
+        assert impl.stats["waited_on_read"] == units, impl.stats
+        assert lost == [], lost
+
 
 
 if __name__ == "__main__":

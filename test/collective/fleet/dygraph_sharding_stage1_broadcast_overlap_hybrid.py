@@ -374,10 +374,10 @@ def case_sharding_group_layout():
     hcg = fleet.get_hybrid_communicate_group()
     group = hcg.get_sharding_parallel_group()
     _, impl = compare(flat_model)
-    assert set(impl._src_ranks) <= set(group.ranks), (
-        impl._src_ranks,
-        group.ranks,
-    )
+    sources = [u.src for u in impl.units]
+    assert impl.units and all(u.kind == "broadcast" for u in impl.units)
+    # both ranks of the group own parameters, and send them
+    assert sorted(set(sources)) == sorted(group.ranks), (sources, group.ranks)
     if rank() >= 2 and TOPOLOGY == "dp2_sharding2":
         assert group.ranks == [2, 3], group.ranks
 
@@ -420,8 +420,11 @@ def case_mp_step_launches_after_parameter_syncs():
                 inner.step = recording_step
                 record_mp_syncs(opt, record)
 
-        train(flat_model, overlap=True, checker=checker, after_step=watch)
+        _, info = train(
+            flat_model, overlap=True, checker=checker, after_step=watch
+        )
     assert checker.violations == [], checker.violations[:5]
+    units = len(overlap_impl(info["opt"]).units)
     steps, inside = [], []  # per step: (its events, launched at its end)
     for what, launched in events:
         if what == "step end":
@@ -435,10 +438,10 @@ def case_mp_step_launches_after_parameter_syncs():
         # the update, then at least one parameter sync ...
         assert "update" in whats, inside
         assert "sync" in whats[whats.index("update") + 1 :], inside
-        # ... with nothing launched until the last sync, and the step's
-        # broadcasts launched by its end
+        # ... with nothing launched until the last sync, and every one of
+        # the step's broadcasts launched by its end (inside the step)
         assert all(n == begin for _, n in inside), (begin, inside)
-        assert end > begin, (begin, end)
+        assert end - begin == units, (begin, end, units)
 
 
 # ----------------------------------------------------------------------
@@ -557,7 +560,7 @@ def train_v2(overlap, checker=None, prepare=None, after_step=None):
 
     inner.filter_parameters = counted_filter_parameters
     if overlap:
-        # as PaddleFormers calls it (two arguments, default depth)
+        # as PaddleFormers calls it (two arguments)
         opt._set_all_gather_overlap_forward(True, model)
         assert overlap_impl(opt) is not None, "no overlap owner on V2"
     if checker is not None:
@@ -731,7 +734,7 @@ def case_mp_v2_step_launches_after_parameter_syncs():
     """V2's ``step()`` inside ``HybridParallelOptimizer._step`` is followed
     by the model-parallel parameter syncs (``mp_configs.sync_param``: the
     norms and biases here); no all-gather starts between the update and the
-    last of those syncs, and the step's first gather starts by its end, at
+    last of those syncs, and every gather of the step starts by its end, at
     every step (bitwise equal to overlap off, as the case above)."""
     hcg = fleet.get_hybrid_communicate_group()
     assert hcg.get_model_parallel_world_size() == 2, "needs mp_degree 2"
@@ -754,10 +757,11 @@ def case_mp_v2_step_launches_after_parameter_syncs():
         inner.step = recording_step
         record_mp_syncs(opt, record)
 
-    compare_v2(
+    _, info = compare_v2(
         prepare=prepare,
         after_step=lambda step, _model, _opt: record("step end"),
     )
+    units = len(overlap_impl(info["opt"]).units)
     steps, inside = [], []
     for what, launched in events:
         if what == "step end":
@@ -774,10 +778,10 @@ def case_mp_v2_step_launches_after_parameter_syncs():
         # the update, then at least one parameter sync ...
         assert syncs, inside
         # ... with no gather launched from the update's start to the last
-        # sync, and the step's first gather launched by its end
+        # sync, and every gather of the step launched by its end
         counts = {n for _, n in inside[begin : syncs[-1] + 1]}
         assert len(counts) == 1, inside
-        assert end > counts.pop(), (inside, end)
+        assert end - counts.pop() == units, (inside, end, units)
 
 
 def launch_cases():

@@ -33,6 +33,7 @@ from broadcast_overlap_training import (
     adamw,
     all_ranks_equal,
     assert_bitwise_equal,
+    assert_lost_overlap_warning,
     batch,
     bucket_size_mb,
     build_with_initial_state,
@@ -41,11 +42,13 @@ from broadcast_overlap_training import (
     default_micro_step,
     launch_mode_and_per_parameter,
     lm_loss,
+    lost_overlap_warnings,
+    optimizer_parameters,
     order_warnings,
     overlap_impl,
-    overlap_module,
     rank,
     run_cases,
+    sync_registry_module,
     total_forward_pre_hooks,
     train,
 )
@@ -230,24 +233,32 @@ def case_forwards_without_backward_tables_bounded():
             extra_forwards(model)  # before the first step
         return default_micro_step(model, step, micro, acc_steps)
 
+    registry = sync_registry_module()
+
     def on_step(step, model, opt):
         extra_forwards(model)
         impl = overlap_impl(opt)
         if impl is not None:
+            assert impl in registry.open_owners()
             sizes.append(
                 (
                     len(impl.order),
-                    len(impl._recorded),
+                    len(impl.units),
                     impl.num_pending,
+                    len(registry.PENDING),  # parameters with a pending sync
                     impl.num_hooks,
                     total_forward_pre_hooks(model),
+                    sum(impl.read_paths.values()),
                 )
             )
 
     _, info = compare_on_off(steps=10, micro_step=micro_step, on_step=on_step)
     assert len(sizes) == 10 and len(set(sizes)) == 1, sorted(set(sizes))
-    n = len(overlap_impl(info["opt"])._params)
-    assert sizes[0][:3] == (n, 0, 0), sizes[0]
+    n = len(optimizer_parameters(info["opt"]))
+    order, units, pending, registered, _, _, reads = sizes[0]
+    assert order == n and 0 < units <= n, sizes[0]
+    # the extra forwards waited for every unit: nothing pending, no read
+    assert (pending, registered, reads) == (0, 0, 0), sizes[0]
 
 
 def case_recompute_reentrant_and_not():
@@ -311,7 +322,7 @@ def case_weights_replaced_between_steps():
     layer_cls.set_state_dict = recording_set_state_dict
     try:
         off = train(TinyLM, overlap=False, on_step=on_step, steps=6)
-        with BroadcastWaitChecker() as checker:
+        with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
             checker_box[0] = checker
 
             def on_step_pending(step, model, opt):
@@ -335,6 +346,9 @@ def case_weights_replaced_between_steps():
     # (Tensor.set_value inside set_state_dict) found its task waited
     assert unwaited_at_load and max(unwaited_at_load) > 0, unwaited_at_load
     assert checker.counts["writes"] > 0, checker.counts
+    # step 0's snapshot reads every parameter right after the step: said
+    # once (the later loads and swaps do not repeat it)
+    assert_lost_overlap_warning(lost, "iteration")
 
 
 def case_parameters_read_without_call():
@@ -461,13 +475,18 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     # the finalizer only marks it closed (no hook-dict mutation inside gc):
     # its hooks are no-ops until the next explicit call removes them
     assert hooked > 0 and total_forward_pre_hooks(other_model) == hooked
-    with paddle.no_grad():
+    # (train() ended with model.state_dict(), a read of every parameter
+    # after the last step: an open owner would say at this forward that the
+    # overlap was lost; a closed one says nothing)
+    with lost_overlap_warnings() as lost, paddle.no_grad():
         other_model(batch(0)[0])
-    assert overlap_module().open_overlaps() == [overlap_impl(opt)]
+    assert lost == [], f"a collected optimizer's no-op hooks warned: {lost}"
+    registry = sync_registry_module()
+    assert registry.open_owners() == [overlap_impl(opt)]
     assert total_forward_pre_hooks(other_model) == 0
 
     opt._set_broadcast_overlap(False)
-    assert overlap_module().open_overlaps() == []
+    assert registry.open_owners() == []
 
 
 def case_error_after_update_then_training_continues():
@@ -489,21 +508,32 @@ def case_error_after_update_then_training_continues():
 
     def run(overlap):
         on_step.calls = 0
-        losses, _, info = train(
-            TinyLM, overlap=overlap, steps=1, on_step=on_step
-        )
-        model, opt = info["model"], info["opt"]
-        more = []
-        for step in range(1, 4):
-            loss = lm_loss(model, step)
-            loss.backward()
-            try:
-                opt.step()
-            except RuntimeError as e:
-                assert "injected" in str(e)
-            opt.clear_grad()
-            more.append(loss.numpy().copy())
+        with lost_overlap_warnings() as lost:
+            # train() ends with model.state_dict(), right after the step
+            losses, _, info = train(
+                TinyLM, overlap=overlap, steps=1, on_step=on_step
+            )
+            model, opt = info["model"], info["opt"]
+            more = []
+            for step in range(1, 4):
+                loss = lm_loss(model, step)
+                loss.backward()
+                try:
+                    opt.step()
+                except RuntimeError as e:
+                    assert "injected" in str(e)
+                opt.clear_grad()
+                more.append(loss.numpy().copy())
         assert on_step.calls == 1
+        if overlap:
+            # the first step's broadcasts happened although its step()
+            # raised: the state_dict() after it waited for all of them, so
+            # the next forward overlapped nothing (said once)
+            impl = overlap_impl(opt)
+            units = len(impl.units)
+            assert_lost_overlap_warning(lost, "iteration", units, units)
+        else:
+            assert lost == [], lost
         params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
         return losses + more, params
 

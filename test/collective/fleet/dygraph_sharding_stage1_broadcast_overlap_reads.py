@@ -20,7 +20,10 @@ bitwise-equal results, and the wait checker (which checks at the read:
 ``F.linear``, ``paddle.linalg.norm``, ``Tensor.set_value``, ...) sees no
 read of a parameter whose broadcast is pending. Two negative controls
 remove the read guard and the forward pre-hooks and must show violations.
-Cases are chosen with env ``BROADCAST_OVERLAP_CASES``.
+A helper that reads every parameter between steps takes the whole overlap
+away from the next forward: the overlap says so once (its lost-overlap
+warning, asserted where the case reads everything). Cases are chosen with
+env ``BROADCAST_OVERLAP_CASES``.
 """
 
 import sys
@@ -30,7 +33,9 @@ from broadcast_overlap_training import (
     HIDDEN,
     TinyLM,
     assert_bitwise_equal,
+    assert_lost_overlap_warning,
     cases_of,
+    lost_overlap_warnings,
     overlap_impl,
     read_guard_module,
     run_cases,
@@ -122,12 +127,20 @@ def ema_over_parameters(raw, _ema={}):
 
 def case_helper_forward_outside_model_call():
     for strict in (False, True):
-        _, impl = compare_reads(encode, strict=strict)
+        with lost_overlap_warnings() as lost:
+            _, impl = compare_reads(encode, strict=strict)
         # each helper read found fc's broadcasts pending and waited them
         assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
+        # fc.forward reads the model's only two parameters: both of the
+        # step's broadcasts waited by reads before the next forward, said
+        # once
+        assert_lost_overlap_warning(lost, "attribute", launched=2, read=2)
 
 
 def case_weight_norm_logging_between_steps():
+    # the norm reads one of the two parameters: half of the step's
+    # broadcasts waited by a read is not a lost overlap (run_cases fails the
+    # case on any warning)
     _, impl = compare_reads(weight_norm)
     assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
 
@@ -136,7 +149,7 @@ def case_parameters_loop_between_steps():
     ema_over_parameters.__defaults__[0].clear()
     off, off_out, _ = run_with_reads(ema_over_parameters)
     ema_over_parameters.__defaults__[0].clear()
-    with BroadcastWaitChecker() as checker:
+    with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
         READ_CHECK[0] = lambda params: checker.check(params, "read:parameters")
         try:
             on, on_out, info = run_with_reads(
@@ -144,6 +157,8 @@ def case_parameters_loop_between_steps():
             )
         finally:
             READ_CHECK[0] = None
+    # the loop reads every parameter between steps: said once
+    assert_lost_overlap_warning(lost, "iteration", launched=2, read=2)
     assert_bitwise_equal(off, on, "parameters() loop")
     for a, b in zip(off_out, on_out):
         assert a.tobytes() == b.tobytes()
@@ -198,8 +213,17 @@ def case_checker_catches_missing_wait():
 
         def drop_hooks(step, model, opt):
             if step == 0:
-                for handle in overlap_impl(opt)._pre_hook_handles.values():
-                    handle.remove()
+                # every forward pre-hook but the checker's is the overlap's
+                # (TinyLM and fleet's wrapper have none)
+                removed = 0
+                for layer in model.sublayers(include_self=True):
+                    hooks = layer._forward_pre_hooks
+                    for hook_id in list(hooks):
+                        if not checker.owns_hook(layer, hook_id):
+                            del hooks[hook_id]
+                            removed += 1
+                impl = overlap_impl(opt)
+                assert removed == impl.num_hooks > 0, (removed, impl.num_hooks)
 
         train(
             TinyLM, overlap=True, steps=2, checker=checker, on_step=drop_hooks

@@ -33,10 +33,10 @@ PaddleFormers makes), and asserts:
     all-gathers, V2), per step = the owner's units: V1 default
     ``bucket_size_mb`` (256): one broadcast per Paddle fused buffer
     (``_rank2fused``: 2 for TinyLM, one per owner rank), 2 KB: one per
-    slice of those buffers (``bucket_storage.specs``), 0: one per
-    parameter (15); V2: one all-gather per Paddle comm buffer
-    (``_comm_buffer_list``, 1 MB each: 4 for WideLM), the first
-    ``max_in_flight`` at the step, the rest as waits complete;
+    slice of those buffers (the bucket units, each unit's ``tensor`` a
+    slice), 0: one per parameter (15); V2: one all-gather per Paddle comm
+    buffer (``_comm_buffer_list``, 1 MB each: 4 for WideLM); every one
+    started inside ``step()``, none by a hook or a read;
   * gradient reduce (``paddle.distributed.reduce`` for V1,
     ``reduce_scatter`` for V2, what Paddle's ``FusedCommBuffer`` issues),
     per step = one per Paddle comm buffer, all issued during backward (the
@@ -82,10 +82,12 @@ from broadcast_overlap_training import (
     adamw,
     all_ranks_equal,
     assert_bitwise_equal,
+    bucket_units,
     build_with_initial_state,
     cases_of,
     lm_loss,
     overlap_impl,
+    per_parameter,
     rank,
     run_cases,
 )
@@ -332,14 +334,18 @@ def check_v1_fused(tensor_fusion, acc):
         outside = [p.name for p in params if not inside(spans, p.data_ptr())]
         assert outside == [], f"moved out of Paddle's fused storage: {outside}"
         units = len(impl.units)
-        store = impl.bucket_storage
+        slices = bucket_units(on.opt)
         if bucket_mb == 0:  # one broadcast per parameter
-            assert store is None and units == num_params, units
+            assert per_parameter(on.opt) and not slices, slices
+            assert units == num_params, units
         else:  # slices of Paddle's fused buffers, none of ours
-            assert store is not None
-            for buffer in store.buffers:
+            assert slices
+            for unit in slices:
+                buffer = unit.tensor
                 assert inside(spans, buffer.data_ptr()), buffer.data_ptr()
-            assert units == len(store.specs), (units, len(store.specs))
+                last = buffer.data_ptr() + 4 * (int(buffer._numel()) - 1)
+                assert inside(spans, last), (unit.label, last)
+            assert units == len(slices), (units, len(slices))
             if bucket_mb is None:  # default 256 MB: one per fused buffer
                 assert units == num_fused, (units, num_fused)
             else:
@@ -367,35 +373,27 @@ def case_v1_comm_overlap_alone_accumulate():
 # ----------------------------------------------------------------------
 # V2
 def check_v2(acc):
-    for depth in (None, "all"):
+    def enable(model, opt):  # PaddleFormers' two-argument call
+        opt._set_all_gather_overlap_forward(True, model)
 
-        def enable(model, opt, depth=depth):
-            if depth is None:  # PaddleFormers' two-argument call: depth 1
-                opt._set_all_gather_overlap_forward(True, model)
-            else:
-                opt._set_all_gather_overlap_forward(
-                    True, model, max_in_flight=depth
-                )
-
-        with v2_settings(acc):
-            on, checker, impl = compare(
-                build_v2,
-                enable,
-                lambda opt: len(inner_of(opt)._comm_buffer_list),
-                acc=acc,
-            )
-        inner = inner_of(on.opt)
-        assert type(inner).__name__ == "DygraphShardingOptimizerV2"
-        assert inner.comm_overlap
-        buffers = len(inner._comm_buffer_list)
-        units = len(impl.units)
-        assert buffers >= 3 and units == buffers, (units, buffers)
-        assert checker.counts["gathers"] == STEPS * units, checker.counts
-        # depth 1: one gather at the step, the rest as waits complete in
-        # the next forward (the last step's by the final state_dict())
-        first = 1 if depth is None else units
-        assert on.launched[0] == first, on.launched
-        assert sum(on.launched) <= STEPS * units, on.launched
+    with v2_settings(acc):
+        on, checker, impl = compare(
+            build_v2,
+            enable,
+            lambda opt: len(inner_of(opt)._comm_buffer_list),
+            acc=acc,
+        )
+    inner = inner_of(on.opt)
+    assert type(inner).__name__ == "DygraphShardingOptimizerV2"
+    assert inner.comm_overlap
+    buffers = len(inner._comm_buffer_list)
+    units = len(impl.units)
+    assert buffers >= 3 and units == buffers, (units, buffers)
+    assert all(u.kind == "all_gather" for u in impl.units), impl.units
+    assert checker.counts["gathers"] == STEPS * units, checker.counts
+    # every gather started inside its step(), none by the next forward's
+    # hooks or a read (step_report() right after each step)
+    assert on.launched == [units] * STEPS, on.launched
 
 
 def case_v2_comm_overlap():

@@ -41,8 +41,8 @@ asserts:
     owner rank with parameters on this stage: 2; ``bucket_size_mb=0``: one
     per parameter of the stage (3 on stage 0, 4 on stage 1, plain; tied:
     3 and 3); V2: one all-gather per pipeline comm buffer of the stage
-    (V2 takes the pipeline's buffers at the first step: 1 per stage here),
-    the first ``max_in_flight`` (1) at the step;
+    (V2 takes the pipeline's buffers at the first step: 1 per stage here);
+    every one started inside ``step()``;
   * gradient reduce (``paddle.distributed.reduce``, V1, or
     ``reduce_scatter``, V2, what the pipeline's ``FusedCommBuffer`` s
     issue): one per pipeline comm buffer of the stage per step (V1: one
@@ -79,7 +79,9 @@ import hybrid_parallel_cpu_shim  # noqa: E402
 from broadcast_overlap_checker import BroadcastWaitChecker  # noqa: E402
 from broadcast_overlap_training import (  # noqa: E402
     assert_bitwise_equal,
+    bucket_units,
     cases_of,
+    per_parameter,
     rank,
     run_cases,
 )
@@ -234,10 +236,13 @@ def check_v1(tied):
         assert not getattr(on.opt._inner_opt, "_rank2fused", None)
         units = len(impl.units)
         if bucket_mb == 0:
-            assert impl.bucket_storage is None
+            assert per_parameter(on.opt) and not bucket_units(on.opt)
             assert units == len(on.opt._inner_opt._origin_parameter_list), units
         else:  # one bucket per owner rank (one dtype, all under 256 MB)
             assert units == 2, units
+            slices = bucket_units(on.opt)
+            assert len(slices) == 2, slices
+            assert len({u.src for u in slices}) == 2, [u.src for u in slices]
         assert on.launched == [units] * STEPS, on.launched
         if tied and fleet.get_hybrid_communicate_group().is_last_stage:
             # the tied head read the shared weight while pending: waited
@@ -246,7 +251,7 @@ def check_v1(tied):
 
 def check_v2(tied):
     def enable(model, opt):
-        opt._set_all_gather_overlap_forward(True, model)  # depth 1
+        opt._set_all_gather_overlap_forward(True, model)
 
     on, checker, impl, buffers = compare(tied, True, enable)
     inner = on.opt._inner_opt
@@ -255,7 +260,8 @@ def check_v2(tied):
     units = len(impl.units)
     assert units == len(buffers), (units, len(buffers))
     assert checker.counts["gathers"] == STEPS * units, checker.counts
-    assert on.launched[0] == 1, on.launched
+    # every gather started inside its step (train_batch's update)
+    assert on.launched == [units] * STEPS, on.launched
 
 
 def case_v1_sharding_comm_overlap_plain():

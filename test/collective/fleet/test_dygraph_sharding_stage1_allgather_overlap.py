@@ -40,7 +40,7 @@ UPSTREAM_FAULTS = {
     "parameters_loop_ema_right_after_step": ("2", DIFFERS),
     "save_right_after_step_and_reload": ("2", DIFFERS),
     "layer_spanning_two_buffers": ("2", DIFFERS),
-    "rank0_only_save_depth_1": ("2", DIFFERS),
+    "rank0_only_save": ("2", DIFFERS),
     # 4: a frozen-only buffer has no task but is marked SYNCING
     "freeze_parameters_after_first_step": (
         "4",
@@ -67,7 +67,8 @@ UPSTREAM_FAULTS = {
     # when the sizes differ: "op.preamble.length <= op.nbytes")
     "encode_helper_between_steps": (
         "3",
-        r"EncodeLM \['after_step'\]: (parameter encoder\.table_\d+|value \d+ "
+        r"EncodeLM \['after_step', 'prepare'\]: (parameter "
+        r"encoder\.table_\d+|value \d+ "
         r"read between steps) differs",
     ),
 }
@@ -121,7 +122,7 @@ def _upstream_unavailable():
     owner = os.path.join(
         folder,
         "distributed/fleet/meta_optimizers/dygraph_optimizer/"
-        "broadcast_overlap.py",
+        "param_sync_overlap.py",
     )
     if os.path.exists(owner):
         return "the installed Paddle carries the patch (no upstream version)"
