@@ -52,14 +52,14 @@ PROBE = r"""
 import json
 import paddle
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    broadcast_overlap, dygraph_sharding_optimizer as dso, hybrid_parallel_optimizer as hpo,
+    param_sync_overlap, dygraph_sharding_optimizer as dso, hybrid_parallel_optimizer as hpo,
 )
 print(json.dumps({
     "version": paddle.__version__,
     "paddle": paddle.__file__,
     "dso": dso.__file__,
     "hpo": hpo.__file__,
-    "broadcast_overlap": broadcast_overlap.__file__,
+    "param_sync_overlap": param_sync_overlap.__file__,
     "origin_step": hasattr(dso.DygraphShardingOptimizer, "_origin_step"),
     "hpo_set_broadcast_overlap": hpo.HybridParallelOptimizer._set_broadcast_overlap.__code__.co_filename,
 }))
@@ -150,7 +150,7 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         opt_dir = os.path.join(self.site, "paddle", *make_patch.TREE_OPT_DIR.split("/")[2:])
         self.assertEqual(info["version"], self.version)
         self.assertEqual(info["paddle"], os.path.join(self.site, "paddle", "__init__.py"))
-        for key in ("dso", "hpo", "broadcast_overlap", "hpo_set_broadcast_overlap"):
+        for key in ("dso", "hpo", "param_sync_overlap", "hpo_set_broadcast_overlap"):
             self.assertEqual(os.path.dirname(info[key]), opt_dir, key)
             self.assertFalse(os.path.islink(info[key]), f"{info[key]} must be a patched copy")
         self.assertTrue(info["origin_step"], "DygraphShardingOptimizer._origin_step missing: not the patched module")

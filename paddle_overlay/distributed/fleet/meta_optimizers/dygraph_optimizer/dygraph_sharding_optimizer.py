@@ -25,7 +25,7 @@ has; the original stays reachable as ``_origin_<name without leading underscores
 broadcast overlap is off. Every other method here is new.
 """
 
-import weakref
+from weakref import ref
 
 from paddle.distributed import fleet
 
@@ -218,7 +218,7 @@ class DygraphShardingOptimizerV2:
         self._check_all_gather_overlap_settings()
         # read at the first step (V2 may rebuild the list); a weak
         # reference, so the owner never keeps the optimizer alive
-        optimizer = weakref.ref(self)
+        optimizer = ref(self)
         planner = unit_plan.CommBuffers(lambda: optimizer()._comm_buffer_list)
         new = ParamSyncOverlap(
             list(self._parameter_list),
