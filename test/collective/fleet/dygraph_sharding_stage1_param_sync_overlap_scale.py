@@ -99,7 +99,7 @@ def gloo_store_per_group():
     ``fleet.init`` with groups of 2 or 4 ranks failed in 7 of 8 launches
     here (``address.cc:30 sizeof(impl_) == bytes.size(). 136 vs 45``, or a
     gloo ``TIMEOUT``), the shim's serialized group creation
-    notwithstanding; with this, 0 of 4. A no-op for other backends."""
+    notwithstanding; with this, 0 of 9. A no-op for other backends."""
     import socket
 
     from paddle.base import core
