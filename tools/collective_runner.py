@@ -52,6 +52,8 @@ def parse_args(argv=None):
                    help="ranks per node available to tests (default 2); tests needing more are skipped")
     for flag, what in (("--master", "IP:PORT"), ("--nnodes", "N"), ("--rank", "R")):
         p.add_argument(flag, metavar=what, help="passed to paddle.distributed.launch (multi-node)")
+    p.add_argument("--host", metavar="IP", help="passed to paddle.distributed.launch: this node's IP, which its ranks "
+                   "use instead of the detected one (multi-node; 127.0.0.1 for nodes on one machine)")
     p.add_argument("--run-dir", metavar="DIR", help="keep logs here (default .test-out/collective-runs/<timestamp>); {paddle} -> version")
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report; {paddle} -> Paddle version")
     p.add_argument("--coverage", action="store_true", help="measure paddle_overlay in every rank and report")
@@ -283,7 +285,8 @@ def main(argv=None):
     os.environ["PADDLE_OVERLAY_TEST_NPROC"] = str(args.nproc)
     device = os.environ["PADDLE_OVERLAY_TEST_DEVICE"] = resolve_device(args.device, args.nproc)
     launch = os.environ.get("PADDLE_OVERLAY_LAUNCH_ARGS", "").split()
-    launch += [a for f in ("master", "nnodes", "rank") if getattr(args, f) for a in (f"--{f}", getattr(args, f))]
+    launch += [a for f in ("master", "nnodes", "rank", "host") if getattr(args, f)
+               for a in (f"--{f}", getattr(args, f))]
     os.environ["PADDLE_OVERLAY_LAUNCH_ARGS"] = " ".join(launch)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_root = (args.run_dir or os.path.join(ROOT, ".test-out", "collective-runs", stamp)).replace("{paddle}", version)
