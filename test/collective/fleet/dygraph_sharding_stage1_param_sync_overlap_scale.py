@@ -87,60 +87,8 @@ def rank():
     return paddle.distributed.get_rank()
 
 
-def gloo_store_per_group():
-    """Test-only, CPU ranks (gloo): every process group other than the
-    global one rendezvouses through a TCP store of its own, hosted by the
-    group's first rank on a free port announced through the default store.
-    Why: Paddle's ``ProcessGroupGloo`` constructor connects its gloo context
-    through the launch's one store without a prefix (its comm context uses
-    ``PrefixStore(gid)``), so the keys of every group's rendezvous are the
-    same ("0", "1", ...) and a rank of a later group can read a key an
-    earlier group left there before its own peer rewrote it: on 8 ranks,
-    ``fleet.init`` with groups of 2 or 4 ranks failed in 7 of 8 launches
-    here (``address.cc:30 sizeof(impl_) == bytes.size(). 136 vs 45``, or a
-    gloo ``TIMEOUT``), the shim's serialized group creation
-    notwithstanding; with this, 0 of 9. A no-op for other backends."""
-    import socket
-
-    from paddle.base import core
-    from paddle.distributed import collective
-
-    original = collective._new_process_group_impl
-    if getattr(original, "_store_per_group", False):
-        return
-    stores = []  # alive as long as the process
-
-    def new_process_group_impl(
-        backend, store, rank, world_size, *args, group_id=0, **kwargs
-    ):
-        if backend == "gloo" and group_id != 0:
-            key = f"paddle_overlay_test_group_store/{group_id}"
-            if rank == 0:
-                endpoint = os.environ.get("PADDLE_CURRENT_ENDPOINT", "")
-                host = endpoint.rpartition(":")[0] or "127.0.0.1"
-                with socket.socket() as s:
-                    s.bind((host, 0))
-                    port = s.getsockname()[1]
-                store.set(key, f"{host}:{port}")
-            else:
-                store.wait(key)
-            host, _, port = store.get(key).decode().rpartition(":")
-            store = core.TCPStore(host, int(port), rank == 0, world_size, 900)
-            stores.append(store)
-        return original(
-            backend, store, rank, world_size, *args, group_id=group_id, **kwargs
-        )
-
-    new_process_group_impl._store_per_group = True
-    collective._new_process_group_impl = new_process_group_impl
-
-
 def init_fleet():
     hybrid_parallel_cpu_shim.install()
-    if paddle.distributed.ParallelEnv().nranks > 1 and (
-        os.environ.get("PADDLE_OVERLAY_TEST_DEVICE", "cpu") == "cpu"
-    ):
-        gloo_store_per_group()
     if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
         # set by the CPU test harness; Paddle's CI keeps its default device
         paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
