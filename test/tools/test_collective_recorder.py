@@ -66,6 +66,9 @@ def test_mismatched_shapes_dtypes_and_sources_fail():
     for other in (c("all_reduce", tensors=[([3], "float32")]), c("all_reduce", tensors=[([4], "float64")])):
         found = problems({0: [c("all_reduce", tensors=[([4], "float32")])], 1: [other]})
         assert found and found[0].startswith("differ: ") and "float32[4]" in found[0], found
+    same_numel = problems({0: [c("send", tensors=[([], "int64")], peer=1)], 1: [c("recv", tensors=[([1], "int64")], peer=0)]})
+    assert same_numel == []  # Paddle's pipeline: a 0-d tensor sent, received into a [1] one
+    assert problems({0: [c("all_reduce", tensors=[([2, 3], "float32")])], 1: [c("all_reduce", tensors=[([6], "float32")])]}) == []
     found = problems({0: [c("broadcast", src=0)], 1: [c("broadcast", src=1)]})
     assert found == ["differ: rank 0 #1 broadcast src 0 on group 0 [0, 1]; rank 1 #1 broadcast src 1 on group 0 [0, 1]"]
 
@@ -89,6 +92,22 @@ def test_unpaired_send_and_mismatched_pair_fail():
     assert found and found[0].startswith("differ: ") and "float32[5]" in found[0], found
     found = problems({0: [c("recv", dp, peer=1)], 1: []})
     assert found and found[0].startswith("unpaired recv: rank 0's #1 recv") and "no matching send" in found[0]
+
+
+def test_failed_launch_names_where_the_ranks_wait_on_each_other():
+    # pp2 x sharding2 cut short: rank 0 in a sharding broadcast rank 1 never issued, rank 1 in a barrier
+    # rank 0 never reached (no cycle among what was recorded), rank 2 in a recv of a send rank 0 never made
+    world, pipe = (0, [0, 1, 2]), (10, [0, 2])
+    records = numbered({0: [c("barrier", world), U2], 1: [c("barrier", world), c("barrier", world)],
+                        2: [c("barrier", world), c("barrier", world), c("recv", pipe, peer=0)]})
+    found = rec.schedule_problems(records, complete=False)
+    assert found == ["the ranks' last collectives wait on each other: rank 0 in #2 all_gather on group 1 [0, 1]: "
+                     "float32[1024], float32[2048], never issued by rank 1; rank 1 in #2 barrier on group 0 "
+                     "[0, 1, 2], never issued by rank 0"], found
+    assert rec.last_collectives(records, 3) == [
+        "  rank 0: #2 all_gather on group 1 [0, 1]: float32[1024], float32[2048] (never issued by rank(s) [1])",
+        "  rank 1: #2 barrier on group 0 [0, 1, 2] (never issued by rank(s) [0])",
+        "  rank 2: #3 recv peer 0 on group 10 [0, 2] (never issued by rank(s) [0])"]
 
 
 def test_blocking_sends_towards_each_other_are_a_cycle():

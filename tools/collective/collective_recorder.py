@@ -25,7 +25,7 @@ names). On the CPU (gloo) the tests' model-parallel and pipeline paths go throug
 
 After a launch :func:`load` reads the files and :func:`schedule_problems` checks (``collective_launch`` does it
 for every launch): per group, every member issued the same sequence of (op, shapes, dtypes, root), the k-th
-send a->b paired with the k-th recv at b from a (same shapes); and the ranks' program orders merge into one
+send a->b paired with the k-th recv at b from a (same shapes; shapes compare by element count); and the ranks' program orders merge into one
 order: the graph whose nodes are the k-th collective of a group (or the k-th send a->b with its recv) and
 whose edges follow each rank's order has no cycle (a cycle is a wait cycle: each rank waits in a collective
 that another rank reaches only later). :func:`last_collectives` names each rank's last one.
@@ -243,11 +243,18 @@ def describe(entry):
     return f"#{entry.get('i')} {entry['op']}{roots} on {group_name(entry)}" + (f": {tensors}" if tensors else "")
 
 
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def _signature(entry, p2p=False):
-    tensors = entry.get("tensors", [])
+    """What the ranks must agree on: tensors by element count and dtype (Paddle's pipeline sends a 0-d tensor
+    that its peer receives into a [1] one: what a communication library matches is elements and dtype)."""
     op = canonical(entry["op"])
-    if op in UNEVEN_OPS:
-        tensors = [dtype for _, dtype in tensors]
+    tensors = [[None if op in UNEVEN_OPS else _numel(shape), dtype] for shape, dtype in entry.get("tensors", [])]
     return json.dumps(tensors) if p2p else (op, json.dumps(tensors), entry.get("src"), entry.get("dst"))
 
 
@@ -313,6 +320,10 @@ def schedule_problems(records, complete=True, limit=8):
     if cycle:
         problems.append("wait cycle: " + "; ".join(f"rank {r} issues {' before '.join(map(describe, es))}"
                                                   for r, es in cycle))
+    ranks, waits = _rank_wait_cycle(records)
+    if ranks and not complete:  # a launch that failed: where its ranks stood waiting on each other
+        problems.append("the ranks' last collectives wait on each other: " + "; ".join(
+            f"rank {r} in {describe(waits[r][0])}, never issued by rank {waits[r][1][0]}" for r in ranks))
     if len(problems) > limit:
         problems = problems[:limit] + [f"... and {len(problems) - limit} more"]
     return problems
@@ -354,10 +365,38 @@ def _find_cycle(nodes):
     return None
 
 
+def _last_waits(records):
+    """{rank: (its last entry, [member ranks that never issued that collective or its send/recv])}."""
+    nodes = _nodes(records)
+    issued = {r: {n for n, _ in items} for r, items in nodes.items()}
+    out = {}
+    for rank, items in nodes.items():
+        if items:
+            node, e = items[-1]
+            members = node[2:4] if node[1:2] == ("p2p",) else e.get("ranks") or [rank]
+            out[rank] = (e, sorted(r for r in members if node not in issued.get(r, ())))
+    return out
+
+
+def _rank_wait_cycle(records):
+    """The ranks, in order, of a cycle of 'its last collective was never issued by the next' (a deadlock at
+    the end of a failed launch), or None."""
+    waits = _last_waits(records)
+    for start in sorted(waits):
+        path = [start]
+        while waits.get(path[-1]) and waits[path[-1]][1]:
+            following = waits[path[-1]][1][0]
+            if following in path:
+                return path[path.index(following):], waits
+            path.append(following)
+    return None, waits
+
+
 def last_collectives(records, nproc):
-    """One line per rank: its last recorded collective."""
-    lines = []
+    """One line per rank: its last recorded collective, and the members that never issued it."""
+    waits, lines = _last_waits(records), []
     for rank in range(nproc):
-        entries = records.get(rank)
-        lines.append(f"  rank {rank}: " + (describe(entries[-1]) if entries else "none recorded"))
+        e, missing = waits.get(rank, (None, []))
+        line = describe(e) if e else "none recorded"
+        lines.append(f"  rank {rank}: {line}" + (f" (never issued by rank(s) {missing})" if missing else ""))
     return lines
