@@ -117,7 +117,7 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     if "COVERAGE_PROCESS_CONFIG" in full_env:  # measured in the ranks only (rank_signals.COVERAGE_ENV)
         full_env[rank_signals.COVERAGE_ENV] = full_env.pop("COVERAGE_PROCESS_CONFIG")
 
-    start = time.monotonic()
+    start, start_wall = time.monotonic(), time.time()
     if clock:
         signal.setitimer(signal.ITIMER_REAL, clock + startup_limit)  # the test's clock stands still
     with open(os.path.join(log_dir, "launcher.log"), "wb") as out:
@@ -143,6 +143,8 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
             proc.kill()
         proc.wait()
     seconds = time.monotonic() - start
+    if startup is None and not timed_out and len(rank_signals.ready_ranks(signal_dir)) >= nproc:
+        startup = _ready_seconds(signal_dir, start_wall)  # the ranks ended between two polls
     rank_logs = [_read(os.path.join(log_dir, f"workerlog.{r}")) for r in range(nproc)]
     records = collective_recorder.load(signal_dir)
     ok = not timed_out and proc.returncode == 0
@@ -178,6 +180,17 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     own = "\n".join(line for line in launcher.splitlines() if line.startswith(("LAUNCH", "Container")))
     lines += ["----- launcher.log -----", _tail(own or launcher, 15 if own else 30)]
     raise CollectiveLaunchError("\n".join(lines))
+
+
+def _ready_seconds(signal_dir, since):
+    """Seconds from ``since`` (wall time) until the last rank signalled readiness (its file's time)."""
+    times = [since]
+    for rank in rank_signals.ready_ranks(signal_dir):
+        try:
+            times.append(float(_read(os.path.join(signal_dir, f"rank-{rank}")).split()[1]))
+        except (IndexError, ValueError):
+            pass
+    return max(times) - since
 
 
 def _read(path):
