@@ -34,7 +34,7 @@ Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with
 with V1 and the hybrid script's set-up (``BROADCAST_OVERLAP_TOPOLOGY`` set
 to the same) ``dp2_sharding2`` and ``pp2_sharding2``.
 ``BROADCAST_OVERLAP_CASES`` picks cases (default: every case of the
-set-up).
+set-up); the first case that fails ends the launch.
 """
 
 import os
@@ -367,5 +367,23 @@ def launch_cases():
     return {n: cases[n] for n in CASES[SETUP].split(",")}
 
 
+def main():
+    """Run the cases; stop at the first that fails (its ranks are out of
+    step: later cases would only add collectives after the one that broke,
+    and each rank's last collective would not show where)."""
+    init_fleet()
+    cases = launch_cases()
+    wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
+    names = [n for n in wanted.split(",") if n] or list(cases)
+    for i, name in enumerate(names):
+        if training.run_named(cases, [name]):
+            print(
+                f"stopped: {name} failed, not run: {names[i + 1 :]}", flush=True
+            )
+            return 1
+    print(f"{len(names)} passed", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(training.run_cases(launch_cases(), init=init_fleet))
+    sys.exit(main())
