@@ -4,7 +4,9 @@
 One timeout per launch, rank start-up not counted (docs/harness.md, "Timeouts"): while the ranks import
 Paddle (:mod:`rank_signals`; limit ``$PADDLE_OVERLAY_STARTUP_TIMEOUT``, 300 s) the test's pytest-timeout
 clock stands still. On a timeout or a failing rank the launch's processes are killed and
-:class:`CollectiveLaunchError` names the rank that failed first, with every rank's log tail.
+:class:`CollectiveLaunchError` names the rank that failed first and each rank's last collective, with every
+rank's log tail. A launch whose ranks all exit 0 fails too when the collectives they issued
+(:mod:`collective_recorder`) do not form one schedule.
 Environment: ``PADDLE_OVERLAY_TEST_DEVICE``, ``PADDLE_OVERLAY_TEST_NPROC`` (ranks allowed),
 ``PADDLE_OVERLAY_LAUNCH_ARGS`` (extra launcher arguments), ``PADDLE_OVERLAY_RUN_DIR`` (log folders).
 """
@@ -20,6 +22,7 @@ import tempfile
 import time
 import unittest
 
+import collective_recorder
 import psutil
 import rank_signals
 
@@ -114,7 +117,7 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     if "COVERAGE_PROCESS_CONFIG" in full_env:  # measured in the ranks only (rank_signals.COVERAGE_ENV)
         full_env[rank_signals.COVERAGE_ENV] = full_env.pop("COVERAGE_PROCESS_CONFIG")
 
-    start = time.monotonic()
+    start, start_wall = time.monotonic(), time.time()
     if clock:
         signal.setitimer(signal.ITIMER_REAL, clock + startup_limit)  # the test's clock stands still
     with open(os.path.join(log_dir, "launcher.log"), "wb") as out:
@@ -140,9 +143,23 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
             proc.kill()
         proc.wait()
     seconds = time.monotonic() - start
+    if startup is None and not timed_out and len(rank_signals.ready_ranks(signal_dir)) >= nproc:
+        startup = _ready_seconds(signal_dir, start_wall)  # the ranks ended between two polls
     rank_logs = [_read(os.path.join(log_dir, f"workerlog.{r}")) for r in range(nproc)]
-    if not timed_out and proc.returncode == 0:
+    records = collective_recorder.load(signal_dir)
+    ok = not timed_out and proc.returncode == 0
+    nnodes = cmd[cmd.index("--nnodes") + 1] if "--nnodes" in cmd[:-1] else "1"  # other nodes' ranks: not here
+    problems = collective_recorder.schedule_problems(records, complete=ok and nnodes == "1")
+    recorded = ["last collective of each rank (rank-signals/collectives-N.jsonl):",
+                *collective_recorder.last_collectives(records, nproc)]
+    recorded += [f"the collectives recorded do not form one schedule: {p}" for p in problems]
+    if ok and not problems:
         return LaunchResult(seconds, log_dir, rank_logs, startup)
+    if ok:
+        raise CollectiveLaunchError("\n".join(
+            [f"collective launch of {os.path.basename(script)}: every rank exited 0, {nproc} ranks, {seconds:.1f}s, "
+             "but the ranks' collectives would deadlock or mismatch elsewhere (e.g. on NCCL)", *recorded,
+             f"logs: {log_dir}"]))
     if timed_out == "startup":
         missing = sorted(set(range(nproc)) - set(rank_signals.ready_ranks(signal_dir)))
         why = f"start-up timeout after {startup_limit:.0f}s: rank(s) {missing} had not finished importing Paddle"
@@ -154,7 +171,7 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     if first:
         why = f"rank {first[0]} failed first ({first[1]}); {why}"
     lines = [f"collective launch of {os.path.basename(script)} failed: {why}, {nproc} ranks, {seconds:.1f}s",
-             f"logs: {log_dir}"]
+             *recorded, f"logs: {log_dir}"]
     for r in sorted(range(nproc), key=lambda r: (first is None or r != first[0], r)):  # the first failure first
         note = f" (failed first: {first[1]})" if first and r == first[0] else ""
         lines += [f"----- rank {r}{note}: last {TAIL_LINES} lines of workerlog.{r} -----", _tail(rank_logs[r])]
@@ -163,6 +180,17 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     own = "\n".join(line for line in launcher.splitlines() if line.startswith(("LAUNCH", "Container")))
     lines += ["----- launcher.log -----", _tail(own or launcher, 15 if own else 30)]
     raise CollectiveLaunchError("\n".join(lines))
+
+
+def _ready_seconds(signal_dir, since):
+    """Seconds from ``since`` (wall time) until the last rank signalled readiness (its file's time)."""
+    times = [since]
+    for rank in rank_signals.ready_ranks(signal_dir):
+        try:
+            times.append(float(_read(os.path.join(signal_dir, f"rank-{rank}")).split()[1]))
+        except (IndexError, ValueError):
+            pass
+    return max(times) - since
 
 
 def _read(path):

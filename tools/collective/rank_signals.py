@@ -3,12 +3,14 @@
 
 :func:`install_pth` puts a ``.pth`` line in the venv that runs :func:`_start` in each rank of a launch: a
 thread writes ``<dir>/rank-<id>`` once ``import paddle`` has finished, and at exit ``<dir>/exit-<id>.<pid>``
-records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``). With
+records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``); once Paddle is
+imported, :mod:`collective_recorder` records each collective in ``<dir>/collectives-<id>.jsonl``. With
 ``$PADDLE_OVERLAY_SLOW_START`` set (``run_collective_tests.sh --slow-start``), each rank first sleeps that
 many seconds, as a loaded machine delays Paddle's import.
 """
 
 import atexit
+import importlib.util
 import os
 import re
 import sys
@@ -85,6 +87,16 @@ def _signal_when_paddle_imported(ready_dir, rank):
         f.write(f"{os.getpid()} {time.time():.3f}\n")
 
 
+def _recorder():
+    """collective_recorder, beside this file (the hook runs before any harness folder is on sys.path)."""
+    if "collective_recorder" not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "collective_recorder.py")
+        spec = importlib.util.spec_from_file_location("collective_recorder", path)
+        module = sys.modules["collective_recorder"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["collective_recorder"]
+
+
 def _start():
     # site may process a venv's site-packages twice (Python 3.11 with a lib64 link): hook once.
     if any(t.name == _THREAD_NAME for t in threading.enumerate()):
@@ -108,6 +120,7 @@ def _start():
 
     sys.exit, sys.excepthook = exit_, excepthook
     atexit.register(write)
+    _recorder().install_after_import(signal_dir, rank)
     threading.Thread(target=_signal_when_paddle_imported, args=(signal_dir, rank), name=_THREAD_NAME,
                      daemon=True).start()
 
