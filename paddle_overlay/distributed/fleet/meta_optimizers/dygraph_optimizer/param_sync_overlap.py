@@ -52,7 +52,7 @@ import contextlib
 import enum
 import inspect
 import os
-import traceback
+import sys
 import warnings
 import weakref
 
@@ -185,11 +185,26 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+def _user_frame():
+    """(frame, stacklevel for ``warnings.warn`` called by our caller) of the
+    innermost frame outside Paddle and this package."""
+    frame, level = sys._getframe(2), 1
+    while frame is not None and frame.f_code.co_filename.startswith(
+        _LIBRARY_DIRS
+    ):
+        frame, level = frame.f_back, level + 1
+    return frame, level
+
+
 def _user_line():
-    for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith(_LIBRARY_DIRS):
-            return f"{frame.filename}:{frame.lineno}"
-    return "<unknown>"
+    frame, _ = _user_frame()
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _user_stacklevel():
+    return _user_frame()[1]
 
 
 def _waiting_layer(layer, parent_of, root):
@@ -373,7 +388,7 @@ class ParamSyncOverlap:
                 f"{type(self._layers).__name__}, so no forward pre-hook can "
                 f"wait for them: {names}. They are waited right after their "
                 f"{self._collective} is launched (no overlap).",
-                stacklevel=3,
+                stacklevel=_user_stacklevel(),
             )
         sync_registry.add(self)
         read_interception.acquire(self)
@@ -639,7 +654,7 @@ class ParamSyncOverlap:
             "they did not overlap the forward. To keep the overlap, read the "
             "parameters after the forward (e.g. log gradient norms after "
             "loss.backward() or every N steps), or accept it. Shown once.",
-            stacklevel=3,
+            stacklevel=_user_stacklevel(),
         )
 
     def _check_order(self, layer, units):
@@ -676,7 +691,7 @@ class ParamSyncOverlap:
                 "forward uses the parameters in another order than the first "
                 "one did, so some overlap is lost (results are not "
                 "affected). Shown once.",
-                stacklevel=2,
+                stacklevel=_user_stacklevel(),
             )
 
     def _check_state(self, *allowed):
