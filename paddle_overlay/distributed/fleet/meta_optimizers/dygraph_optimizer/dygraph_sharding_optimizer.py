@@ -16,13 +16,18 @@
 (``sharding_configs.split_param``).
 
 This module is the single source of these methods: ``paddle_overlay.apply()``
-sets them onto the installed class, and ``tools/make_patch.py`` splices the
-same source text into Paddle's ``dygraph_sharding_optimizer.py``.
+sets them onto the installed class, and ``tools/make_patch.py`` writes the
+same source text into Paddle's ``dygraph_sharding_optimizer.py``:
 
-Each name in ``OVERLAY_WRAPS`` (per class) replaces a method Paddle already
-has; the original stays reachable as ``_origin_<name without leading underscores>``
-(set by ``apply()``, renamed in the patch) and runs unchanged whenever
-broadcast overlap is off. Every other method here is new.
+* a method named in ``OVERLAY_WRAPS`` is an edit of Paddle's method of that
+  name: its body (docstring aside) is the statements the patch puts at the
+  top of Paddle's body; a ``...`` statement stands for Paddle's body, and
+  what follows it goes at the end. ``apply()`` runs the same statements
+  around Paddle's original, kept as ``_origin_<name without leading
+  underscores>``; the signature must be Paddle's.
+* every other method replaces Paddle's of the same name or is new.
+* ``SUPERSEDED``: upstream's own overlap code these methods replace, which
+  the patch deletes (the overlay leaves it in place, unreachable).
 """
 
 import weakref
@@ -34,13 +39,12 @@ from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB, check_bucket_size_mb
 from .param_sync_overlap import (
     ParamSyncOverlap,
     check_overlap_flag,
-    launch_or_sync,
+    launch_param_sync,
     switch_owner,
-    wait_then,
+    wait_param_sync,
 )
 
-# Per class: methods that replace an existing one and call it as
-# _origin_<name>.
+# Per class: Paddle's methods these edit (see the module docstring).
 OVERLAY_WRAPS = {
     "DygraphShardingOptimizer": (
         "_sharding_sync_parameters",
@@ -48,6 +52,46 @@ OVERLAY_WRAPS = {
         "step",
     ),
     "DygraphShardingOptimizerV2": ("_sharding_sync_parameters", "step"),
+}
+
+# Upstream's overlap (Paddle 3.x; 2.6 has none), deleted by the patch: per
+# class and method, the statements to delete, each by the start of its
+# source text (whitespace collapsed; it must match one statement), or "*"
+# for the whole method. A deleted ``if`` keeps the branch it takes with
+# upstream's overlap off: ``else`` (``if flag:``) or its body (``if not``).
+SUPERSEDED = {
+    "DygraphShardingOptimizer": {
+        "__init__": (
+            "self._forward_pre_hook_remove_helper = []",
+            "try: # The fp32 params such as layer_norm_0.w_0",
+        ),
+        "_forward_pre_hook_function": "*",
+        "_sharding_sync_parameters": ("if self._broadcast_overlap:",),
+        "step": ("if self._broadcast_overlap:",),
+    },
+    "DygraphShardingOptimizerV2": {
+        "__init__": (
+            "self._all_gather_overlap_forward = False",
+            "self._forward_pre_hook_remove_helper = []",
+            "self.has_register_forward_hook = False",
+        ),
+        "rebuild": (
+            "self._all_gather_overlap_forward = False",
+            "self._forward_pre_hook_remove_helper = []",
+            "self.has_register_forward_hook = False",
+        ),
+        "_forward_pre_hook_function": "*",
+        "_try_start_bucket_param_sync": "*",
+        "make_forward_hook": "*",
+        "_register_pre_forward_hooks": "*",
+        "_sharding_sync_parameters": (
+            "if self._all_gather_overlap_forward:",
+        ),
+        "step": (
+            "if self._all_gather_overlap_forward:",
+            "if not self._all_gather_overlap_forward:",
+        ),
+    },
 }
 
 
@@ -72,9 +116,9 @@ class DygraphShardingOptimizer:
         parameter and the optimizer's ``state_dict()`` wait first (no
         synchronize before ``paddle.save``). No hook or read issues a
         collective, so code that one rank alone runs between steps cannot
-        make the ranks' collectives differ. The entry point of upstream PR
-        #63945; NOTE [parameter sync overlap] in ``param_sync_overlap.py``
-        says what differs.
+        make the ranks' collectives differ. The entry point PR #63945 added;
+        NOTE [parameter sync overlap] in ``param_sync_overlap.py`` has the
+        rules.
 
         Args:
             broadcast_overlap (bool): on, or off (waits for pending
@@ -143,24 +187,24 @@ class DygraphShardingOptimizer:
         self._broadcast_overlap = True
 
     def _sharding_sync_parameters(self):
-        """Launch the broadcasts with overlap on, else Paddle's blocking sync."""
-        return launch_or_sync(self, self._origin_sharding_sync_parameters)
+        """With overlap on: launch the broadcasts, not the blocking sync."""
+        if launch_param_sync(self):
+            return
 
     def step(self):
-        """Wait for pending broadcasts, then run Paddle's ``step()``."""
-        return wait_then(self, "waited_before_update", self._origin_step)
+        """Wait for pending broadcasts before the update."""
+        wait_param_sync(self)
 
     def minimize(
         self, loss, startup_program=None, parameters=None, no_grad_set=None
     ):
-        """Wait for pending broadcasts, then run Paddle's ``minimize()``."""
-        args = (loss, startup_program, parameters, no_grad_set)
-        reason = "waited_before_update"
-        return wait_then(self, reason, self._origin_minimize, *args)
+        """Wait for pending broadcasts before the update."""
+        wait_param_sync(self)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending broadcasts."""
-        return wait_then(self, "waited_on_demand", self._inner_opt.state_dict)
+        wait_param_sync(self, "waited_on_demand")
+        return self._inner_opt.state_dict()
 
 
 class DygraphShardingOptimizerV2:
@@ -183,10 +227,10 @@ class DygraphShardingOptimizerV2:
         across the group at the first update); each layer's pre-hook waits
         for its buffers and every read of a parameter for its own (no
         synchronize before ``paddle.save``). No hook or read issues a
-        collective (upstream's hooks start gathers, so a forward or a read
-        on one rank alone hangs the next barrier). The entry point of Paddle
-        3.x's own (PaddleFormers ``--stage1_allgather_overlap``); NOTE
-        [parameter sync overlap] in ``param_sync_overlap.py``.
+        collective, so a forward or a read on one rank alone cannot hang
+        the next barrier. The entry point PaddleFormers'
+        ``--stage1_allgather_overlap`` calls; NOTE [parameter sync overlap]
+        in ``param_sync_overlap.py`` has the rules.
 
         Args:
             all_gather_overlap_forward (bool): on, or off (waits for pending
@@ -226,8 +270,6 @@ class DygraphShardingOptimizerV2:
             method,
             strict,
         )
-        # Paddle 3.x's own overlap stays off: step() launches the units
-        self._all_gather_overlap_forward = False
         switch_owner(self, new)
 
     def _set_broadcast_overlap(self, broadcast_overlap, layers=None, **kwargs):
@@ -246,16 +288,18 @@ class DygraphShardingOptimizerV2:
             )
 
     def _sharding_sync_parameters(self):
-        """Launch the all-gathers with overlap on, else Paddle's blocking sync."""
-        return launch_or_sync(self, self._origin_sharding_sync_parameters)
+        """With overlap on: launch the all-gathers, not the blocking sync."""
+        if launch_param_sync(self):
+            return
 
     def step(self):
-        """Wait for pending all-gathers, then run Paddle's ``step()``."""
-        return wait_then(self, "waited_before_update", self._origin_step)
+        """Wait for pending all-gathers before the update."""
+        wait_param_sync(self)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending gathers."""
-        return wait_then(self, "waited_on_demand", self._inner_opt.state_dict)
+        wait_param_sync(self, "waited_on_demand")
+        return self._inner_opt.state_dict()
 
     def _check_all_gather_overlap_settings(self):
         # settings that move gradient or optimizer-state storage: untested

@@ -14,7 +14,8 @@
 """New and changed methods of Paddle's ``HybridParallelOptimizer``.
 
 Single source for ``paddle_overlay.apply()`` and ``tools/make_patch.py``
-(see ``dygraph_sharding_optimizer.py`` in this folder for the convention).
+(see ``dygraph_sharding_optimizer.py`` in this folder for the convention:
+``_step``'s body is the statements put around Paddle's, at ``...``).
 """
 
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
@@ -23,9 +24,13 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
 )
 
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
-from .param_sync_overlap import check_overlap_flag, get_param_sync_overlap
+from .param_sync_overlap import (
+    check_overlap_flag,
+    defer_param_sync,
+    start_deferred_param_sync,
+)
 
-# Methods that replace an existing one and call it as _origin_<name>.
+# Paddle's methods these edit.
 OVERLAY_WRAPS = ("_step",)
 
 
@@ -97,10 +102,10 @@ class HybridParallelOptimizer:
         self._layers = layers if flag else None
 
     def _step(self, parameters_list):
-        """Paddle's ``_step``; the sharding broadcast launches after its mp/pp
-        parameter syncs."""
-        overlap = get_param_sync_overlap(self)
-        if overlap is None:
-            return self._origin_step(parameters_list)
-        with overlap.deferred_launch():
-            return self._origin_step(parameters_list)
+        # with overlap on, the sharding parameter sync starts after the mp/pp
+        # parameter syncs below, as without overlap
+        defer_param_sync(self)
+
+        ...  # Paddle's body: the inner step(), then the mp/pp syncs
+
+        start_deferred_param_sync(self)

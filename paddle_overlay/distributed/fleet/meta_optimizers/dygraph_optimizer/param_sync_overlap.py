@@ -16,15 +16,17 @@
 all-gather) overlapped with the next forward, with one owner.
 
 NOTE [parameter sync overlap]
-As upstream (PR #63945 for V1, ``_set_all_gather_overlap_forward`` for V2),
-``sync_op=False`` collectives waited by forward pre-hooks, by these rules:
+``sync_op=False`` collectives waited by forward pre-hooks (the approach of
+PR #63945 for V1 and of V2's ``_set_all_gather_overlap_forward``), by these
+rules:
 
 * Units (``comm_unit.CommUnit``) own their tasks; a planner of
   ``unit_plan`` builds them (V1 per parameter, buckets, fused slices; V2
   comm buffers).
 * Order: forward's first use, recorded before the first update and sent
   once from rank 0 of the group: all ranks issue the same collectives in
-  the same order (upstream V1 sorts by ``param.name``, V2 uses ``set`` order).
+  the same order (PR #63945 sorted V1's by ``param.name``; V2's hooks
+  started gathers in ``set`` order, which differs across processes).
 * Schedule: every unit starts inside ``step()``, on every rank, in the
   agreed order; no hook, read or compiled program ever issues a collective.
   So whatever user code runs between ``step()`` and the next forward (reads
@@ -36,8 +38,8 @@ As upstream (PR #63945 for V1, ``_set_all_gather_overlap_forward`` for V2),
 * Waits: a pre-hook (first in its layer's order) per layer owning managed
   parameters, every Python read of a parameter and compiled program, the
   optimizer's ``state_dict()`` and ``step()``; safe to call again, never in
-  a GC finalizer. Not seen: a tensor reference taken before ``step()`` (the
-  race checker names such reads).
+  a GC finalizer. Not seen: a tensor reference taken before ``step()``
+  (``strict=True``: the first hooked layer waits for everything).
 * No host synchronisation and no collective of its own after the first
   step: replaced parameter memory is put back into its slot locally; a
   dtype or size change is refused before anything is sent.
@@ -48,7 +50,6 @@ As upstream (PR #63945 for V1, ``_set_all_gather_overlap_forward`` for V2),
 """
 
 import collections
-import contextlib
 import enum
 import inspect
 import os
@@ -104,21 +105,46 @@ def switch_owner(optimizer, new):
     vars(optimizer)[_OWNER_ATTR] = new
 
 
-def launch_or_sync(optimizer, blocking_sync):
-    """Launch the owner's units if overlap is on, else ``blocking_sync()``."""
+def launch_param_sync(optimizer):
+    """Start the parameter sync of ``optimizer`` when its overlap is on
+    (held back while :func:`defer_param_sync` holds it) and return True;
+    False when the overlap is off: the caller syncs without overlap."""
     overlap = get_param_sync_overlap(optimizer)
     if overlap is None:
-        return blocking_sync()
+        return False
     with paddle.no_grad():
         overlap.launch()
+    return True
 
 
-def wait_then(optimizer, reason, call, *args):
-    """Wait for pending units (counted as ``reason``), then ``call(*args)``."""
+def wait_param_sync(optimizer, reason="waited_before_update"):
+    """Wait for the pending parameter syncs of ``optimizer`` (counted as
+    ``reason``); before an update, raise if the last one was never
+    started (see :meth:`ParamSyncOverlap.before_update`)."""
+    overlap = get_param_sync_overlap(optimizer)
+    if overlap is None:
+        return
+    if reason == "waited_before_update":
+        overlap.before_update()
+    else:
+        overlap.wait_all(reason)
+
+
+def defer_param_sync(optimizer):
+    """Hold the next launch of ``optimizer``'s parameter sync back until
+    :func:`start_deferred_param_sync`: ``HybridParallelOptimizer._step``
+    runs its mp/pp parameter syncs first, as without overlap."""
     overlap = get_param_sync_overlap(optimizer)
     if overlap is not None:
-        overlap.wait_all(reason)
-    return call(*args)
+        overlap.defer_launch()
+
+
+def start_deferred_param_sync(optimizer):
+    """Start the launch that :func:`defer_param_sync` held back, if any."""
+    overlap = get_param_sync_overlap(optimizer)
+    if overlap is not None:
+        with paddle.no_grad():
+            overlap.start_deferred()
 
 
 class ParamSyncState(enum.Enum):
@@ -151,6 +177,8 @@ def _make_noop_hook():
     return _noop_hook
 
 
+# Paddle 2.6's register_forward_pre_hook has no ``prepend``. A release flag:
+# tools/make_patch.py keeps the branch of the release a patch is made for.
 _HAS_PREPEND = (
     "prepend"
     in inspect.signature(paddle.nn.Layer.register_forward_pre_hook).parameters
@@ -233,7 +261,8 @@ class ParamSyncOverlap:
         self._read_waited_now, self._first_read = 0, None
         self._pre_hook_handles = {}  # id(layer) -> handle
         self._post_hook_handle = self._finalizer = None
-        self._defer_depth, self._launch_deferred = 0, False
+        # defer_launch(): the next launch() waits for start_deferred()
+        self._defer_next = self._launch_deferred = False
         # public counters (get_param_sync_overlap); waited_out_of_order: a
         # layer waited while an earlier unit was not synced (less overlap)
         self.stats = dict.fromkeys(_STATS, 0)
@@ -368,7 +397,8 @@ class ParamSyncOverlap:
             hook = _Hook(self._on_forward_pre)
             if _HAS_PREPEND:
                 handle = layer.register_forward_pre_hook(hook, prepend=True)
-            else:  # Paddle 2.6: the same move of the hook dict's entry
+            else:
+                # no prepend argument: move the hook to the front by hand
                 handle = layer.register_forward_pre_hook(hook)
                 layer._forward_pre_hooks.move_to_end(handle._hook_id, False)
             self._pre_hook_handles[id(layer)] = handle
@@ -419,19 +449,41 @@ class ParamSyncOverlap:
         read_interception.release(self)
         self._recorded = {}
 
-    @contextlib.contextmanager
-    def deferred_launch(self):
-        """Hold :meth:`launch` back until the block ends (even if it raised):
-        ``HybridParallelOptimizer._step``'s mp/pp parameter syncs come first,
-        as in the blocking order."""
-        self._defer_depth += 1
-        try:
-            yield
-        finally:
-            self._defer_depth -= 1
-            if self._defer_depth == 0 and self._launch_deferred:
-                self._launch_deferred = False
-                self.launch()
+    def defer_launch(self):
+        """Hold the next :meth:`launch` back until :meth:`start_deferred`
+        (``HybridParallelOptimizer._step``: its mp/pp parameter syncs
+        come first, as in the blocking order)."""
+        self._check_launch_started()
+        self._defer_next = True
+
+    def start_deferred(self):
+        """Run the launch :meth:`defer_launch` held back, if one was."""
+        self._defer_next = False
+        if self._launch_deferred:
+            self._launch_deferred = False
+            self.launch()
+
+    def before_update(self):
+        """Wait for every pending unit before the optimizer updates.
+
+        Raises:
+            RuntimeError: the last held-back launch never started (the
+                step that held it raised before its end), so the ranks'
+                parameters differ; nothing is waited.
+        """
+        self._check_launch_started()
+        self.wait_all("waited_before_update")
+
+    def _check_launch_started(self):
+        if self._launch_deferred:
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: the last optimizer step stopped "
+                f"after its update and before its parameter {self._collective}"
+                " was started (an exception inside the step), so the ranks' "
+                "parameters differ; restore them from a checkpoint (turning "
+                f"the overlap off with optimizer.{self._method}(False) and on "
+                "again clears this error)."
+            )
 
     def launch(self):
         """Start every unit that needs a sync after an update, in the agreed
@@ -446,8 +498,8 @@ class ParamSyncOverlap:
                 step (names it and the fix). Nothing is sent when raised.
         """
         self._check_state(ParamSyncState.RECORDING, ParamSyncState.ORDERED)
-        if self._defer_depth:
-            self._launch_deferred = True
+        if self._defer_next:
+            self._defer_next, self._launch_deferred = False, True
             return
         if self.num_pending:
             raise RuntimeError(
