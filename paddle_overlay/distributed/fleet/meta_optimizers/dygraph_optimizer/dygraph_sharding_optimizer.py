@@ -30,12 +30,18 @@ same source text into Paddle's ``dygraph_sharding_optimizer.py``:
   the patch deletes (the overlay leaves it in place, unreachable).
 """
 
+# series: v2
 import weakref
 
+# series: end
 from paddle.distributed import fleet
 
 from . import unit_plan
+
+# series: buckets
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB, check_bucket_size_mb
+
+# series: end
 from .param_sync_overlap import (
     ParamSyncOverlap,
     check_overlap_flag,
@@ -51,7 +57,9 @@ OVERLAY_WRAPS = {
         "minimize",
         "step",
     ),
+    # series: v2
     "DygraphShardingOptimizerV2": ("_sharding_sync_parameters", "step"),
+    # series: end
 }
 
 # Upstream's overlap (Paddle 3.x; 2.6 has none), deleted by the patch: per
@@ -69,6 +77,7 @@ SUPERSEDED = {
         "_sharding_sync_parameters": ("if self._broadcast_overlap:",),
         "step": ("if self._broadcast_overlap:",),
     },
+    # series: v2
     "DygraphShardingOptimizerV2": {
         "__init__": (
             "self._all_gather_overlap_forward = False",
@@ -84,14 +93,13 @@ SUPERSEDED = {
         "_try_start_bucket_param_sync": "*",
         "make_forward_hook": "*",
         "_register_pre_forward_hooks": "*",
-        "_sharding_sync_parameters": (
-            "if self._all_gather_overlap_forward:",
-        ),
+        "_sharding_sync_parameters": ("if self._all_gather_overlap_forward:",),
         "step": (
             "if self._all_gather_overlap_forward:",
             "if not self._all_gather_overlap_forward:",
         ),
     },
+    # series: end
 }
 
 
@@ -104,7 +112,9 @@ class DygraphShardingOptimizer:
         broadcast_overlap,
         layers=None,
         strict=False,
+        # series: buckets
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
+        # series: end
     ):
         """Overlap the post-update parameter broadcast with the next forward.
 
@@ -112,13 +122,19 @@ class DygraphShardingOptimizer:
         broadcasts of the updated parameters with ``sync_op=False``, all of
         them, on every rank, in the order forward first uses them (agreed
         across the sharding group at the first update); each layer's forward
-        pre-hook waits for its own broadcasts only, and every read of a
-        parameter and the optimizer's ``state_dict()`` wait first (no
-        synchronize before ``paddle.save``). No hook or read issues a
-        collective, so code that one rank alone runs between steps cannot
-        make the ranks' collectives differ. The entry point PR #63945 added;
-        NOTE [parameter sync overlap] in ``param_sync_overlap.py`` has the
-        rules.
+        pre-hook waits for its own broadcasts only, and the optimizer's
+        ``state_dict()`` waits first. No hook issues a collective, so code
+        that one rank alone runs between steps cannot make the ranks'
+        collectives differ. The entry point PR #63945 added; NOTE [parameter
+        sync overlap] in ``param_sync_overlap.py`` has the rules.
+        # series: until reads
+        # Other reads of a parameter right after ``step()`` see its old value
+        # until the next forward or ``state_dict()`` waited for it.
+        # series: end
+        # series: reads
+        Every read of a parameter waits for its own broadcast too, without
+        issuing a collective (no synchronize before ``paddle.save``).
+        # series: end
 
         Args:
             broadcast_overlap (bool): on, or off (waits for pending
@@ -128,19 +144,24 @@ class DygraphShardingOptimizer:
             strict (bool): the first hooked layer of each forward waits for
                 everything (no overlap); for models that read a tensor
                 reference to a parameter kept across ``step()``.
+            # series: buckets
             bucket_size_mb (int | float): MB (2**20 bytes) per window of the
                 agreed order; at the first update the parameters move into
                 one contiguous buffer per (window, owner rank, dtype), one
                 broadcast each (with ``tensor_fusion``/``comm_overlap``:
                 slices of Paddle's fused buffers). 0: one per parameter.
+            # series: end
 
         Raises:
             TypeError: a flag is not a bool, ``layers`` is not a
-                ``paddle.nn.Layer``, ``bucket_size_mb`` is not a number.
+                ``paddle.nn.Layer``.
             ValueError: ``layers`` is None or owns none of the parameters;
-                ``bucket_size_mb`` out of range; sharding degree 1;
-                ``pp_configs.sharding_comm_overlap`` with ``tensor_fusion``
-                or ``comm_overlap`` (Paddle's own limit).
+                sharding degree 1; ``pp_configs.sharding_comm_overlap`` with
+                ``tensor_fusion`` or ``comm_overlap`` (Paddle's own limit).
+            # series: buckets
+            TypeError / ValueError: ``bucket_size_mb`` is not a number, or
+                out of range.
+            # series: end
             Nothing changes when an error is raised.
         """
         method = "_set_broadcast_overlap"
@@ -148,7 +169,9 @@ class DygraphShardingOptimizer:
         if not broadcast_overlap:
             self._broadcast_overlap = False
             return switch_owner(self, None)
+        # series: buckets
         cap_bytes = check_bucket_size_mb(bucket_size_mb)
+        # series: end
         if self._sharding_world_size < 2:
             raise ValueError(
                 "broadcast overlap needs sharding stage 1 with sharding_degree "
@@ -172,16 +195,17 @@ class DygraphShardingOptimizer:
         rank_of = {id(p): r for r, ps in self._rank2params.items() for p in ps}
         params = list(self._origin_parameter_list)
         src_ranks = [group.ranks[rank_of[id(p)]] for p in params]
-        if not cap_bytes:
-            planner = unit_plan.PerParameter(src_ranks)
-        elif fused_by_paddle and self._rank2fused:
+        planner = unit_plan.PerParameter(src_ranks)
+        # series: buckets
+        if cap_bytes and fused_by_paddle and self._rank2fused:
             # Paddle's per-rank fused buffers: send slices, never move them
             fused = [
                 t for r in sorted(self._rank2fused) for t in self._rank2fused[r]
             ]
             planner = unit_plan.FusedSlices(src_ranks, cap_bytes, fused)
-        else:
+        elif cap_bytes:
             planner = unit_plan.Buckets(src_ranks, cap_bytes)
+        # series: end
         new = ParamSyncOverlap(params, group, layers, planner, method, strict)
         switch_owner(self, new)
         self._broadcast_overlap = True
@@ -207,6 +231,7 @@ class DygraphShardingOptimizer:
         return self._inner_opt.state_dict()
 
 
+# series: v2
 class DygraphShardingOptimizerV2:
     """Overlay of ``DygraphShardingOptimizerV2`` (sharding stage 1 with
     ``split_param``): holds only the new and changed methods; never
@@ -322,3 +347,6 @@ class DygraphShardingOptimizerV2:
                     f"{name} (it {what}); set it to its default or leave the "
                     "all-gather overlap off."
                 )
+
+
+# series: end

@@ -12,8 +12,11 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Sharding stage 1: the post-update parameter sync (V1 broadcast, V2
-all-gather) overlapped with the next forward, with one owner.
+"""Sharding stage 1: the post-update parameter sync (V1's broadcast) overlapped
+with the next forward, with one owner.
+# series: v2
+V2 (``split_param``) all-gathers its comm buffers on the same owner.
+# series: end
 
 NOTE [parameter sync overlap]
 ``sync_op=False`` collectives waited by forward pre-hooks (the approach of
@@ -21,8 +24,7 @@ PR #63945 for V1 and of V2's ``_set_all_gather_overlap_forward``), by these
 rules:
 
 * Units (``comm_unit.CommUnit``) own their tasks; a planner of
-  ``unit_plan`` builds them (V1 per parameter, buckets, fused slices; V2
-  comm buffers).
+  ``unit_plan`` builds them.
 * Order: forward's first use, recorded before the first update and sent
   once from rank 0 of the group: all ranks issue the same collectives in
   the same order (PR #63945 sorted V1's by ``param.name``; V2's hooks
@@ -36,36 +38,60 @@ rules:
   ranks' sequences merge into one order without a wait cycle. Owners are
   visited in creation order (``sync_registry``).
 * Waits: a pre-hook (first in its layer's order) per layer owning managed
-  parameters, every Python read of a parameter and compiled program, the
-  optimizer's ``state_dict()`` and ``step()``; safe to call again, never in
-  a GC finalizer. Not seen: a tensor reference taken before ``step()``
-  (``strict=True``: the first hooked layer waits for everything).
+  parameters, the optimizer's ``state_dict()`` and ``step()``; safe to call
+  again, never in a GC finalizer.
+# series: reads
+* Reads: every Python read of a parameter waits for its own unit, a
+  compiled program for every unit (``read_interception``). Not seen: a
+  tensor reference taken before ``step()`` (``strict=True``: the first
+  hooked layer waits for everything).
+# series: end
 * No host synchronisation and no collective of its own after the first
-  step: replaced parameter memory is put back into its slot locally; a
-  dtype or size change is refused before anything is sent.
+  step: a parameter's dtype or size change is refused before anything is
+  sent.
+# series: buckets
+  Replaced parameter memory is put back into its bucket slot, locally.
+# series: end
 * Hooks: registered once, removed together on disable.
-* Said: a training forward using units out of the agreed order, and a
-  forward most of whose units were already waited by reads (the overlap was
-  lost), each warn once.
+* Said: a training forward using units out of the agreed order warns once.
+# series: reads
+  So does a forward most of whose units were already waited by reads (the
+  overlap was lost).
+# series: end
 """
 
 import collections
 import enum
 import inspect
+
+# series: reads
 import os
 import traceback
+
+# series: end
 import warnings
 import weakref
 
 import paddle
 
+# series: until reads
+# from . import sync_registry
+# series: end
+# series: reads
 from . import read_interception, sync_registry
+
+# series: end
 from .comm_unit import PaddleComm, UnitState
 
 __all__ = []
 
 _OWNER_ATTR = "_param_sync_overlap"
-_COLLECTIVE_NAMES = {"broadcast": "broadcast", "all_gather": "all-gather"}
+_COLLECTIVE_NAMES = {
+    "broadcast": "broadcast",
+    # series: v2
+    "all_gather": "all-gather",
+    # series: end
+}
 
 
 def check_overlap_flag(flag, method, argument):
@@ -79,12 +105,12 @@ def check_overlap_flag(flag, method, argument):
 
 
 def get_param_sync_overlap(optimizer):
-    """The :class:`ParamSyncOverlap` of ``optimizer`` (V1, V2, or a
-    ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around one),
-    or None when overlap is off. Public counters: ``stats`` (dict[str, int]:
-    ``launched``, ``waited_*`` by who waited, ``waited_out_of_order``,
-    ``rebound``), ``read_paths`` (``waited_on_read`` by path), ``order``,
-    ``units``, ``num_pending``, ``num_hooks``, ``state``."""
+    """The :class:`ParamSyncOverlap` of ``optimizer`` (a sharding optimizer,
+    or a ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around
+    one), or None when overlap is off. Public counters: ``stats``
+    (dict[str, int]: ``launched``, ``waited_*`` by who waited,
+    ``waited_out_of_order``, ``rebound``), ``order``, ``units``,
+    ``num_pending``, ``num_hooks``, ``state``."""
     while optimizer is not None:
         owner = vars(optimizer).get(_OWNER_ATTR)
         if owner is not None:
@@ -188,6 +214,9 @@ _STATS = (
     "waited_unreachable waited_on_read waited_on_demand "
     "waited_by_other_owner waited_out_of_order rebound"
 ).split()
+
+
+# series: reads
 # waits that take the overlap away from the next forward
 _READ_WAITS = ("waited_on_read", "waited_in_program")
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -195,7 +224,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIBRARY_DIRS = tuple(
     {
         os.path.dirname(os.path.abspath(paddle.__file__)) + os.sep,
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))
+        os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
+        )
         + os.sep,
     }
 )
@@ -208,6 +239,7 @@ def _user_line():
     return "<unknown>"
 
 
+# series: end
 def _waiting_layer(layer, parent_of, root):
     # a container without forward (ParameterList) never runs: its nearest
     # ancestor with a forward waits
@@ -255,10 +287,13 @@ class ParamSyncOverlap:
         self._use_units([])
         self._first_unsynced = 0  # the order check looks from here
         self._order_check_armed = self._in_root_forward = False
-        self._warned_order = self._warned_lost = False
+        self._warned_order = False
+        # series: reads
         # the lost-overlap check of the next root forward after a launch
-        self._lost_check_armed, self._started_now = False, 0
-        self._read_waited_now, self._first_read = 0, None
+        self._lost_check_armed = self._warned_lost = False
+        self._started_now, self._read_waited_now = 0, 0
+        self._first_read = None
+        # series: end
         self._pre_hook_handles = {}  # id(layer) -> handle
         self._post_hook_handle = self._finalizer = None
         # defer_launch(): the next launch() waits for start_deferred()
@@ -266,16 +301,21 @@ class ParamSyncOverlap:
         # public counters (get_param_sync_overlap); waited_out_of_order: a
         # layer waited while an earlier unit was not synced (less overlap)
         self.stats = dict.fromkeys(_STATS, 0)
+        # series: reads
         # waited_on_read by path ("attribute", "iteration")
         self.read_paths = collections.Counter()
+        # series: end
 
     def _check_arguments(self, layers, strict):
         if layers is None:
             raise ValueError(
                 "the overlap needs the model: pass the paddle.nn.Layer that "
                 "runs the forward, e.g. optimizer._set_broadcast_overlap("
-                "True, layers=model) or optimizer."
-                "_set_all_gather_overlap_forward(True, model)."
+                "True, layers=model)"
+                # series: v2
+                " or optimizer._set_all_gather_overlap_forward(True, model)"
+                # series: end
+                "."
             )
         if not isinstance(layers, paddle.nn.Layer):
             raise TypeError(
@@ -337,7 +377,8 @@ class ParamSyncOverlap:
 
     @property
     def collective(self):
-        """str: ``"broadcast"`` (V1) or ``"all-gather"`` (V2)."""
+        """str: what a unit sends: ``"broadcast"`` (V1), ``"all-gather"``
+        (V2)."""
         return self._collective
 
     @property
@@ -375,8 +416,8 @@ class ParamSyncOverlap:
         return self._units_of_layer.get(id(layer), ())
 
     def open(self):
-        """Install the pre-hooks (first in each layer's hook order) and the
-        read interception, until :meth:`close`."""
+        """Install the pre-hooks (first in each layer's hook order), until
+        :meth:`close`."""
         self._check_state(ParamSyncState.RECORDING)
         if self._pre_hook_handles:
             raise RuntimeError("ParamSyncOverlap.open() called twice.")
@@ -392,7 +433,9 @@ class ParamSyncOverlap:
                 stacklevel=3,
             )
         sync_registry.add(self)
+        # series: reads
         read_interception.acquire(self)
+        # series: end
         for layer in self._hooked_layers:
             hook = _Hook(self._on_forward_pre)
             if _HAS_PREPEND:
@@ -446,7 +489,9 @@ class ParamSyncOverlap:
         if self._post_hook_handle is not None:
             self._post_hook_handle.remove()
             self._post_hook_handle = None
+        # series: reads
         read_interception.release(self)
+        # series: end
         self._recorded = {}
 
     def defer_launch(self):
@@ -516,7 +561,9 @@ class ParamSyncOverlap:
             self._state = ParamSyncState.ORDERED
         else:
             self.stats["rebound"] += self._plan.prepare(self._method)
+        # series: reads
         read_interception.refresh(self)
+        # series: end
         units = self._plan.units()
         if units is not self._units:
             self._use_units(units)
@@ -529,9 +576,12 @@ class ParamSyncOverlap:
                     sync_registry.PENDING[id(param)] = (self, unit)
         self.stats["launched"] += len(due)
         self._first_unsynced = 0
-        self._order_check_armed = self._lost_check_armed = True
+        self._order_check_armed = True
+        # series: reads
+        self._lost_check_armed = True
         self._started_now, self._read_waited_now = len(due), 0
         self._first_read = None
+        # series: end
         self.wait(self._unreachable_units, "waited_unreachable")
 
     def _wait_for_other_owners(self, units):
@@ -590,15 +640,22 @@ class ParamSyncOverlap:
         }
         self._unreachable_units = units_for(self._unreachable)
 
+    # series: until reads
+    # def wait(self, units, reason):
+    # series: end
+    # series: reads
     def wait(self, units, reason, path=None):
+        # series: end
         """Finish this owner's ``units`` that are in flight, counted under
-        ``stats[reason]`` (and ``read_paths[path]``); issues no collective.
-        Returns the number waited now."""
+        ``stats[reason]`` (a read: also ``read_paths[path]``); issues no
+        collective. Returns the number waited now."""
         waited = 0
         for unit in units:
             if unit.state is UnitState.SYNCED:
                 continue
-            with paddle.profiler.RecordEvent(f"ParamSyncOverlap::wait {unit.label}"):
+            with paddle.profiler.RecordEvent(
+                f"ParamSyncOverlap::wait {unit.label}"
+            ):
                 unit.finish()
             for param in unit.params:
                 entry = sync_registry.PENDING.get(id(param))
@@ -607,6 +664,7 @@ class ParamSyncOverlap:
             waited += 1
         if waited:
             self.stats[reason] += waited
+            # series: reads
             if path is not None:
                 self.read_paths[path] += waited
             if reason in _READ_WAITS and self._lost_check_armed:
@@ -614,6 +672,7 @@ class ParamSyncOverlap:
                 if self._first_read is None:
                     where = path or "compiled program"
                     self._first_read = (where, _user_line())
+            # series: end
         return waited
 
     def wait_all(self, reason="waited_on_demand"):
@@ -629,8 +688,10 @@ class ParamSyncOverlap:
             return
         if layer is self._layers:
             self._in_root_forward = True
+            # series: reads
             if self._lost_check_armed:
                 self._check_lost_overlap()
+            # series: end
         if not sync_registry.PENDING or state is not ParamSyncState.ORDERED:
             return
         if self._strict:
@@ -645,6 +706,7 @@ class ParamSyncOverlap:
         # only the first root forward after a launch is order-checked
         self._in_root_forward = self._order_check_armed = False
 
+    # series: reads
     def _check_lost_overlap(self):
         # at the first root forward after a launch: were most of its units
         # already waited by reads between step() and this forward?
@@ -664,6 +726,7 @@ class ParamSyncOverlap:
             stacklevel=3,
         )
 
+    # series: end
     def _check_order(self, layer, units):
         # count (and warn once, in training) a layer that needs a unit while
         # an earlier one in the agreed order is not synced
