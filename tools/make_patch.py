@@ -47,8 +47,9 @@ ROW_PREFIX = "testslist.csv row: "
 # Names the series must not contain (this project's; an overlay method's original slot), and the
 # one exception: Paddle's own attribute DygraphShardingOptimizer._origin_parameter_list.
 BANNED = re.compile(r"paddle_overlay|PADDLE_OVERLAY|_origin_(?!parameter_list\b)\w*")
-# The old names the overlay keeps as aliases (broadcast_overlap.py): never in the series.
-ALIASES = ("broadcast_overlap.py", "StageOneBroadcastOverlap", "BroadcastOverlapState", "get_broadcast_overlap")
+# The old names the overlay keeps as aliases (its module broadcast_overlap): never in the series.
+ALIASES = re.compile(r"\.broadcast_overlap\b|\bbroadcast_overlap\.py\b|"
+                     r"\b(StageOneBroadcastOverlap|BroadcastOverlapState|get_broadcast_overlap)\b")
 
 # git with neither the user's nor the system's configuration (git's defaults apply), and the identity
 # and dates of the series' commits (the tag's commit of layout_wheel_tree too)
@@ -454,6 +455,11 @@ def _superseded(overlay_mod, overlay_name, class_name):
     return value
 
 
+def _is_docstring(statement):
+    value = getattr(statement, "value", None) if isinstance(statement, ast.Expr) else None
+    return isinstance(value, ast.Constant) and isinstance(value.value, str)
+
+
 def _normalized(text):
     return " ".join(text.split())
 
@@ -666,39 +672,42 @@ def _imports_needed(overlay_mod, overlay_text, target_mod, class_name, o_methods
 
 
 def _import_edits(target_mod, t_lines, missing, package):
-    """Insertions for ``missing``: ``from module import names`` after the last top-level import of the same
-    kind (relative for a module of the target's package), ``import name`` among the plain imports."""
+    """Insertions for ``missing`` where isort (profile black) puts them: ``import name`` among the plain
+    stdlib imports, ``from module import names`` among the top-level ``from`` imports of the same kind
+    (relative for a module of the target's package), in isort's order of those (more dots first, then the
+    module name), or after the last of them."""
     imports = [n for n in target_mod.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     if not imports and missing:
         raise PatchError("target module has no top-level imports to place new ones after")
-    edits, froms = [], []
+    at = {}  # line to insert before -> new lines
     for module in sorted(missing):
         names = missing[module]
         if None in names:
             plain = [n for n in imports if isinstance(n, ast.Import)]
             after = [n for n in plain if n.names[0].name < module and n.names[0].name.split(".")[0] in
                      sys.stdlib_module_names]
-            at = (after[-1].end_lineno + 1) if after else (plain[0].lineno if plain else imports[0].lineno)
-            edits.append((at, at - 1, [f"import {module}"]))
+            line = (after[-1].end_lineno + 1) if after else (plain[0].lineno if plain else imports[0].lineno)
+            at.setdefault(line, []).append(f"import {module}")
             names = names - {None}
         if not names:
             continue
         if module == package:
-            mod = "."
+            level, mod = 1, "."
         elif module.startswith(package + "."):
-            mod = "." + module[len(package) + 1 :]
+            level, mod = 1, "." + module[len(package) + 1 :]
         else:
-            mod = module
+            level, mod = 0, module
         # isort's order (profile black, order_by_type): classes, then functions
         ordered = sorted(names, key=lambda n: (not n[:1].isupper(), n))
         one = f"from {mod} import {', '.join(ordered)}"
-        froms += [one] if len(one) <= 80 else [f"from {mod} import ("] + [f"    {n}," for n in ordered] + [")"]
-    if froms:
-        relative = any(m == package or m.startswith(package + ".") for m in missing if missing[m] - {None})
-        same_kind = [n for n in imports if (isinstance(n, ast.ImportFrom) and n.level > 0) == relative]
-        after = (same_kind or imports)[-1].end_lineno
-        edits.append((after + 1, after, froms))
-    return edits
+        lines = [one] if len(one) <= 80 else [f"from {mod} import ("] + [f"    {n}," for n in ordered] + [")"]
+        same_kind = [n for n in imports if isinstance(n, ast.ImportFrom) and (n.level > 0) == (level > 0)]
+        kinds = same_kind or imports
+        key = (-level, mod.lstrip("."))
+        later = [n for n in same_kind if (-n.level, n.module or "") > key]
+        line = later[0].lineno if later else kinds[-1].end_lineno + 1
+        at.setdefault(line, []).extend(lines)
+    return [(line, line - 1, lines) for line, lines in at.items()]
 
 
 # --------------------------------------------------------------------------- the files of each PR
@@ -774,7 +783,7 @@ def banned_in(patch):
     for number, line in enumerate(patch.splitlines(), 1):
         if line.startswith((" ", "-", "@@", "diff --git", "index ", "--- a/", "+++ b/", "--- /dev/null")):
             continue
-        hits = [m.group() for m in BANNED.finditer(line)] + [a for a in ALIASES if a in line]
+        hits = [m.group() for m in BANNED.finditer(line)] + [m.group() for m in ALIASES.finditer(line)]
         found += [f"{number}: {h}" for h in hits]
     return found
 
