@@ -17,10 +17,11 @@ overlapped with the next forward (``_set_broadcast_overlap``), on vs off.
 Run on 2 ranks under ``python -m paddle.distributed.launch``. Env
 ``BROADCAST_OVERLAP_CASES`` picks cases (comma list; empty: all but
 ``bf16``). The others run in each mode of ``MODES`` and check the public
-counters. ``bf16`` (2 GPUs with bf16), upstream's bf16 MLP: O1 vs O2 with
-``main_grad``, and overlap on vs off bitwise for O1, O2 with ``main_grad``
-and the ``GradScaler`` runs. A rank exits non-zero at its first failed
-case; the launcher then stops the others.
+counters. ``bf16`` (2 GPUs with bf16), the MLP of
+test_dygraph_sharding_stage1_bf16: O1 vs O2 with ``main_grad``, and overlap
+on vs off bitwise for O1, O2 with ``main_grad`` and the ``GradScaler`` runs.
+A rank exits non-zero at its first failed case; the launcher then stops
+the others.
 """
 
 import os
@@ -264,8 +265,8 @@ def case_hooks_constant_and_removed(mode):
     train(mode, on_step=check)
 
 
-# bf16: upstream's MLP and settings; O1 autocasts only these ops, so O1
-# and O2 compute the same values
+# bf16: the MLP and settings of test_dygraph_sharding_stage1_bf16; O1
+# autocasts only these ops, so O1 and O2 compute the same values
 SIZE, MLP_BATCH, MLP_BATCHES = 1000, 50, 8  # 4 updates with acc 2
 O1_WHITE_LIST = ["matmul_v2", "elementwise_add", "relu"]
 
