@@ -1,9 +1,15 @@
 """Set the overlay methods onto the installed Paddle classes, and take them off.
 
-Each overlay module under ``paddle_overlay/distributed/...`` mirrors the
-Paddle module of the same dotted path and holds one class of the same name
-as the Paddle class, plus ``OVERLAY_WRAPS``: the names that replace an
-existing method, whose original is kept as ``_origin_<name>``.
+Each overlay module under ``paddle_overlay/distributed/...`` and
+``paddle_overlay/jit/...`` mirrors the Paddle module of the same dotted path
+and holds one class of the same name as the Paddle class, plus
+``OVERLAY_WRAPS``: Paddle's methods it edits. Such a method's body is the
+statements that ``tools/make_patch.py`` puts at the top of Paddle's method
+(a ``...`` statement stands for Paddle's body; what follows goes at its end):
+here the same statements run around Paddle's original, kept as
+``_origin_<name>`` (:func:`edit_wrapper`). The modules of :data:`NEW_MODULES`
+(new files in the patch) are also importable under Paddle's name while
+applied, so code written for a patched Paddle runs on the overlay as is.
 
 Before anything is patched, :func:`apply` checks the installed Paddle:
 
@@ -21,18 +27,22 @@ Before anything is patched, :func:`apply` checks the installed Paddle:
 not renamed: a renamed method would not be the one callers reach.
 """
 
+import ast
 import gc
 import importlib
+import inspect
 import os
 import re
 import sys
+import textwrap
 import warnings
 
 from ._version_gate import CALL_PATHS, REQUIRED_INTERNALS, USED_CLASSES, check_call_paths, check_internals
-from ._version_gate import paddle_class, used_classes
+from ._version_gate import paddle_class, sot_skip_files, used_classes
 
 __all__ = [
     "CALL_PATHS",
+    "NEW_MODULES",
     "OVERLAY_MODULES",
     "PaddleInternalsChanged",
     "REPLACES_UPSTREAM",
@@ -42,6 +52,7 @@ __all__ = [
     "USED_CLASSES",
     "UnsupportedPaddleVersion",
     "apply",
+    "edit_wrapper",
     "remove",
     "is_applied",
     "origin_name",
@@ -55,6 +66,18 @@ OVERLAY_MODULES = (
     (f"{_DYGRAPH_OPT}.dygraph_sharding_optimizer", "DygraphShardingOptimizer"),
     (f"{_DYGRAPH_OPT}.dygraph_sharding_optimizer", "DygraphShardingOptimizerV2"),
     (f"{_DYGRAPH_OPT}.hybrid_parallel_optimizer", "HybridParallelOptimizer"),
+    ("jit.dy2static.program_translator", "StaticFunction"),
+)
+# Overlay modules a patched Paddle has as new files, under ``paddle.<name>``:
+# registered there by apply() (unless Paddle has a module of that name).
+NEW_MODULES = (
+    f"{_DYGRAPH_OPT}.broadcast_buckets",
+    f"{_DYGRAPH_OPT}.comm_unit",
+    f"{_DYGRAPH_OPT}.param_sync_overlap",
+    f"{_DYGRAPH_OPT}.read_interception",
+    f"{_DYGRAPH_OPT}.sync_registry",
+    f"{_DYGRAPH_OPT}.unit_plan",
+    "jit.dy2static.pre_call_hooks",
 )
 # Paddle classes the overlay relies on without patching them, as (module, class).
 
@@ -94,6 +117,8 @@ REMOVED_DEPTH_ENV = "PADDLE_OVERLAY_MAX_IN_FLIGHT"
 _MISSING = object()
 # (class, attribute name) -> the attribute before apply() (or _MISSING).
 _saved = {}
+# what else apply() did, undone by remove() (last first)
+_undo = []
 _warned_versions = set()
 
 
@@ -122,12 +147,75 @@ def origin_name(name):
 
 
 def overlay_methods(overlay_cls):
-    """The functions an overlay class defines, in source order."""
-    return {
-        name: value
-        for name, value in vars(overlay_cls).items()
-        if callable(value) and not (name.startswith("__") and name.endswith("__"))
-    }
+    """The functions an overlay class defines, in source order (an edited
+    dunder such as ``StaticFunction.__call__`` included)."""
+    return {name: value for name, value in vars(overlay_cls).items() if inspect.isfunction(value)}
+
+
+def _edit_parts(fn):
+    """(def node, prologue, the ``...`` statement or None, epilogue) of an
+    overlay method of ``OVERLAY_WRAPS``: its body without the docstring,
+    split at a top-level ``...`` (none: all prologue); line numbers of its
+    file."""
+    lines, first = inspect.getsourcelines(fn)
+    node = ast.parse(textwrap.dedent("".join(lines))).body[0]
+    ast.increment_lineno(node, first - 1)
+    body = list(node.body)
+    if body and _is_constant(body[0], str):
+        body = body[1:]
+    marks = [i for i, st in enumerate(body) if _is_constant(st, type(Ellipsis))]
+    if len(marks) > 1:
+        raise ValueError(f"{fn.__qualname__}: more than one '...' (Paddle's body goes in one place)")
+    if not marks:
+        return node, body, None, []
+    return node, body[: marks[0]], body[marks[0]], body[marks[0] + 1 :]
+
+
+def _is_constant(statement, kind):
+    value = getattr(statement, "value", None) if isinstance(statement, ast.Expr) else None
+    return isinstance(value, ast.Constant) and isinstance(value.value, kind)
+
+
+def _call_of(args):
+    """The argument list that passes ``args`` (ast.arguments) on unchanged."""
+    pos = [a.arg for a in args.posonlyargs + args.args][1:]  # without self
+    parts = pos + ([f"*{args.vararg.arg}"] if args.vararg else [])
+    parts += [f"{a.arg}={a.arg}" for a in args.kwonlyargs]
+    parts += [f"**{args.kwarg.arg}"] if args.kwarg else []
+    return ", ".join(parts)
+
+
+def _located(text, where):
+    body = ast.parse(text).body
+    for statement in body:
+        for sub in ast.walk(statement):
+            ast.copy_location(sub, where)
+    return body
+
+
+def edit_wrapper(overlay_module, fn, origin):
+    """The function ``apply()`` sets for the edit ``fn`` of ``overlay_module``:
+    ``fn``'s statements before ``...``, then Paddle's method (the attribute
+    ``origin`` of self), then the statements after it, returning what
+    Paddle's method returned. The statements are compiled from ``fn``'s own
+    source (line numbers kept) with the overlay module's globals, so a
+    ``return`` among them returns from the method, as in the patch."""
+    node, prologue, mark, epilogue = _edit_parts(fn)
+    where = mark or node.body[-1]
+    self_name = (node.args.posonlyargs + node.args.args)[0].arg
+    call = f"{self_name}.{origin}({_call_of(node.args)})"
+    if epilogue:
+        body = prologue + _located(f"_result = {call}", where) + epilogue + _located("return _result", where)
+    else:
+        body = prologue + _located(f"return {call}", where)
+    node.body, node.decorator_list, node.returns = body, [], None
+    module = ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))
+    namespace = {}
+    exec(compile(module, inspect.getsourcefile(fn), "exec"), vars(overlay_module), namespace)
+    made = namespace[node.name]
+    made.__qualname__ = fn.__qualname__
+    made.__doc__ = fn.__doc__
+    return made
 
 
 def _release(version):
@@ -169,6 +257,35 @@ def _check_version(version):
         )
 
 
+# The folders of the overlay's copies of Paddle modules: SOT runs Paddle's
+# own files untraced (its skip list), and these run where Paddle's would.
+_MIRROR_DIRS = tuple(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), name) + os.sep for name in ("distributed", "jit")
+)
+
+
+def _skip_mirrors_in_sot():
+    """Add :data:`_MIRROR_DIRS` to SOT's skip list; returns restore() (None: nothing added)."""
+    skip_files = sot_skip_files()
+    if skip_files is None:
+        return None
+    names = skip_files.skip_file_names
+    added = [d for d in _MIRROR_DIRS if not any(d.startswith(n) for n in names)]
+    if not added:
+        return None
+    old_re = skip_files.skip_file_name_re
+    names.update(added)
+    skip_files.skip_file_name_re = re.compile(f"^({'|'.join(map(re.escape, sorted(names)))})")
+    skip_files.setup_skip_files()
+
+    def restore():
+        names.difference_update(added)
+        skip_files.skip_file_name_re = old_re
+        skip_files.setup_skip_files()
+
+    return restore
+
+
 def _check_methods(target, overlay_module, overlay_cls):
     """Problems (list of str) with wrapped and added methods of one class."""
     problems = []
@@ -177,6 +294,10 @@ def _check_methods(target, overlay_module, overlay_cls):
     for method in wraps:
         if method not in vars(target):
             problems.append(f"{name}.{method} (wrapped by the overlay) is not defined by the installed class")
+            continue
+        ours, theirs = _parameters(vars(overlay_cls)[method]), _parameters(vars(target)[method])
+        if theirs is not None and ours != theirs:
+            problems.append(f"{name}.{method} takes {theirs}, the overlay's edit of it {ours}")
         if hasattr(target, origin_name(method)):
             problems.append(f"{name}.{origin_name(method)} already exists; the overlay keeps {method}'s original there")
     for method in overlay_methods(overlay_cls):
@@ -187,6 +308,15 @@ def _check_methods(target, overlay_module, overlay_cls):
                 f"{name}.{method} is defined by the installed Paddle; the overlay's own {method} would shadow it"
             )
     return problems
+
+
+def _parameters(fn):
+    """[(name, kind)] of ``fn``'s parameters (None: not introspectable)."""
+    try:
+        signature = inspect.signature(inspect.unwrap(fn))
+    except (TypeError, ValueError):
+        return None
+    return [(p.name, p.kind.name) for p in signature.parameters.values()]
 
 
 def _targets(version):
@@ -287,12 +417,19 @@ def apply(check=None):
     _check_structure(version, targets)
     plan = []
     for target, overlay_module, overlay_cls in targets:
-        for name in wraps_of(overlay_module, target.__name__):
-            plan.append((target, origin_name(name), vars(target)[name]))
-        plan.extend((target, name, fn) for name, fn in overlay_methods(overlay_cls).items())
+        wraps = wraps_of(overlay_module, target.__name__)
+        for name, fn in overlay_methods(overlay_cls).items():
+            if name in wraps:
+                plan.append((target, origin_name(name), vars(target)[name]))
+                fn = edit_wrapper(overlay_module, fn, origin_name(name))
+            plan.append((target, name, fn))
     for target, name, value in plan:
         _saved.setdefault((target, name), vars(target).get(name, _MISSING))
         setattr(target, name, value)
+    _register_new_modules()
+    restore_sot = _skip_mirrors_in_sot()
+    if restore_sot is not None:
+        _undo.append(restore_sot)
     _announce(version)
     if os.environ.get(REMOVED_DEPTH_ENV, "").strip():
         warnings.warn(
@@ -303,6 +440,28 @@ def apply(check=None):
             stacklevel=2,
         )
     _set_check(race_check, check_mode, explicit=True)
+
+
+def _register_new_modules():
+    """Make each module of :data:`NEW_MODULES` importable as ``paddle.<name>``
+    (where the installed Paddle has none of that name)."""
+    for name in NEW_MODULES:
+        full = f"paddle.{name}"
+        parent_name, _, leaf = full.rpartition(".")
+        parent = importlib.import_module(parent_name)
+        if full in sys.modules or hasattr(parent, leaf):
+            continue
+        module = importlib.import_module(f"paddle_overlay.{name}")
+        sys.modules[full] = module
+        setattr(parent, leaf, module)
+
+        def unregister(full=full, parent=parent, leaf=leaf, module=module):
+            if sys.modules.get(full) is module:
+                del sys.modules[full]
+            if getattr(parent, leaf, None) is module:
+                delattr(parent, leaf)
+
+        _undo.append(unregister)
 
 
 def _set_check(race_check, mode, explicit):
@@ -339,6 +498,8 @@ def remove():
             delattr(target, name)
         else:
             setattr(target, name, original)
+    while _undo:
+        _undo.pop()()
     from . import race_check
 
     race_check.disable()

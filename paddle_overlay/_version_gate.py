@@ -6,7 +6,7 @@ before it patches anything (``_patching._check_structure`` collects the problems
   mention (V1's, V2's and ``HybridParallelOptimizer``'s; ``FusedCommBuffer``'s fields).
 * :data:`REQUIRED_INTERNALS`: internals checked by a function (the read interception's
   ``Layer.__getattr__`` reading ``_parameters``, ``named_parameters``/``state_dict`` iterating it,
-  ``StaticFunction.__call__``, SOT's skip files; V2's ``step`` and ``_sharding_sync_parameters``
+  SOT's skip files; V2's ``step`` and ``_sharding_sync_parameters``
   reaching the blocking all-gather with ``_all_gather_overlap_forward`` False,
   ``FusedCommBuffer.sync_params``'s ``process_group.all_gather(shard, full)``, how its storage is
   freed, the ``paddle.Tensor`` methods the units call).
@@ -115,18 +115,17 @@ def _layer_source_mentions(name, needle):
     return check
 
 
-def _static_call_defined():
-    from .distributed.fleet.meta_optimizers.dygraph_optimizer import read_interception
-
-    if "__call__" not in vars(read_interception.static_function_class()):
-        return "StaticFunction defines no __call__ of its own"
-    return None
+def sot_skip_files():
+    """Paddle's SOT skip-list module, or None where this Paddle has no SOT."""
+    try:
+        from paddle.jit.sot.opcode_translator import skip_files
+    except ImportError:
+        return None
+    return skip_files
 
 
 def _sot_skip_list():
-    from .distributed.fleet.meta_optimizers.dygraph_optimizer import read_interception
-
-    skip_files = read_interception.sot_skip_files()
+    skip_files = sot_skip_files()
     if skip_files is None:
         return None  # no SOT in this Paddle: nothing to skip
     names = ("skip_file_names", "skip_file_name_re", "setup_skip_files")
@@ -333,8 +332,7 @@ REQUIRED_INTERNALS = (
      _layer_source_mentions("parameters", "named_parameters")),
     ("paddle.nn.Layer._state_dict_impl", "state_dict() iterates _parameters.items()",
      _layer_source_mentions("_state_dict_impl", "_parameters.items()")),
-    ("paddle.jit StaticFunction.__call__", "every compiled program runs through it", _static_call_defined),
-    ("paddle.jit.sot skip_files", "the owner's hooks must run untraced by SOT", _sot_skip_list),
+    ("paddle.jit.sot skip_files", "the overlay's hooks must run untraced by SOT", _sot_skip_list),
     ("DygraphShardingOptimizerV2.step",
      f"the overlay keeps {_V2_OVERLAP_FLAG} False so that step() reaches the _sharding_sync_parameters "
      "it wraps to launch the all-gathers", _v2_step_reaches_sync),

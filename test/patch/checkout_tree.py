@@ -55,28 +55,38 @@ def build_patched_package(pkg_dir, patched_tree, out_dir):
     """A ``paddle`` package at ``out_dir/paddle`` that is the installed one plus the patch.
 
     Every file and folder links to ``pkg_dir`` (the installed package), except the folders on
-    the way to ``dygraph_optimizer``, which are real, and the files of ``dygraph_optimizer``
-    that ``patched_tree`` (a patched Paddle tree) has, which are copies. Put ``out_dir`` first
-    on PYTHONPATH to import it. Returns ``out_dir/paddle``.
+    the way to a file that ``patched_tree`` (a patched Paddle tree) has under ``python/paddle``,
+    which are real, and those files, which are copies. Put ``out_dir`` first on PYTHONPATH to
+    import it. Returns ``out_dir/paddle``.
     """
-    rel_parts = make_patch.TREE_OPT_DIR.split("/")[2:]  # distributed/fleet/meta_optimizers/dygraph_optimizer
+    tree_pkg = os.path.join(patched_tree, make_patch.TREE_PY)
+    files = set()
+    for folder, dirs, names in os.walk(tree_pkg):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        files.update(os.path.relpath(os.path.join(folder, n), tree_pkg) for n in names)
+    real = {os.path.dirname(f) for f in files}
+    while True:  # every folder on the way
+        more = {os.path.dirname(d) for d in real if d} - real
+        if not more:
+            break
+        real |= more
     if os.path.lexists(out_dir):
         shutil.rmtree(out_dir)
-    src, dst = pkg_dir, os.path.join(out_dir, "paddle")
-    chain = [None] + rel_parts
-    for depth, part in enumerate(chain):
-        if part is not None:
-            src, dst = os.path.join(src, part), os.path.join(dst, part)
+
+    def mirror(rel):
+        src, dst = os.path.join(pkg_dir, rel), os.path.join(out_dir, "paddle", rel)
         os.makedirs(dst)
-        keep_real = chain[depth + 1] if depth + 1 < len(chain) else None
-        for entry in sorted(os.listdir(src)):
-            if entry == keep_real or entry == "__pycache__":
-                continue
-            os.symlink(os.path.join(src, entry), os.path.join(dst, entry))
-    tree_dir = os.path.join(patched_tree, make_patch.TREE_OPT_DIR)
-    for entry in sorted(os.listdir(tree_dir)):
-        path = os.path.join(dst, entry)
-        if os.path.lexists(path):
-            os.remove(path)
-        shutil.copyfile(os.path.join(tree_dir, entry), path)
+        for entry in sorted(os.listdir(src)) if os.path.isdir(src) else ():
+            path = os.path.join(rel, entry) if rel else entry
+            if path in real:
+                mirror(path)
+            elif path not in files and entry != "__pycache__":
+                os.symlink(os.path.join(src, entry), os.path.join(dst, entry))
+        for path in sorted(real):  # folders the installed package lacks
+            if path and os.path.dirname(path) == rel and not os.path.isdir(os.path.join(pkg_dir, path)):
+                mirror(path)
+
+    mirror("")
+    for rel in sorted(files):
+        shutil.copyfile(os.path.join(tree_pkg, rel), os.path.join(out_dir, "paddle", rel))
     return os.path.join(out_dir, "paddle")

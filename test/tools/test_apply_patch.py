@@ -1,5 +1,6 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""tools/apply_patch.sh: applies and registers all or nothing, and says what fits on a mismatch.
+"""tools/apply_patch.sh: applies the series (git am) or the single patch and registers all or nothing, and
+says what fits on a mismatch.
 
 Trees are checkout-like (``test/patch/checkout_tree.py``: python/ from the installed wheels in
 ``.venv-test/paddle-<version>``, this project's stand-ins for upstream's test/ files, no
@@ -20,6 +21,7 @@ from checkout_tree import FLEET, make_patch  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "tools", "apply_patch.sh")
 PATCH = {v: make_patch.patch_path(v) for v in ("2.6.2", "3.3.1")}
+SERIES = {v: make_patch.series_dir(v) for v in ("2.6.2", "3.3.1")}
 
 
 def tree_for(version, path):
@@ -40,7 +42,8 @@ def apply(*args, **env):
 
 def state(tree):
     """Everything git sees in the tree: unchanged means the same string."""
-    return make_patch.git(tree, "status", "--porcelain", "--untracked-files=all") + make_patch.git(tree, "diff")
+    return make_patch.git(tree, "rev-parse", "HEAD") + make_patch.git(
+        tree, "status", "--porcelain", "--untracked-files=all") + make_patch.git(tree, "diff")
 
 
 def add_generator(tree, text):
@@ -52,14 +55,20 @@ def add_generator(tree, text):
     make_patch.git(tree, "commit", "-qm", "a generator")
 
 
-@pytest.mark.parametrize("version", ["2.6.2", "3.3.1"])
-def test_fitting_patch_is_applied_and_its_tests_registered(version, tmp_path):
+@pytest.mark.parametrize("version,kind", [("2.6.2", "series"), ("3.3.1", "series"), ("3.3.1", "single")])
+def test_fitting_patch_is_applied_and_its_tests_registered(version, kind, tmp_path):
     tree = tree_for(version, tmp_path)
     before = checkout_tree.snapshot(tree)
-    proc = apply(tree, PATCH[version])
+    head = make_patch.git(tree, "rev-parse", "HEAD").strip()
+    proc = apply(tree, SERIES[version] if kind == "series" else PATCH[version])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "applied" in proc.stdout
-    make_patch.git(tree, "apply", "--reverse", "--check", PATCH[version])  # fully applied
+    if kind == "series":  # one commit per PR, the titles as Paddle's PRs have them
+        titles = make_patch.git(tree, "log", "--format=%s", f"{head}..HEAD").splitlines()[::-1]
+        assert titles == [pr["title"] for pr in make_patch.patch_series.PRS]
+        make_patch.git(tree, "diff", "--quiet", "HEAD", "--", "python")  # everything of python/ committed
+    else:
+        make_patch.git(tree, "apply", "--reverse", "--check", PATCH[version])  # fully applied
     after = checkout_tree.snapshot(tree)
     rows = make_patch.testslist_rows()
     csv_rel = f"{FLEET}/testslist.csv"
@@ -71,23 +80,30 @@ def test_fitting_patch_is_applied_and_its_tests_registered(version, tmp_path):
             f"generator in the tree: python3 tools/gen_ut_cmakelists.py -f {csv_rel}") in proc.stdout
     assert f"registered in {csv_rel}:\n" in proc.stdout
     changed = sorted(line[3:] for line in make_patch.git(tree, "status", "--porcelain").splitlines() if line[:2] == " M")
-    assert changed == sorted([csv_rel] + sorted({f"{make_patch.TREE_OPT_DIR}/{n}" for n, _ in make_patch.SPLICED}))
+    edited = sorted({make_patch.tree_path(m) for m, _ in make_patch.SPLICED})
+    assert changed == sorted([csv_rel] + ([] if kind == "series" else edited))
 
 
-def test_no_register_is_plain_git_apply(tmp_path):
+def test_no_register_is_plain_git_am_or_git_apply(tmp_path):
     tree = tree_for("3.3.1", tmp_path)
     before = checkout_tree.snapshot(tree)
-    proc = apply("--no-register", tree, PATCH["3.3.1"])
+    proc = apply("--no-register", tree, SERIES["3.3.1"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert checkout_tree.snapshot(tree) == before
-    make_patch.git(tree, "apply", "--reverse", "--check", PATCH["3.3.1"])
+    assert make_patch.git(tree, "status", "--porcelain") == ""
+    make_patch.git(tree, "apply", "--reverse", "--check", PATCH["3.3.1"])  # the series' sum
+    single = tree_for("3.3.1", tmp_path / "single")
+    proc = apply("--no-register", single, PATCH["3.3.1"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    make_patch.git(single, "apply", "--reverse", "--check", PATCH["3.3.1"])
 
 
-def test_failing_generator_leaves_the_tree_as_it_was(tmp_path):
+@pytest.mark.parametrize("kind", ["series", "single"])
+def test_failing_generator_leaves_the_tree_as_it_was(kind, tmp_path):
     tree = tree_for("3.3.1", tmp_path)
     add_generator(tree, "import sys\nsys.exit('generator broke')\n")
     before = state(tree)
-    proc = apply(tree, PATCH["3.3.1"])
+    proc = apply(tree, SERIES["3.3.1"] if kind == "series" else PATCH["3.3.1"])
     assert proc.returncode == 1
     assert "registering the tests failed; the tree is as it was" in proc.stderr
     assert "generator broke" in proc.stderr
@@ -112,7 +128,7 @@ def test_trees_generator_regenerates_and_keeps_upstreams_entries(tmp_path):
     tree = tree_for("3.3.1", tmp_path)
     add_generator(tree, RAW_GENERATOR)
     before = checkout_tree.snapshot(tree)[f"{FLEET}/CMakeLists.txt"].decode()
-    proc = apply(tree, PATCH["3.3.1"])
+    proc = apply(tree, SERIES["3.3.1"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "regenerating test/collective/fleet/CMakeLists.txt with the tree's tools/gen_ut_cmakelists.py" in proc.stdout
     assert "registered in test/collective/fleet/testslist.csv and CMakeLists.txt:" in proc.stdout
@@ -124,35 +140,38 @@ def test_trees_generator_regenerates_and_keeps_upstreams_entries(tmp_path):
         assert re.search(rf"\bbash_test_modules\(\s+{row.split(',')[0]}\s", after[len(before) :])
 
 
-def test_patch_is_chosen_when_not_given(tmp_path):
+def test_the_series_is_chosen_when_none_is_given(tmp_path):
     tree = tree_for("2.6.2", tmp_path)
     proc = apply(tree)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "using patches/paddle-v2.6.2-stage1-broadcast-overlap.patch" in proc.stdout
+    assert "using patches/2.6.2/ (the committed series that applies to this tree)" in proc.stdout
 
 
 @pytest.mark.parametrize("version,other", [("3.3.1", "2.6.2"), ("2.6.2", "3.3.1")])
 def test_wrong_version_changes_nothing_and_names_the_tag_to_check_out(version, other, tmp_path):
     tree = tree_for(version, tmp_path)
     before = state(tree)
-    proc = apply(tree, PATCH[other])
+    proc = apply(tree, SERIES[other])
     assert proc.returncode == 1
     assert state(tree) == before
     assert f"does not apply to {tree}; nothing was changed. Check out the matching tag (v{other}: " in proc.stderr
-    assert f"git apply --check patches/paddle-v{other}-stage1-broadcast-overlap.patch says:\n  error: " in proc.stderr
-    assert f"make_patch.py --paddle-src {tree}" in proc.stderr
+    assert f"checking patches/{other}/ says:\n  0001-" in proc.stderr
+    assert f"make_patch.py --paddle-src {tree} --series" in proc.stderr
+    proc = apply(tree, PATCH[other])
+    assert proc.returncode == 1 and state(tree) == before
+    assert f"checking patches/paddle-v{other}-stage1-broadcast-overlap.patch says:\n  error: " in proc.stderr
 
 
-def test_no_committed_patch_fitting_names_every_tag(tmp_path):
+def test_no_committed_series_fitting_names_every_tag(tmp_path):
     tree = tree_for("3.3.1", tmp_path)
-    assert apply(tree, PATCH["3.3.1"]).returncode == 0
+    assert apply(tree, SERIES["3.3.1"]).returncode == 0
     before = state(tree)
-    for args in ((tree, PATCH["3.3.1"]), (tree,)):  # a second application changes nothing either
+    for args in ((tree, SERIES["3.3.1"]), (tree,)):  # a second application changes nothing either
         proc = apply(*args)
         assert proc.returncode == 1
-        assert "already exists in working directory" in proc.stderr  # git apply's own message
+        assert "already exists in index" in proc.stderr  # git apply's own message
         assert state(tree) == before
-    assert "no single committed patch in patches/ applies" in proc.stderr and "(v2.6.2 or v3.3.1: " in proc.stderr
+    assert "no committed series in patches/ applies" in proc.stderr and "(v2.6.2 or v3.3.1: " in proc.stderr
 
 
 def test_usage_errors(tmp_path):
@@ -170,18 +189,18 @@ def test_checkout_naming_the_base_test_multiple_accelerators_is_told_to_generate
     make_patch.git(tree, "add", "-A")
     make_patch.git(tree, "commit", "-qm", "later Paddle's test base")
     before = state(tree)
-    proc = apply(tree, PATCH["3.3.1"])
+    proc = apply(tree, SERIES["3.3.1"])
     assert proc.returncode == 1
     assert state(tree) == before
     assert "does not define (a later Paddle names it" in proc.stderr
     assert f"make_patch.py --paddle-src {tree}" in proc.stderr
-    # the patch made for that tree uses the newer name and applies
-    out = tmp_path / "for-tree.patch"
+    # the series made for that tree uses the newer name and applies
+    out = tmp_path / "for-tree"
     gen = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "make_patch.py"), "--paddle-src", tree, "--out", str(out)],
+        [sys.executable, os.path.join(ROOT, "tools", "make_patch.py"), "--paddle-src", tree, "--series", str(out)],
         capture_output=True, text=True,
     )  # fmt: skip
     assert gen.returncode == 0, gen.stderr
-    assert "import (\n+    TestMultipleAccelerators,\n+)" in out.read_text()
+    assert "import (\n+    TestMultipleAccelerators,\n+)" in "".join(p.read_text() for p in sorted(out.iterdir()))
     proc = apply(tree, str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -2,7 +2,8 @@
 """tools/format.sh: the patch's files pass Paddle's formatting, and every file it adds has upstream's header.
 
 Fails when black 23.3.0 or isort 5.12.0 (Paddle's settings, through tools/format.sh) would reformat
-a file the patch adds or changes, or a file it adds lacks upstream's Apache-2.0 header; the spliced
+a file the patch adds or changes, as of the last PR of the series and as of every earlier one (the
+fences of later PRs left out), or a file it adds lacks upstream's Apache-2.0 header; the spliced
 Paddle modules are checked against the formatter's view of upstream's own files.
 """
 
@@ -93,7 +94,7 @@ def test_every_file_of_the_patch_is_formatted():
 
 
 def test_every_file_the_patch_adds_has_upstreams_header():
-    added = [os.path.join(make_patch.OVERLAY_DIR, n) for n in make_patch.NEW_MODULES]
+    added = [make_patch.overlay_path(m) for m in make_patch.NEW_MODULES]
     added += [os.path.join(make_patch.TEST_DIR, n) for n in make_patch.TEST_FILES]
     assert [os.path.relpath(p, ROOT) for p in added if not HEADER.match(make_patch._read(p))] == []
     assert not HEADER.match(SAMPLE) and HEADER.match(make_patch._read(added[0]).replace("2026", "2024", 1))
@@ -117,11 +118,7 @@ def changed_lines(text, new):
     return sorted(line for line in difflib.ndiff(text.splitlines(), new.splitlines()) if line[:2] in ("- ", "+ "))
 
 
-@pytest.mark.parametrize("version", ["2.6.2", "3.3.1"])
-def test_spliced_modules_add_no_formatting_change_of_their_own(version, tmp_path):
-    """Every line the formatter would change in a spliced file, it would change in upstream's
-    own file too (3.x formats with another tool, so upstream's 3.3.1 files are not all black-23
-    clean; the splice may replace some of those lines)."""
+def wheel_tree(version, tmp_path):
     venv = os.path.join(ROOT, ".venv-test", f"paddle-{version}")
     try:
         pkg = make_patch.paddle_package_dir(venv)
@@ -129,13 +126,31 @@ def test_spliced_modules_add_no_formatting_change_of_their_own(version, tmp_path
         pytest.skip(f"Paddle {version} wheel not installed: {e}")
     tree = str(tmp_path / "tree")
     make_patch.layout_wheel_tree(pkg, tree)
-    files = make_patch.patched_files(tree)
-    texts = {}
-    for name in sorted({name for name, _ in make_patch.SPLICED}):  # a module spliced with two classes once
-        rel = f"{make_patch.TREE_OPT_DIR}/{name}"
-        texts["ours_" + name], texts["upstream_" + name] = files[rel], make_patch._read(os.path.join(tree, rel))
-    new = formatted(texts)
-    for name in sorted({name for name, _ in make_patch.SPLICED}):
-        ours = collections.Counter(changed_lines(texts["ours_" + name], new["ours_" + name]))
-        upstream = collections.Counter(changed_lines(texts["upstream_" + name], new["upstream_" + name]))
-        assert ours - upstream == collections.Counter(), name
+    return tree
+
+
+@pytest.mark.parametrize("version", ["2.6.2", "3.3.1"])
+def test_every_pr_of_the_series_is_formatted_and_its_edits_add_no_formatting_change(version, tmp_path):
+    """After each PR: the files it adds are black/isort clean, and every line the formatter would
+    change in an edited Paddle module, it would change in upstream's own file too (3.x formats
+    with another tool, so upstream's 3.3.1 files are not all black-23 clean; an edit may replace
+    some of those lines)."""
+    tree = wheel_tree(version, tmp_path)
+    texts, spliced = {}, sorted({make_patch.tree_path(m) for m, _ in make_patch.SPLICED})
+    for rel in spliced:
+        texts[f"upstream/{rel}"] = make_patch._read(os.path.join(tree, rel))
+    for k in range(len(make_patch.PR_KEYS)):
+        for rel, text in make_patch.patched_files(tree, k).items():
+            texts[f"pr{k + 1}/{rel}"] = text
+    flat = {name.replace("/", "__"): text for name, text in texts.items()}
+    new = {name: flat_new for name, flat_new in zip(texts, formatted(flat).values())}
+    for name, text in texts.items():
+        if name.startswith("upstream/"):
+            continue
+        rel = name.split("/", 1)[1]
+        if rel in spliced:
+            ours = collections.Counter(changed_lines(text, new[name]))
+            upstream = collections.Counter(changed_lines(texts[f"upstream/{rel}"], new[f"upstream/{rel}"]))
+            assert ours - upstream == collections.Counter(), name
+        else:
+            assert text == new[name], f"{name} is not formatted as Paddle wants (a fence placed badly?)"

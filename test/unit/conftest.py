@@ -4,6 +4,7 @@ import gc
 
 import pytest
 
+import paddle_overlay
 from paddle_overlay import race_check
 from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     read_interception,
@@ -17,10 +18,27 @@ def pytest_configure(config):
     config.addinivalue_line(
         "filterwarnings", "error:parameter sync overlap:UserWarning"
     )
+    config.addinivalue_line(
+        "markers", "overlay_off: the test starts with paddle_overlay removed"
+    )
 
 
 @pytest.fixture(autouse=True)
-def no_leftovers():
+def overlay_applied(request):
+    """Owners exist only with the overlay applied (it registers the new
+    modules under Paddle's names and edits ``StaticFunction.__call__``):
+    applied before each test, also after a test that removed it; modules
+    marked ``overlay_off`` (tests of apply()/remove() themselves) start
+    with it removed."""
+    if request.node.get_closest_marker("overlay_off"):
+        paddle_overlay.remove()
+    else:
+        paddle_overlay.apply()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers(overlay_applied):
     """After each test: close every open owner (those whose optimizer was
     collected are swept first), then nothing may be pending and the read
     interception must be gone; the race checker is off, its counts cleared.
@@ -35,7 +53,8 @@ def no_leftovers():
     gc.collect()
     assert sync_registry.open_owners() == []
     assert sync_registry.PENDING == {}
-    assert not read_interception.is_installed()
+    if paddle_overlay.is_applied():  # the pre-call registry exists then
+        assert not read_interception.is_installed()
 
 
 @pytest.fixture

@@ -10,10 +10,13 @@ import warnings
 from unittest import mock
 
 import paddle
+import pytest
 from parameterized import parameterized
 
 import paddle_overlay
 from paddle_overlay import _patching, _version_gate
+
+pytestmark = pytest.mark.overlay_off  # these tests apply and remove it themselves
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizer,
     DygraphShardingOptimizerV2,
@@ -238,7 +241,7 @@ class TestReadInterceptionInternals(unittest.TestCase):
         original = vars(StaticFunction)["__call__"]
         del StaticFunction.__call__
         try:
-            self.assert_refused("paddle.jit StaticFunction.__call__: StaticFunction defines no __call__")
+            self.assert_refused("StaticFunction.__call__ (wrapped by the overlay) is not defined by the installed class")
         finally:
             StaticFunction.__call__ = original
 
@@ -250,19 +253,24 @@ class TestReadInterceptionInternals(unittest.TestCase):
 
 
 class TestReadInterceptionRestores(unittest.TestCase):
-    """The last release() restores StaticFunction.__call__ and SOT's skip
-    list exactly; a layer stays guarded while another open owner uses it."""
+    """Compiled programs wait (the pre-call hook) while any owner is open and
+    a layer stays guarded while another open owner uses it; remove() puts
+    StaticFunction.__call__, SOT's skip list and Paddle's module names back
+    exactly."""
 
     def test_acquire_release_restores_everything(self):
         from paddle.jit.dy2static.program_translator import StaticFunction
         from paddle.jit.sot.opcode_translator import skip_files
 
+        call, names, regex = StaticFunction.__call__, set(skip_files.skip_file_names), skip_files.skip_file_name_re
+        paddle_overlay.apply()
         from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
             read_interception as ri,
             sync_registry,
         )
 
-        call, names, regex = StaticFunction.__call__, set(skip_files.skip_file_names), skip_files.skip_file_name_re
+        self.assertIsNot(StaticFunction.__call__, call)  # runs the pre-call hooks
+        self.assertGreater(len(skip_files.skip_file_names), len(names))
 
         class Owner:  # what read_interception reads of an owner
             def __init__(self, layers):
@@ -274,31 +282,32 @@ class TestReadInterceptionRestores(unittest.TestCase):
         for owner in (a, b):  # as ParamSyncOverlap.open()
             sync_registry.add(owner)
             ri.acquire(owner)
-        self.assertIsNot(StaticFunction.__call__, call)
-        self.assertGreater(len(skip_files.skip_file_names), len(names))
+        self.assertTrue(ri.is_installed())
         self.assertIs(type(layer._parameters), ri.GuardedParameters)
         for owner, still in ((a, True), (b, False)):  # as close()
             sync_registry.discard(owner)
             ri.release(owner)
             self.assertIs(type(layer._parameters) is ri.GuardedParameters, still)
-            self.assertIs(StaticFunction.__call__ is not call, still)
+            self.assertIs(ri.is_installed(), still)
+        self.assertIs(type(layer._parameters), collections.OrderedDict)
+        paddle_overlay.remove()
+        self.assertIs(StaticFunction.__call__, call)
         self.assertEqual(skip_files.skip_file_names, names)
         self.assertIs(skip_files.skip_file_name_re, regex)
-        self.assertIs(type(layer._parameters), collections.OrderedDict)
-        self.assertFalse(ri.is_installed())
+        import paddle.jit.dy2static as dy2static
+
+        self.assertFalse(hasattr(dy2static, "pre_call_hooks"))
 
     def test_optimizer_collected_without_close_restores_everything_at_the_next_call(self):
         import gc
 
+        paddle_overlay.apply()
         from owner_fakes import Net, make_owner
-        from paddle.jit.dy2static.program_translator import StaticFunction
 
         from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import (
             read_interception as ri,
             sync_registry,
         )
-
-        call = StaticFunction.__call__
 
         class Optimizer:
             pass
@@ -307,14 +316,14 @@ class TestReadInterceptionRestores(unittest.TestCase):
         owner, _ = make_owner(model)
         optimizer = Optimizer()
         owner.close_with(optimizer)
-        self.assertIsNot(StaticFunction.__call__, call)
+        self.assertTrue(ri.is_installed())
         del optimizer
         gc.collect()  # marked closed there; nothing unhooked inside gc
         self.assertTrue(ri.is_installed())
         self.assertEqual(sync_registry.open_owners(), [])  # the sweep
-        self.assertIs(StaticFunction.__call__, call)
         self.assertFalse(ri.is_installed())
         self.assertIs(type(model.first._parameters), collections.OrderedDict)
+        paddle_overlay.remove()
 
 
 class TestRemovedDepthSetting(unittest.TestCase):

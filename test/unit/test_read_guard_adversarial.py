@@ -31,6 +31,7 @@ from owner_fakes import (
 )
 
 from paddle_overlay import race_check
+from paddle_overlay.distributed.fleet.meta_optimizers.dygraph_optimizer import read_interception
 
 PADDLE_3 = paddle.__version__ >= "3"
 
@@ -174,19 +175,20 @@ class Encoder(Net):
         return self.second(self.first(x))
 
 
-def test_race_check_compiled_function_is_counted(monkeypatch):
+def test_race_check_compiled_function_is_counted():
     """A method compiled whole (full_graph) runs the sublayers without any
     Python after its first trace: with the owner's wait before compiled
     programs taken away, the checker sees the program's parameters
     (``run_program``: ``_C_ops`` on 3.x, ``_legacy_C_ops`` on 2.6)."""
     race_check._State.races.clear()
     race_check.enable("report")
-    static_function = paddle.jit.dy2static.program_translator.StaticFunction
     try:
         model = Encoder()
         owner, comm = make_owner(model)
         compiled = paddle.jit.to_static(model.encode, full_graph=True)
-        monkeypatch.setattr(static_function, "__call__", static_function.__call__.__wrapped__)
+        from paddle.jit.dy2static import pre_call_hooks  # registered by apply()
+
+        pre_call_hooks.remove_pre_call_hook(read_interception._wait_everything_pending)
         with paddle.no_grad():
             compiled(X)  # traced while recording
         model(X)
@@ -304,7 +306,10 @@ import json, os, sys
 sys.path.insert(0, {here!r})
 import numpy as np
 import paddle
+import paddle_overlay
 from owner_fakes import X, Net, first_step, make_owner, record_forwards
+
+paddle_overlay.apply()  # owners exist with the overlay applied
 
 case = {case!r}
 model = Net()

@@ -9,10 +9,13 @@ import unittest
 from unittest import mock
 
 import paddle
+import pytest
 from parameterized import parameterized
 
 import paddle_overlay
 from paddle_overlay import _patching, _version_gate
+
+pytestmark = pytest.mark.overlay_off  # these tests apply and remove it themselves
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import dygraph_sharding_optimizer
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizer,

@@ -16,15 +16,14 @@ overlapped with the next forward (``_set_broadcast_overlap``), on vs off.
 
 Run on 2 ranks under ``python -m paddle.distributed.launch``. Env
 ``BROADCAST_OVERLAP_CASES`` picks cases (comma list; empty: all but
-``bf16``). The others run with one broadcast per parameter and with 2 KB
-buckets (boundaries inside layers) and check the public counters.
-``bf16`` (2 GPUs with bf16), upstream's bf16 MLP: O1 vs O2 with
-``main_grad``, and overlap on vs off bitwise for O1, O2 with ``main_grad``
-and the ``GradScaler`` runs. A rank exits non-zero at its first failed
-case; the launcher then stops the others.
+``bf16``). The others run in each mode of ``MODES`` and check the public
+counters. ``bf16`` (2 GPUs with bf16), the MLP of
+test_dygraph_sharding_stage1_bf16: O1 vs O2 with ``main_grad``, and overlap
+on vs off bitwise for O1, O2 with ``main_grad`` and the ``GradScaler`` runs.
+A rank exits non-zero at its first failed case; the launcher then stops
+the others.
 """
 
-import importlib
 import os
 import sys
 import traceback
@@ -36,20 +35,21 @@ import paddle.distributed as dist
 import paddle.nn.functional as F
 from paddle import nn
 from paddle.distributed import fleet
-from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    DygraphShardingOptimizer,
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.param_sync_overlap import (
+    get_param_sync_overlap,
 )
 from paddle.distributed.fleet.utils import mix_precision_utils
 
-# From the package of _set_broadcast_overlap: Paddle's, or paddle_overlay's
-# when the overlay was applied at start-up (PADDLE_OVERLAY=1).
-_package = DygraphShardingOptimizer._set_broadcast_overlap.__module__
-get_param_sync_overlap = importlib.import_module(
-    _package.rpartition(".")[0] + ".param_sync_overlap"
-).get_param_sync_overlap
-
 VOCAB, HIDDEN, SEQ, BATCH, STEPS = 32, 16, 6, 4, 4
-MODES = {"per_parameter": 0, "buckets": 0.002}  # bucket_size_mb
+# series: until buckets
+# MODES = {"per_parameter": {}}  # keyword arguments of _set_broadcast_overlap
+# series: end
+# series: buckets
+MODES = {  # keyword arguments of _set_broadcast_overlap
+    "per_parameter": {"bucket_size_mb": 0},
+    "buckets": {"bucket_size_mb": 0.002},  # 2 KB: boundaries inside layers
+}
+# series: end
 
 
 class TinyLM(nn.Layer):
@@ -102,9 +102,10 @@ def assert_waits_balanced(stats):
     assert sum(waits.values()) == stats["launched"], stats
 
 
-def train(mb, acc=1, minimize=False, steps=STEPS, on_step=None):
-    """Train TinyLM, overlap off (``mb`` None) or on (``bucket_size_mb=mb``):
-    (numpy copies of losses and parameters), model, optimizer, parameters."""
+def train(mode, acc=1, minimize=False, steps=STEPS, on_step=None):
+    """Train TinyLM, overlap off (``mode`` None) or on in ``MODES[mode]``:
+    (numpy copies of losses, parameters and what ``on_step(model, opt)``
+    returned after each step), model, optimizer, parameters."""
     paddle.seed(2026)  # the same initial weights on every rank and run
     model = TinyLM()
     params = model.parameters()
@@ -112,9 +113,9 @@ def train(mb, acc=1, minimize=False, steps=STEPS, on_step=None):
         paddle.optimizer.AdamW(0.01, parameters=params, weight_decay=0.01)
     )
     model = fleet.distributed_model(model)
-    if mb is not None:
-        opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=mb)
-    losses = []
+    if mode is not None:
+        opt._set_broadcast_overlap(True, layers=model, **MODES[mode])
+    losses, reads = [], []
     for step in range(steps):
         for micro in range(acc):
             tokens, labels = batch(step, micro)
@@ -127,27 +128,30 @@ def train(mb, acc=1, minimize=False, steps=STEPS, on_step=None):
             opt.step()
         opt.clear_grad()
         if on_step is not None:
-            on_step(model, opt)
+            reads.extend(on_step(model, opt) or ())
+    opt.state_dict()  # waits for the last step's broadcasts
     result = {
         "losses": copies(losses),
         "parameters": copies(model.state_dict()),
     }
+    if reads:
+        result["reads between steps"] = copies(reads)
     return result, model, opt, params
 
 
-def case_on_off_bitwise(mb):
+def case_on_off_bitwise(mode):
     """Losses and final parameters equal overlap off bit for bit: gradient
     accumulation 1 and 2 with step(), and minimize()."""
     for acc, minimize in ((1, False), (2, False), (1, True)):
         off, *_ = train(None, acc, minimize)
-        on, *_ = train(mb, acc, minimize)
+        on, *_ = train(mode, acc, minimize)
         assert_bitwise(off, on, f"acc={acc} minimize={minimize}")
 
 
-def case_order_is_forward_first_use(mb):
+def case_order_is_forward_first_use(mode):
     """The agreed order is the order forward first uses the parameters (not
     the parameter list's), the same on every rank."""
-    *_, model, opt, params = train(mb, steps=1)
+    *_, model, opt, params = train(mode, steps=1)
     order = get_param_sync_overlap(opt).order
     names = []  # parameter names in the order forward's layers start
 
@@ -168,16 +172,17 @@ def case_order_is_forward_first_use(mb):
     assert [params[i].name for i in order] == first_use, (order, first_use)
 
 
-def case_units_and_waits(mb):
+def case_units_and_waits(mode):
     """One unit per parameter (or per bucket: fewer, a bucket boundary inside
     a layer); each launched every step, waited once, by forward, in order."""
-    *_, model, opt, params = train(mb)
+    *_, model, opt, params = train(mode)
     overlap = get_param_sync_overlap(opt)
     stats, units = overlap.stats, overlap.units
     indices = sorted(i for u in units for i in u.indices)
     assert indices == list(range(len(params))), indices  # each one, once
-    if mb == 0:
+    if mode == "per_parameter":
         assert all(len(u.indices) == 1 for u in units), units
+    # series: buckets
     else:
         assert len(units) < len(params), units
         src_of = {id(u): u.src for u in units}
@@ -187,20 +192,58 @@ def case_units_and_waits(mb):
             own = {unit_of[id(p)] for p in layer.parameters(False)}
             split += len(own) > len({src_of[u] for u in own})
         assert split > 0, units
+    # series: end
     assert stats["launched"] == STEPS * len(units), stats
     assert_waits_balanced(stats)
     # forward after each step but the last; then the final state_dict()
     assert stats["waited_in_forward"] == (STEPS - 1) * len(units), stats
-    assert stats["waited_on_read"] == len(units), stats
-    assert sum(overlap.read_paths.values()) == len(units), overlap.read_paths
+    assert stats["waited_on_demand"] == len(units), stats
     assert stats["waited_out_of_order"] == 0, stats
+
+
+# series: reads
+def case_reads_right_after_step(mode):
+    """Right after step(), before the next forward: an attribute, the
+    model's parameters() and state_dict(), and a forward compiled by
+    paddle.jit.to_static read the updated parameters (equal to overlap off),
+    each path first in turn; every read waits only for what it returns."""
+    state = {}
+
+    def read(model, opt):
+        layers = model._layers
+        if not state:  # the head's forward as a compiled program
+            state.update(head=paddle.jit.to_static(layers.head.forward), n=0)
+        first, state["n"] = state["n"] % 3, state["n"] + 1
+        reads = [
+            lambda: [layers.fcs[1].weight * 1, layers.head.bias * 1],
+            lambda: [p * 1 for p in model.parameters()],
+            lambda: [state["head"](paddle.ones([1, HIDDEN]))],
+        ]
+        values = []
+        for i in range(3):
+            values += reads[(first + i) % 3]()
+        return values + list(model.state_dict().values())
+
+    off, *_ = train(None, on_step=read)
+    state.clear()
+    on, model, opt, params = train(mode, on_step=read)
+    assert_bitwise(off, on, f"reads right after step() [{mode}]")
+    overlap = get_param_sync_overlap(opt)
+    stats, paths = overlap.stats, overlap.read_paths
+    assert_waits_balanced(stats)
+    assert stats["waited_in_forward"] == 0, stats  # the reads came first
+    assert paths["attribute"] > 0 and paths["iteration"] > 0, paths
+    assert stats["waited_in_program"] > 0, stats
+
+
+# series: end
 
 
 def num_pre_hooks(model):
     return sum(len(m._forward_pre_hooks) for m in model.sublayers(True))
 
 
-def case_hooks_constant_and_removed(mb):
+def case_hooks_constant_and_removed(mode):
     """Hooks registered once; turning overlap off right after a step waits
     for its broadcasts and removes every hook."""
     plain = num_pre_hooks(train(None, steps=1)[1])
@@ -219,11 +262,11 @@ def case_hooks_constant_and_removed(mb):
             assert num_pre_hooks(model) == plain, num_pre_hooks(model)
             assert get_param_sync_overlap(opt) is None
 
-    train(mb, on_step=check)
+    train(mode, on_step=check)
 
 
-# bf16: upstream's MLP and settings; O1 autocasts only these ops, so O1
-# and O2 compute the same values
+# bf16: the MLP and settings of test_dygraph_sharding_stage1_bf16; O1
+# autocasts only these ops, so O1 and O2 compute the same values
 SIZE, MLP_BATCH, MLP_BATCHES = 1000, 50, 8  # 4 updates with acc 2
 O1_WHITE_LIST = ["matmul_v2", "elementwise_add", "relu"]
 
@@ -287,9 +330,8 @@ def train_mlp(
             if (i + 1) % acc == 0:
                 opt.step()
                 opt.clear_grad()
-    # the model's and the optimizer's state_dict() wait for pending
-    # broadcasts (no synchronize), so the parameters are read after it
-    model.state_dict()
+    # the optimizer's state_dict() waits for pending broadcasts (no
+    # synchronize), so the parameters are read after it
     state = opt.state_dict()
     tensors = {k: v for k, v in state.items() if isinstance(v, paddle.Tensor)}
     result = {
@@ -306,9 +348,9 @@ def train_mlp(
     return result
 
 
-def case_bf16(_mb):
+def case_bf16(_mode):
     """bf16 O1 vs O2 with main_grad; overlap on vs off for O1, O2 with
-    main_grad and the GradScaler runs (bucket_size_mb: the default)."""
+    main_grad and the GradScaler runs (default settings)."""
     paddle.seed(2023)  # initial weights bf16 represents exactly
     state = mlp().state_dict().items()
     bf16 = {k: paddle.cast(v, "bfloat16").astype("float32") for k, v in state}
@@ -352,7 +394,6 @@ def main():
         print(f"unknown cases {names}; known: {list(cases)}", flush=True)
         return 2
     if "bf16" in names:
-        paddle.set_device(os.environ.get("PADDLE_OVERLAY_TEST_DEVICE", "gpu"))
         if not paddle.amp.is_bfloat16_supported():
             raise RuntimeError(
                 f"bf16 is not supported on {paddle.get_device()}; the driver "
@@ -361,10 +402,9 @@ def main():
     init_fleet()
     passed = 0
     for name in names:
-        modes = {"default": None} if name == "bf16" else MODES
-        for mode, mb in modes.items():
+        for mode in ("default",) if name == "bf16" else MODES:
             try:
-                cases[name](mb)
+                cases[name](mode)
             except Exception:
                 print(f"CASE {name} [{mode}] FAIL", flush=True)
                 traceback.print_exc()

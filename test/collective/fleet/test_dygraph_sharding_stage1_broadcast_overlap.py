@@ -19,7 +19,7 @@ from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus
 import paddle
 
 SCRIPT = "dygraph_sharding_stage1_broadcast_overlap.py"
-# the script's bf16 case (upstream's bf16 test's env)
+# the script's bf16 case (test_dygraph_sharding_stage1_bf16's env)
 BF16_ENVS = {"NVIDIA_TF32_OVERRIDE": "0", "BROADCAST_OVERLAP_CASES": "bf16"}
 
 

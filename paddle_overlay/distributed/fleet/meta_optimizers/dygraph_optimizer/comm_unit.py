@@ -40,24 +40,57 @@ class PaddleComm:
             tensor, src=src, group=group, sync_op=sync_op
         )
 
+    # series: v2
     @staticmethod
     def all_gather(shard, full, group):
         # as Paddle's FusedCommBuffer.sync_params; returns the async task
         return group.process_group.all_gather(shard, full)
 
+    # series: end
     @staticmethod
     def rank():
         return paddle.distributed.get_rank()
 
 
+def _start_broadcast(unit, comm):
+    """``unit.tensor`` from global rank ``unit.src``."""
+    return comm.broadcast(
+        unit.tensor, src=unit.src, group=unit.group, sync_op=False
+    )
+
+
+# series: v2
+def _start_all_gather(unit, comm):
+    """Every rank's ``unit.shard_range`` (elements ``[begin, end)``) of the
+    1-D ``unit.tensor``, a comm buffer's parameter storage; RuntimeError if
+    that storage was freed."""
+    if not unit.tensor._is_initialized():
+        raise RuntimeError(
+            f"parameter all-gather: the storage of comm buffer "
+            f"{unit.label} was freed (clear_param_storage) before "
+            "its gather; call the optimizer's reset_param_storage() "
+            "before step()."
+        )
+    begin, end = unit.shard_range
+    shard = unit.tensor._slice(begin, end)
+    return comm.all_gather(shard, unit.tensor, unit.group)
+
+
+# series: end
+# the collective of each kind of unit: start(unit, comm) -> task
+_STARTS = {"broadcast": _start_broadcast}
+# series: v2
+_STARTS["all_gather"] = _start_all_gather
+# series: end
+
+
 class CommUnit:
-    """One collective of the parameter sync, with its task: ``"broadcast"``
-    of ``tensor`` from global rank ``src``, or ``"all_gather"`` of every
-    rank's ``shard_range`` (elements ``[begin, end)``) of the 1-D ``tensor``
-    (sliced at :meth:`start`). It delivers ``params`` (positions
-    ``indices`` in the optimizer's parameter list); skipped while all are
-    frozen (as Paddle V2's ``need_reduce_scale_sync``) unless ``always``.
-    ValueError: an unknown ``kind``."""
+    """One collective of the parameter sync, with its task: ``kind`` is a
+    key of ``_STARTS`` (each start function says what it sends). It
+    delivers ``params`` (positions ``indices`` in the optimizer's parameter
+    list); skipped while all are frozen (as Paddle V2's
+    ``need_reduce_scale_sync``) unless ``always``. ValueError: an unknown
+    ``kind``."""
 
     def __init__(
         self,
@@ -67,15 +100,20 @@ class CommUnit:
         params,
         group,
         src=None,
+        # series: v2
         shard_range=None,
+        # series: end
         always=False,
         label="",
     ):
-        if kind not in ("broadcast", "all_gather"):
+        if kind not in _STARTS:
             raise ValueError(f"unknown collective kind {kind!r}")
         self.kind, self.tensor, self.group = kind, tensor, group
         self.indices, self.params = tuple(indices), list(params)
-        self.src, self.shard_range = src, shard_range
+        self.src = src
+        # series: v2
+        self.shard_range = shard_range
+        # series: end
         self.always, self.label = always, label
         self.state = UnitState.SYNCED
         self._task = None
@@ -84,25 +122,10 @@ class CommUnit:
         return self.always or any(not p.stop_gradient for p in self.params)
 
     def start(self, comm):
-        """Launch (``sync_op=False``); RuntimeError if already in flight or
-        (all-gather) the comm buffer's storage was freed."""
+        """Launch (``sync_op=False``); RuntimeError if already in flight."""
         if self.state is not UnitState.SYNCED:
             raise RuntimeError(f"unit {self.label} started twice")
-        if self.kind == "broadcast":
-            self._task = comm.broadcast(
-                self.tensor, src=self.src, group=self.group, sync_op=False
-            )
-        else:
-            if not self.tensor._is_initialized():
-                raise RuntimeError(
-                    f"parameter all-gather: the storage of comm buffer "
-                    f"{self.label} was freed (clear_param_storage) before "
-                    "its gather; call the optimizer's reset_param_storage() "
-                    "before step()."
-                )
-            begin, end = self.shard_range
-            shard = self.tensor._slice(begin, end)
-            self._task = comm.all_gather(shard, self.tensor, self.group)
+        self._task = _STARTS[self.kind](self, comm)
         self.state = UnitState.IN_FLIGHT
 
     def finish(self):

@@ -16,39 +16,90 @@
 (``sharding_configs.split_param``).
 
 This module is the single source of these methods: ``paddle_overlay.apply()``
-sets them onto the installed class, and ``tools/make_patch.py`` splices the
-same source text into Paddle's ``dygraph_sharding_optimizer.py``.
+sets them onto the installed class, and ``tools/make_patch.py`` writes the
+same source text into Paddle's ``dygraph_sharding_optimizer.py``:
 
-Each name in ``OVERLAY_WRAPS`` (per class) replaces a method Paddle already
-has; the original stays reachable as ``_origin_<name without leading underscores>``
-(set by ``apply()``, renamed in the patch) and runs unchanged whenever
-broadcast overlap is off. Every other method here is new.
+* a method named in ``OVERLAY_WRAPS`` is an edit of Paddle's method of that
+  name: its body (docstring aside) is the statements the patch puts at the
+  top of Paddle's body; a ``...`` statement stands for Paddle's body, and
+  what follows it goes at the end. ``apply()`` runs the same statements
+  around Paddle's original, kept as ``_origin_<name without leading
+  underscores>``; the signature must be Paddle's.
+* every other method replaces Paddle's of the same name or is new.
+* ``SUPERSEDED``: upstream's own overlap code these methods replace, which
+  the patch deletes (the overlay leaves it in place, unreachable).
 """
 
-from weakref import ref
+# series: v2
+import weakref
 
+# series: end
 from paddle.distributed import fleet
 
 from . import unit_plan
+
+# series: buckets
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB, check_bucket_size_mb
+
+# series: end
 from .param_sync_overlap import (
     ParamSyncOverlap,
     check_overlap_flag,
-    launch_or_sync,
+    launch_param_sync,
     switch_owner,
-    update_then,
-    wait_then,
+    wait_param_sync,
 )
 
-# Per class: methods that replace an existing one and call it as
-# _origin_<name>.
+# Per class: Paddle's methods these edit (see the module docstring).
 OVERLAY_WRAPS = {
     "DygraphShardingOptimizer": (
         "_sharding_sync_parameters",
         "minimize",
         "step",
     ),
+    # series: v2
     "DygraphShardingOptimizerV2": ("_sharding_sync_parameters", "step"),
+    # series: end
+}
+
+# Upstream's overlap (Paddle 3.x; 2.6 has none), deleted by the patch: per
+# class and method, the statements to delete, each by the start of its
+# source text (whitespace collapsed; it must match one statement), or "*"
+# for the whole method. A deleted ``if`` keeps the branch it takes with
+# upstream's overlap off: ``else`` (``if flag:``) or its body (``if not``).
+SUPERSEDED = {
+    "DygraphShardingOptimizer": {
+        "__init__": (
+            "self._forward_pre_hook_remove_helper = []",
+            "try: # The fp32 params such as layer_norm_0.w_0",
+        ),
+        "_forward_pre_hook_function": "*",
+        "_sharding_sync_parameters": ("if self._broadcast_overlap:",),
+        "step": ("if self._broadcast_overlap:",),
+    },
+    # series: v2
+    "DygraphShardingOptimizerV2": {
+        "__init__": (
+            "self._all_gather_overlap_forward = False",
+            "self._forward_pre_hook_remove_helper = []",
+            "self.has_register_forward_hook = False",
+        ),
+        "rebuild": (
+            "self._all_gather_overlap_forward = False",
+            "self._forward_pre_hook_remove_helper = []",
+            "self.has_register_forward_hook = False",
+        ),
+        "_forward_pre_hook_function": "*",
+        "_try_start_bucket_param_sync": "*",
+        "make_forward_hook": "*",
+        "_register_pre_forward_hooks": "*",
+        "_sharding_sync_parameters": ("if self._all_gather_overlap_forward:",),
+        "step": (
+            "if self._all_gather_overlap_forward:",
+            "if not self._all_gather_overlap_forward:",
+        ),
+    },
+    # series: end
 }
 
 
@@ -61,7 +112,9 @@ class DygraphShardingOptimizer:
         broadcast_overlap,
         layers=None,
         strict=False,
+        # series: buckets
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
+        # series: end
     ):
         """Overlap the post-update parameter broadcast with the next forward.
 
@@ -69,13 +122,19 @@ class DygraphShardingOptimizer:
         broadcasts of the updated parameters with ``sync_op=False``, all of
         them, on every rank, in the order forward first uses them (agreed
         across the sharding group at the first update); each layer's forward
-        pre-hook waits for its own broadcasts only, and every read of a
-        parameter and the optimizer's ``state_dict()`` wait first (no
-        synchronize before ``paddle.save``). No hook or read issues a
-        collective, so code that one rank alone runs between steps cannot
-        make the ranks' collectives differ. The entry point of upstream PR
-        #63945; NOTE [parameter sync overlap] in ``param_sync_overlap.py``
-        says what differs.
+        pre-hook waits for its own broadcasts only, and the optimizer's
+        ``state_dict()`` waits first. No hook issues a collective, so code
+        that one rank alone runs between steps cannot make the ranks'
+        collectives differ. The entry point PR #63945 added; NOTE [parameter
+        sync overlap] in ``param_sync_overlap.py`` has the rules.
+        # series: until reads
+        # Other reads of a parameter right after ``step()`` see its old value
+        # until the next forward or ``state_dict()`` waited for it.
+        # series: end
+        # series: reads
+        Every read of a parameter waits for its own broadcast too, without
+        issuing a collective (no synchronize before ``paddle.save``).
+        # series: end
 
         Args:
             broadcast_overlap (bool): on, or off (waits for pending
@@ -85,19 +144,24 @@ class DygraphShardingOptimizer:
             strict (bool): the first hooked layer of each forward waits for
                 everything (no overlap); for models that read a tensor
                 reference to a parameter kept across ``step()``.
+            # series: buckets
             bucket_size_mb (int | float): MB (2**20 bytes) per window of the
                 agreed order; at the first update the parameters move into
                 one contiguous buffer per (window, owner rank, dtype), one
                 broadcast each (with ``tensor_fusion``/``comm_overlap``:
                 slices of Paddle's fused buffers). 0: one per parameter.
+            # series: end
 
         Raises:
             TypeError: a flag is not a bool, ``layers`` is not a
-                ``paddle.nn.Layer``, ``bucket_size_mb`` is not a number.
+                ``paddle.nn.Layer``.
             ValueError: ``layers`` is None or owns none of the parameters;
-                ``bucket_size_mb`` out of range; sharding degree 1;
-                ``pp_configs.sharding_comm_overlap`` with ``tensor_fusion``
-                or ``comm_overlap`` (Paddle's own limit).
+                sharding degree 1; ``pp_configs.sharding_comm_overlap`` with
+                ``tensor_fusion`` or ``comm_overlap`` (Paddle's own limit).
+            # series: buckets
+            TypeError / ValueError: ``bucket_size_mb`` is not a number, or
+                out of range.
+            # series: end
             Nothing changes when an error is raised.
         """
         method = "_set_broadcast_overlap"
@@ -105,7 +169,9 @@ class DygraphShardingOptimizer:
         if not broadcast_overlap:
             self._broadcast_overlap = False
             return switch_owner(self, None)
+        # series: buckets
         cap_bytes = check_bucket_size_mb(bucket_size_mb)
+        # series: end
         if self._sharding_world_size < 2:
             raise ValueError(
                 "broadcast overlap needs sharding stage 1 with sharding_degree "
@@ -129,42 +195,45 @@ class DygraphShardingOptimizer:
         rank_of = {id(p): r for r, ps in self._rank2params.items() for p in ps}
         params = list(self._origin_parameter_list)
         src_ranks = [group.ranks[rank_of[id(p)]] for p in params]
-        if not cap_bytes:
-            planner = unit_plan.PerParameter(src_ranks)
-        elif fused_by_paddle and self._rank2fused:
+        planner = unit_plan.PerParameter(src_ranks)
+        # series: buckets
+        if cap_bytes and fused_by_paddle and self._rank2fused:
             # Paddle's per-rank fused buffers: send slices, never move them
             fused = [
                 t for r in sorted(self._rank2fused) for t in self._rank2fused[r]
             ]
             planner = unit_plan.FusedSlices(src_ranks, cap_bytes, fused)
-        else:
+        elif cap_bytes:
             planner = unit_plan.Buckets(src_ranks, cap_bytes)
+        # series: end
         new = ParamSyncOverlap(params, group, layers, planner, method, strict)
         switch_owner(self, new)
         self._broadcast_overlap = True
 
     def _sharding_sync_parameters(self):
-        """Launch the broadcasts with overlap on, else Paddle's blocking sync."""
-        return launch_or_sync(self, self._origin_sharding_sync_parameters)
+        """With overlap on: launch the broadcasts, not the blocking sync."""
+        if launch_param_sync(self):
+            return
 
     def step(self):
-        """Wait for pending broadcasts and check the parameters against the
-        plan, then run Paddle's ``step()``."""
-        return update_then(self, self._origin_step)
+        """Before the update: wait for pending broadcasts and check the
+        parameters against the plan."""
+        wait_param_sync(self)
 
     def minimize(
         self, loss, startup_program=None, parameters=None, no_grad_set=None
     ):
-        """Wait for pending broadcasts and check the parameters against the
-        plan, then run Paddle's ``minimize()``."""
-        args = (loss, startup_program, parameters, no_grad_set)
-        return update_then(self, self._origin_minimize, *args)
+        """Before the update: wait for pending broadcasts and check the
+        parameters against the plan."""
+        wait_param_sync(self)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending broadcasts."""
-        return wait_then(self, "waited_on_demand", self._inner_opt.state_dict)
+        wait_param_sync(self, "waited_on_demand")
+        return self._inner_opt.state_dict()
 
 
+# series: v2
 class DygraphShardingOptimizerV2:
     """Overlay of ``DygraphShardingOptimizerV2`` (sharding stage 1 with
     ``split_param``): holds only the new and changed methods; never
@@ -185,10 +254,10 @@ class DygraphShardingOptimizerV2:
         across the group at the first update); each layer's pre-hook waits
         for its buffers and every read of a parameter for its own (no
         synchronize before ``paddle.save``). No hook or read issues a
-        collective (upstream's hooks start gathers, so a forward or a read
-        on one rank alone hangs the next barrier). The entry point of Paddle
-        3.x's own (PaddleFormers ``--stage1_allgather_overlap``); NOTE
-        [parameter sync overlap] in ``param_sync_overlap.py``.
+        collective, so a forward or a read on one rank alone cannot hang
+        the next barrier. The entry point PaddleFormers'
+        ``--stage1_allgather_overlap`` calls; NOTE [parameter sync overlap]
+        in ``param_sync_overlap.py`` has the rules.
 
         Args:
             all_gather_overlap_forward (bool): on, or off (waits for pending
@@ -218,7 +287,7 @@ class DygraphShardingOptimizerV2:
         self._check_all_gather_overlap_settings()
         # read at the first step (V2 may rebuild the list); a weak
         # reference, so the owner never keeps the optimizer alive
-        optimizer = ref(self)
+        optimizer = weakref.ref(self)
         planner = unit_plan.CommBuffers(lambda: optimizer()._comm_buffer_list)
         new = ParamSyncOverlap(
             list(self._parameter_list),
@@ -228,8 +297,6 @@ class DygraphShardingOptimizerV2:
             method,
             strict,
         )
-        # Paddle 3.x's own overlap stays off: step() launches the units
-        self._all_gather_overlap_forward = False
         switch_owner(self, new)
 
     def _set_broadcast_overlap(self, broadcast_overlap, layers=None, **kwargs):
@@ -248,16 +315,18 @@ class DygraphShardingOptimizerV2:
             )
 
     def _sharding_sync_parameters(self):
-        """Launch the all-gathers with overlap on, else Paddle's blocking sync."""
-        return launch_or_sync(self, self._origin_sharding_sync_parameters)
+        """With overlap on: launch the all-gathers, not the blocking sync."""
+        if launch_param_sync(self):
+            return
 
     def step(self):
-        """Wait for pending all-gathers, then run Paddle's ``step()``."""
-        return update_then(self, self._origin_step)
+        """Before the update: wait for pending all-gathers."""
+        wait_param_sync(self)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending gathers."""
-        return wait_then(self, "waited_on_demand", self._inner_opt.state_dict)
+        wait_param_sync(self, "waited_on_demand")
+        return self._inner_opt.state_dict()
 
     def _check_all_gather_overlap_settings(self):
         # settings that move gradient or optimizer-state storage: untested
@@ -280,3 +349,6 @@ class DygraphShardingOptimizerV2:
                     f"{name} (it {what}); set it to its default or leave the "
                     "all-gather overlap off."
                 )
+
+
+# series: end

@@ -14,7 +14,8 @@
 """New and changed methods of Paddle's ``HybridParallelOptimizer``.
 
 Single source for ``paddle_overlay.apply()`` and ``tools/make_patch.py``
-(see ``dygraph_sharding_optimizer.py`` in this folder for the convention).
+(see ``dygraph_sharding_optimizer.py`` in this folder for the convention:
+``_step``'s body is the statements put around Paddle's, at ``...``).
 """
 
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
@@ -22,10 +23,17 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
     DygraphShardingOptimizerV2,
 )
 
+# series: buckets
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
-from .param_sync_overlap import check_overlap_flag, get_param_sync_overlap
 
-# Methods that replace an existing one and call it as _origin_<name>.
+# series: end
+from .param_sync_overlap import (
+    check_overlap_flag,
+    defer_param_sync,
+    start_deferred_param_sync,
+)
+
+# Paddle's methods these edit.
 OVERLAY_WRAPS = ("_step",)
 
 
@@ -38,7 +46,9 @@ class HybridParallelOptimizer:
         broadcast_overlap,
         layers=None,
         strict=False,
+        # series: buckets
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
+        # series: end
     ):
         """``DygraphShardingOptimizer._set_broadcast_overlap`` of the wrapped
         V1 optimizer (same arguments, behaviour, errors); turning it on around
@@ -50,10 +60,13 @@ class HybridParallelOptimizer:
             broadcast_overlap,
             layers,
             strict=strict,
+            # series: buckets
             bucket_size_mb=bucket_size_mb,
+            # series: end
         )
         self._broadcast_overlap = broadcast_overlap
 
+    # series: v2
     def _set_all_gather_overlap_forward(
         self,
         all_gather_overlap_forward,
@@ -75,6 +88,7 @@ class HybridParallelOptimizer:
         )
         self._all_gather_overlap_forward = all_gather_overlap_forward
 
+    # series: end
     def _set_overlap_of_inner(self, kind, method, flag, layers, **kwargs):
         # the flag's argument name is the method's, as in the inner one
         check_overlap_flag(flag, method, method[len("_set_") :])
@@ -82,8 +96,10 @@ class HybridParallelOptimizer:
         if isinstance(inner, kind):
             getattr(inner, method)(flag, layers, **kwargs)
         elif flag:
+            # series: v2
             if isinstance(inner, DygraphShardingOptimizerV2):
                 inner._set_broadcast_overlap(True)  # names the V2 method
+            # series: end
             hint = "."
             if isinstance(inner, DygraphShardingOptimizer):
                 hint = ": use _set_broadcast_overlap(True, layers=model)."
@@ -97,10 +113,10 @@ class HybridParallelOptimizer:
         self._layers = layers if flag else None
 
     def _step(self, parameters_list):
-        """Paddle's ``_step``; the sharding broadcast launches after its mp/pp
-        parameter syncs."""
-        overlap = get_param_sync_overlap(self)
-        if overlap is None:
-            return self._origin_step(parameters_list)
-        with overlap.deferred_launch():
-            return self._origin_step(parameters_list)
+        # with overlap on, the sharding parameter sync starts after the mp/pp
+        # parameter syncs below, as without overlap
+        defer_param_sync(self)
+
+        ...  # Paddle's body: the inner step(), then the mp/pp syncs
+
+        start_deferred_param_sync(self)

@@ -12,19 +12,23 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Sharding stage 1: the post-update parameter sync (V1 broadcast, V2
-all-gather) overlapped with the next forward, with one owner.
+"""Sharding stage 1: the post-update parameter sync (V1's broadcast) overlapped
+with the next forward, with one owner.
+# series: v2
+V2 (``split_param``) all-gathers its comm buffers on the same owner.
+# series: end
 
 NOTE [parameter sync overlap]
-As upstream (PR #63945 for V1, ``_set_all_gather_overlap_forward`` for V2),
-``sync_op=False`` collectives waited by forward pre-hooks, by these rules:
+``sync_op=False`` collectives waited by forward pre-hooks (the approach of
+PR #63945 for V1 and of V2's ``_set_all_gather_overlap_forward``), by these
+rules:
 
 * Units (``comm_unit.CommUnit``) own their tasks; a planner of
-  ``unit_plan`` builds them (V1 per parameter, buckets, fused slices; V2
-  comm buffers).
+  ``unit_plan`` builds them.
 * Order: forward's first use, recorded before the first update and sent
   once from rank 0 of the group: all ranks issue the same collectives in
-  the same order (upstream V1 sorts by ``param.name``, V2 uses ``set`` order).
+  the same order (PR #63945 sorted V1's by ``param.name``; V2's hooks
+  started gathers in ``set`` order, which differs across processes).
 * Schedule: every unit starts inside ``step()``, on every rank, in the
   agreed order; no hook, read or compiled program ever issues a collective.
   So whatever user code runs between ``step()`` and the next forward (reads
@@ -34,21 +38,29 @@ As upstream (PR #63945 for V1, ``_set_all_gather_overlap_forward`` for V2),
   ranks' sequences merge into one order without a wait cycle. Owners are
   visited in creation order (``sync_registry``).
 * Waits: a pre-hook (first in its layer's order) per layer owning managed
-  parameters, every Python read of a parameter and compiled program, the
-  optimizer's ``state_dict()`` and ``step()``; safe to call again, never in
-  a GC finalizer. Not seen: a tensor reference taken before ``step()`` (the
-  race checker names such reads).
+  parameters, the optimizer's ``state_dict()`` and ``step()``; safe to call
+  again, never in a GC finalizer.
+# series: reads
+* Reads: every Python read of a parameter waits for its own unit, a
+  compiled program for every unit (``read_interception``). Not seen: a
+  tensor reference taken before ``step()`` (``strict=True``: the first
+  hooked layer waits for everything).
+# series: end
 * No host synchronisation and no collective of its own after the first
-  step: replaced parameter memory is put back into its slot locally; a
-  dtype or size change is refused before anything is sent.
+  step: a parameter's dtype or size change is refused before anything is
+  sent.
+# series: buckets
+  Replaced parameter memory is put back into its bucket slot, locally.
+# series: end
 * Hooks: registered once, removed together on disable.
-* Said: a training forward using units out of the agreed order, and a
-  forward most of whose units were already waited by reads (the overlap was
-  lost), each warn once.
+* Said: a training forward using units out of the agreed order warns once.
+# series: reads
+  So does a forward most of whose units were already waited by reads (the
+  overlap was lost).
+# series: end
 """
 
 import collections
-import contextlib
 import enum
 import inspect
 import os
@@ -58,13 +70,24 @@ import weakref
 
 import paddle
 
+# series: until reads
+# from . import sync_registry
+# series: end
+# series: reads
 from . import read_interception, sync_registry
+
+# series: end
 from .comm_unit import PaddleComm, UnitState
 
 __all__ = []
 
 _OWNER_ATTR = "_param_sync_overlap"
-_COLLECTIVE_NAMES = {"broadcast": "broadcast", "all_gather": "all-gather"}
+_COLLECTIVE_NAMES = {
+    "broadcast": "broadcast",
+    # series: v2
+    "all_gather": "all-gather",
+    # series: end
+}
 
 
 def check_overlap_flag(flag, method, argument):
@@ -78,12 +101,12 @@ def check_overlap_flag(flag, method, argument):
 
 
 def get_param_sync_overlap(optimizer):
-    """The :class:`ParamSyncOverlap` of ``optimizer`` (V1, V2, or a
-    ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around one),
-    or None when overlap is off. Public counters: ``stats`` (dict[str, int]:
-    ``launched``, ``waited_*`` by who waited, ``waited_out_of_order``,
-    ``rebound``), ``read_paths`` (``waited_on_read`` by path), ``order``,
-    ``units``, ``num_pending``, ``num_hooks``, ``state``."""
+    """The :class:`ParamSyncOverlap` of ``optimizer`` (a sharding optimizer,
+    or a ``HybridParallelOptimizer`` or other ``_inner_opt`` wrapper around
+    one), or None when overlap is off. Public counters: ``stats``
+    (dict[str, int]: ``launched``, ``waited_*`` by who waited,
+    ``waited_out_of_order``, ``rebound``), ``order``, ``units``,
+    ``num_pending``, ``num_hooks``, ``state``."""
     while optimizer is not None:
         owner = vars(optimizer).get(_OWNER_ATTR)
         if owner is not None:
@@ -104,31 +127,46 @@ def switch_owner(optimizer, new):
     vars(optimizer)[_OWNER_ATTR] = new
 
 
-def launch_or_sync(optimizer, blocking_sync):
-    """Launch the owner's units if overlap is on, else ``blocking_sync()``."""
+def launch_param_sync(optimizer):
+    """Start the parameter sync of ``optimizer`` when its overlap is on
+    (held back while :func:`defer_param_sync` holds it) and return True;
+    False when the overlap is off: the caller syncs without overlap."""
     overlap = get_param_sync_overlap(optimizer)
     if overlap is None:
-        return blocking_sync()
+        return False
     with paddle.no_grad():
         overlap.launch()
+    return True
 
 
-def update_then(optimizer, call, *args):
-    """Before an update (``step``/``minimize``): wait for pending units and
-    check the parameters against the plan, then ``call(*args)``; a refused
-    change raises before the update changes anything."""
+def wait_param_sync(optimizer, reason="waited_before_update"):
+    """Wait for the pending parameter syncs of ``optimizer`` (counted as
+    ``reason``); before an update, raise if the last one was never
+    started (see :meth:`ParamSyncOverlap.before_update`)."""
     overlap = get_param_sync_overlap(optimizer)
-    if overlap is not None:
+    if overlap is None:
+        return
+    if reason == "waited_before_update":
         overlap.before_update()
-    return call(*args)
+    else:
+        overlap.wait_all(reason)
 
 
-def wait_then(optimizer, reason, call, *args):
-    """Wait for pending units (counted as ``reason``), then ``call(*args)``."""
+def defer_param_sync(optimizer):
+    """Hold the next launch of ``optimizer``'s parameter sync back until
+    :func:`start_deferred_param_sync`: ``HybridParallelOptimizer._step``
+    runs its mp/pp parameter syncs first, as without overlap."""
     overlap = get_param_sync_overlap(optimizer)
     if overlap is not None:
-        overlap.wait_all(reason)
-    return call(*args)
+        overlap.defer_launch()
+
+
+def start_deferred_param_sync(optimizer):
+    """Start the launch that :func:`defer_param_sync` held back, if any."""
+    overlap = get_param_sync_overlap(optimizer)
+    if overlap is not None:
+        with paddle.no_grad():
+            overlap.start_deferred()
 
 
 class ParamSyncState(enum.Enum):
@@ -161,6 +199,8 @@ def _make_noop_hook():
     return _noop_hook
 
 
+# Paddle 2.6's register_forward_pre_hook has no ``prepend``. A release flag:
+# tools/make_patch.py keeps the branch of the release a patch is made for.
 _HAS_PREPEND = (
     "prepend"
     in inspect.signature(paddle.nn.Layer.register_forward_pre_hook).parameters
@@ -170,8 +210,8 @@ _STATS = (
     "waited_unreachable waited_on_read waited_on_demand "
     "waited_by_other_owner waited_out_of_order rebound"
 ).split()
-# waits that take the overlap away from the next forward
-_READ_WAITS = ("waited_on_read", "waited_in_program")
+
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # frames of Paddle and of this package are not the user's line
 _LIBRARY_DIRS = tuple(
@@ -196,6 +236,15 @@ def _user_frame():
     return frame, level
 
 
+def _user_stacklevel():
+    return _user_frame()[1]
+
+
+# series: reads
+# waits that take the overlap away from the next forward
+_READ_WAITS = ("waited_on_read", "waited_in_program")
+
+
 def _user_line():
     frame, _ = _user_frame()
     if frame is None:
@@ -203,10 +252,7 @@ def _user_line():
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-def _user_stacklevel():
-    return _user_frame()[1]
-
-
+# series: end
 def _waiting_layer(layer, parent_of, root):
     # a container without forward (ParameterList) never runs: its nearest
     # ancestor with a forward waits
@@ -254,27 +300,36 @@ class ParamSyncOverlap:
         self._use_units([])
         self._first_unsynced = 0  # the order check looks from here
         self._order_check_armed = self._in_root_forward = False
-        self._warned_order = self._warned_lost = False
+        self._warned_order = False
+        # series: reads
         # the lost-overlap check of the next root forward after a launch
-        self._lost_check_armed, self._started_now = False, 0
-        self._read_waited_now, self._first_read = 0, None
+        self._lost_check_armed = self._warned_lost = False
+        self._started_now, self._read_waited_now = 0, 0
+        self._first_read = None
+        # series: end
         self._pre_hook_handles = {}  # id(layer) -> handle
         self._post_hook_handle = self._finalizer = None
-        self._defer_depth, self._launch_deferred = 0, False
+        # defer_launch(): the next launch() waits for start_deferred()
+        self._defer_next = self._launch_deferred = False
         self._prepared = False  # before_update() checked the plan this step
         # public counters (get_param_sync_overlap); waited_out_of_order: a
         # layer waited while an earlier unit was not synced (less overlap)
         self.stats = dict.fromkeys(_STATS, 0)
+        # series: reads
         # waited_on_read by path ("attribute", "iteration")
         self.read_paths = collections.Counter()
+        # series: end
 
     def _check_arguments(self, layers, strict):
         if layers is None:
             raise ValueError(
                 "the overlap needs the model: pass the paddle.nn.Layer that "
                 "runs the forward, e.g. optimizer._set_broadcast_overlap("
-                "True, layers=model) or optimizer."
-                "_set_all_gather_overlap_forward(True, model)."
+                "True, layers=model)"
+                # series: v2
+                " or optimizer._set_all_gather_overlap_forward(True, model)"
+                # series: end
+                "."
             )
         if not isinstance(layers, paddle.nn.Layer):
             raise TypeError(
@@ -336,7 +391,8 @@ class ParamSyncOverlap:
 
     @property
     def collective(self):
-        """str: ``"broadcast"`` (V1) or ``"all-gather"`` (V2)."""
+        """str: what a unit sends: ``"broadcast"`` (V1), ``"all-gather"``
+        (V2)."""
         return self._collective
 
     @property
@@ -374,8 +430,8 @@ class ParamSyncOverlap:
         return self._units_of_layer.get(id(layer), ())
 
     def open(self):
-        """Install the pre-hooks (first in each layer's hook order) and the
-        read interception, until :meth:`close`."""
+        """Install the pre-hooks (first in each layer's hook order), until
+        :meth:`close`."""
         self._check_state(ParamSyncState.RECORDING)
         if self._pre_hook_handles:
             raise RuntimeError("ParamSyncOverlap.open() called twice.")
@@ -391,12 +447,15 @@ class ParamSyncOverlap:
                 stacklevel=_user_stacklevel(),
             )
         sync_registry.add(self)
+        # series: reads
         read_interception.acquire(self)
+        # series: end
         for layer in self._hooked_layers:
             hook = _Hook(self._on_forward_pre)
             if _HAS_PREPEND:
                 handle = layer.register_forward_pre_hook(hook, prepend=True)
-            else:  # Paddle 2.6: the same move of the hook dict's entry
+            else:
+                # no prepend argument: move the hook to the front by hand
                 handle = layer.register_forward_pre_hook(hook)
                 layer._forward_pre_hooks.move_to_end(handle._hook_id, False)
             self._pre_hook_handles[id(layer)] = handle
@@ -444,22 +503,53 @@ class ParamSyncOverlap:
         if self._post_hook_handle is not None:
             self._post_hook_handle.remove()
             self._post_hook_handle = None
+        # series: reads
         read_interception.release(self)
+        # series: end
         self._recorded = {}
 
-    @contextlib.contextmanager
-    def deferred_launch(self):
-        """Hold :meth:`launch` back until the block ends (even if it raised):
-        ``HybridParallelOptimizer._step``'s mp/pp parameter syncs come first,
-        as in the blocking order."""
-        self._defer_depth += 1
-        try:
-            yield
-        finally:
-            self._defer_depth -= 1
-            if self._defer_depth == 0 and self._launch_deferred:
-                self._launch_deferred = False
-                self.launch()
+    def defer_launch(self):
+        """Hold the next :meth:`launch` back until :meth:`start_deferred`
+        (``HybridParallelOptimizer._step``: its mp/pp parameter syncs
+        come first, as in the blocking order)."""
+        self._check_launch_started()
+        self._defer_next = True
+
+    def start_deferred(self):
+        """Run the launch :meth:`defer_launch` held back, if one was."""
+        self._defer_next = False
+        if self._launch_deferred:
+            self._launch_deferred = False
+            self.launch()
+
+    def before_update(self):
+        """Wait for every pending unit before the optimizer updates; after
+        the first step also check the parameters against the plan and put
+        replaced memory back into its slot (local, no collective).
+
+        Raises:
+            RuntimeError: the last held-back launch never started (the
+                step that held it raised before its end), so the ranks'
+                parameters differ; nothing is waited.
+            ValueError: a parameter's dtype or size changed (names it and
+                the fix); raised before the update changes anything.
+        """
+        self._check_launch_started()
+        self.wait_all("waited_before_update")
+        if self._state is ParamSyncState.ORDERED:
+            self.stats["rebound"] += self._plan.prepare(self._method)
+            self._prepared = True
+
+    def _check_launch_started(self):
+        if self._launch_deferred:
+            raise RuntimeError(
+                f"rank {self._comm.rank()}: the last optimizer step stopped "
+                f"after its update and before its parameter {self._collective}"
+                " was started (an exception inside the step), so the ranks' "
+                "parameters differ; restore them from a checkpoint (turning "
+                f"the overlap off with optimizer.{self._method}(False) and on "
+                "again clears this error)."
+            )
 
     def launch(self):
         """Start every unit that needs a sync after an update, in the agreed
@@ -474,8 +564,8 @@ class ParamSyncOverlap:
                 step (names it and the fix). Nothing is sent when raised.
         """
         self._check_state(ParamSyncState.RECORDING, ParamSyncState.ORDERED)
-        if self._defer_depth:
-            self._launch_deferred = True
+        if self._defer_next:
+            self._defer_next, self._launch_deferred = False, True
             return
         if self.num_pending:
             raise RuntimeError(
@@ -494,23 +584,30 @@ class ParamSyncOverlap:
         elif not self._prepared:
             self.stats["rebound"] += self._plan.prepare(self._method)
         self._prepared = False
+        # series: reads
         read_interception.refresh(self)
+        # series: end
         units = self._plan.units()
         if units is not self._units:
             self._use_units(units)
         due = [unit for unit in self._units if unit.needs_sync()]
         self._wait_for_other_owners(due)
         self._first_unsynced = 0
-        self._order_check_armed = self._lost_check_armed = True
+        self._order_check_armed = True
+        # series: reads
+        self._lost_check_armed = True
         self._started_now = self._read_waited_now = 0
         self._first_read = None
+        # series: end
         with paddle.profiler.RecordEvent("ParamSyncOverlap::launch"):
             for unit in due:
                 unit.start(self._comm)  # may raise: the started stay counted
                 for param in unit.params:
                     sync_registry.PENDING[id(param)] = (self, unit)
                 self.stats["launched"] += 1
+                # series: reads
                 self._started_now += 1
+                # series: end
         self.wait(self._unreachable_units, "waited_unreachable")
 
     def _wait_for_other_owners(self, units):
@@ -569,10 +666,15 @@ class ParamSyncOverlap:
         }
         self._unreachable_units = units_for(self._unreachable)
 
+    # series: until reads
+    # def wait(self, units, reason):
+    # series: end
+    # series: reads
     def wait(self, units, reason, path=None):
+        # series: end
         """Finish this owner's ``units`` that are in flight, counted under
-        ``stats[reason]`` (and ``read_paths[path]``); issues no collective.
-        Returns the number waited now."""
+        ``stats[reason]`` (a read: also ``read_paths[path]``); issues no
+        collective. Returns the number waited now."""
         waited = 0
         for unit in units:
             if unit.state is UnitState.SYNCED:
@@ -588,6 +690,7 @@ class ParamSyncOverlap:
             waited += 1
         if waited:
             self.stats[reason] += waited
+            # series: reads
             if path is not None:
                 self.read_paths[path] += waited
             if reason in _READ_WAITS and self._lost_check_armed:
@@ -595,20 +698,11 @@ class ParamSyncOverlap:
                 if self._first_read is None:
                     where = path or "compiled program"
                     self._first_read = (where, _user_line())
+            # series: end
         return waited
 
     def wait_all(self, reason="waited_on_demand"):
         return self.wait(self._units, reason)
-
-    def before_update(self):
-        """Wait for every pending unit; after the first step also check the
-        parameters against the plan and put replaced memory back into its
-        slot (local). ValueError (names the parameter and the fix): a
-        dtype or size changed; raised before the update changes anything."""
-        self.wait_all("waited_before_update")
-        if self._state is ParamSyncState.ORDERED:
-            self.stats["rebound"] += self._plan.prepare(self._method)
-            self._prepared = True
 
     def _on_forward_pre(self, layer, _inputs):
         # RECORDING: record first use; then wait for the layer's own units
@@ -622,8 +716,10 @@ class ParamSyncOverlap:
             return  # closed (or abandoned, its hooks removed later)
         if layer is self._layers:
             self._in_root_forward = True
+            # series: reads
             if self._lost_check_armed:
                 self._check_lost_overlap()
+            # series: end
         if not sync_registry.PENDING:
             return
         if self._strict:
@@ -638,6 +734,7 @@ class ParamSyncOverlap:
         # only the first root forward after a launch is order-checked
         self._in_root_forward = self._order_check_armed = False
 
+    # series: reads
     def _check_lost_overlap(self):
         # at the first root forward after a launch: were most of its units
         # already waited by reads between step() and this forward?
@@ -657,6 +754,7 @@ class ParamSyncOverlap:
             stacklevel=_user_stacklevel(),
         )
 
+    # series: end
     def _check_order(self, layer, units):
         # count (and warn once, in training) a layer that needs a unit while
         # an earlier one in the agreed order is not synced

@@ -14,14 +14,11 @@
 
 """Every read of a parameter waits for its own pending sync, while an
 overlap is open: each layer's ``_parameters`` (every Python path to a
-parameter) becomes a :class:`GuardedParameters`; compiled programs
-(``StaticFunction.__call__``) wait for everything; this directory joins
-SOT's skip list, as Paddle's own files, so SOT does not trace the hooks.
+parameter) becomes a :class:`GuardedParameters`, and a compiled program
+(a call of a ``paddle.jit.to_static`` function) waits for everything,
+through a pre-call hook of ``paddle.jit.dy2static.pre_call_hooks``.
 """
 
-import functools
-import os
-import re
 from collections import OrderedDict
 
 from . import sync_registry
@@ -116,72 +113,24 @@ def unguard_layer(layer):
         layer.__dict__["_parameters"] = OrderedDict(_odict_items(current))
 
 
-# compiled programs and SOT, installed while any owner is open
-_RESTORE = []  # [restore()] of what _install() replaced
-
-
-def static_function_class():
-    from paddle.jit.dy2static.program_translator import StaticFunction
-
-    return StaticFunction
-
-
-def sot_skip_files():
-    try:
-        from paddle.jit.sot.opcode_translator import skip_files
-    except ImportError:
-        return None
-    return skip_files
-
-
 def _wait_everything_pending():
-    for owner in sync_registry.open_owners():  # creation order
-        owner.wait_all("waited_in_program")
+    # a compiled program reads parameters outside Python: wait for all
+    if PENDING:
+        for owner in sync_registry.open_owners():  # creation order
+            owner.wait_all("waited_in_program")
 
 
-def _install():
-    cls = static_function_class()
-    original = cls.__call__
+def _pre_call_hooks():
+    # imported when first needed, not when fleet is imported
+    from paddle.jit.dy2static import pre_call_hooks
 
-    @functools.wraps(original)
-    def __call__(self, *args, **kwargs):
-        if PENDING:
-            _wait_everything_pending()
-        return original(self, *args, **kwargs)
-
-    cls.__call__ = __call__
-    _RESTORE.append(lambda: setattr(cls, "__call__", original))
-
-    skip_files = sot_skip_files()
-    names = getattr(skip_files, "skip_file_names", None)
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    if isinstance(names, set) and not any(here.startswith(n) for n in names):
-        # a patched Paddle has this file under Paddle's own directory
-        old_re = skip_files.skip_file_name_re
-
-        def restore_sot():
-            names.discard(here)
-            skip_files.skip_file_name_re = old_re
-            skip_files.setup_skip_files()
-
-        names.add(here)
-        skip_files.skip_file_name_re = re.compile(
-            f"^({'|'.join(map(re.escape, names))})"
-        )
-        skip_files.setup_skip_files()
-        _RESTORE.append(restore_sot)
-
-
-def _uninstall():
-    while _RESTORE:
-        _RESTORE.pop()()
+    return pre_call_hooks
 
 
 def acquire(owner):
-    """Guard ``owner``'s layers; the first installs the compiled-program
-    wait and the SOT skip entry."""
-    if not _RESTORE:
-        _install()
+    """Guard ``owner``'s layers; the first open owner adds the wait of
+    compiled programs."""
+    _pre_call_hooks().add_pre_call_hook(_wait_everything_pending)
     for layer in owner.owning_layers:
         guard_layer(layer)
 
@@ -194,15 +143,16 @@ def refresh(owner):
 
 def release(owner):
     """Unguard ``owner``'s layers no other open owner uses; with no owner
-    open, restore what was installed."""
+    open, remove the wait of compiled programs."""
     others = sync_registry.open_owners()
     still = {id(l) for o in others if o is not owner for l in o.owning_layers}
     for layer in owner.owning_layers:
         if id(layer) not in still:
             unguard_layer(layer)
     if not any(o is not owner for o in others):
-        _uninstall()
+        _pre_call_hooks().remove_pre_call_hook(_wait_everything_pending)
 
 
 def is_installed():
-    return bool(_RESTORE)
+    """bool: whether compiled programs wait (an owner is open)."""
+    return _pre_call_hooks().has_pre_call_hook(_wait_everything_pending)

@@ -14,28 +14,32 @@
 
 """The planners of the parameter sync: the one place units are built.
 
-A planner turns the agreed order into a plan: V1's :class:`PerParameter`
-(one broadcast per parameter, upstream PR #63945's unit),
-:class:`Buckets` (contiguous buckets, ``broadcast_buckets.py``) and
-:class:`FusedSlices` (slices of Paddle's fused buffers); V2's
-:class:`CommBuffers` (one all-gather per ``FusedCommBuffer``, in Paddle's
-layout). Planning is local and the same on every rank; a plan never
-communicates. Each launch calls the plan's ``prepare()``: it checks the
-parameters locally and puts replaced memory back in its slot, so nothing has
-to be agreed across ranks after the first step.
+A planner turns the agreed order into a plan, locally and the same on every
+rank; a plan never communicates. Each launch calls the plan's
+``prepare()``: it checks the parameters locally (and puts replaced memory
+back in its slot), so nothing has to be agreed across ranks after the first
+step. The planners:
+
+* :class:`PerParameter` (V1): one broadcast per parameter, PR #63945's unit.
+# series: buckets
+* :class:`Buckets` (V1): contiguous buckets (``broadcast_buckets.py``).
+* :class:`FusedSlices` (V1): slices of Paddle's fused buffers.
+# series: end
+# series: v2
+* :class:`CommBuffers` (V2): one all-gather per ``FusedCommBuffer``, in
+  Paddle's layout.
+# series: end
 """
 
+# series: buckets
 import collections
 
-from .broadcast_buckets import (
-    BucketStorage,
-    changed_param_error,
-    dtype_name,
-    end_ptr,
-    numel_of,
-    plan_buckets,
-    plan_fused_slices,
-)
+# series: end
+# series: buckets
+from . import broadcast_buckets
+
+# series: end
+from .broadcast_buckets import changed_param_error, dtype_name, numel_of
 from .comm_unit import CommUnit
 
 __all__ = []
@@ -71,6 +75,7 @@ class PerParameter:
         return _FixedPlan(units, [params[i] for i in order])
 
 
+# series: buckets
 class Buckets:
     """V1: one broadcast per (window of ``cap_bytes`` in the agreed order,
     owner rank, dtype), the parameters moved once into contiguous storage;
@@ -87,10 +92,12 @@ class Buckets:
 
     def plan(self, order, params, group, alone=()):
         _check_sources(params, self.src_ranks)
-        specs = plan_buckets(
+        specs = broadcast_buckets.plan_buckets(
             order, params, self.src_ranks, self.cap_bytes, alone=alone
         )
-        storage = BucketStorage(specs, params, self.src_ranks, order)
+        storage = broadcast_buckets.BucketStorage(
+            specs, params, self.src_ranks, order
+        )
         storage.materialize()
         return _StoragePlan(storage, group)
 
@@ -106,7 +113,7 @@ class FusedSlices(Buckets):
     def plan(self, order, params, group, alone=()):
         _check_sources(params, self.src_ranks)
         outside = _outside(self.storages, params)
-        plan = plan_fused_slices(
+        plan = broadcast_buckets.plan_fused_slices(
             order,
             params,
             self.src_ranks,
@@ -115,7 +122,9 @@ class FusedSlices(Buckets):
             alone=set(alone) | outside,
         )
         specs = [spec for spec, _, _ in plan]
-        storage = BucketStorage(specs, params, self.src_ranks, order)
+        storage = broadcast_buckets.BucketStorage(
+            specs, params, self.src_ranks, order
+        )
         storage.use_views(
             [
                 self.storages[k]._slice(begin, begin + spec.length)
@@ -125,6 +134,8 @@ class FusedSlices(Buckets):
         return _StoragePlan(storage, group)
 
 
+# series: end
+# series: v2
 class CommBuffers:
     """V2: one all-gather per comm buffer (``FusedCommBuffer``) of >= 2
     ranks holding managed parameters; ``buffers``: a list, or a callable
@@ -140,9 +151,11 @@ class CommBuffers:
         return _FixedPlan(_comm_buffer_units(order, params, buffers), [])
 
 
+# series: end
+# series: buckets
 def _outside(storages, params):
     # trainable positions whose memory left the fused buffers: sent alone
-    bounds = [(t.data_ptr(), end_ptr(t)) for t in storages]
+    bounds = [(t.data_ptr(), broadcast_buckets.end_ptr(t)) for t in storages]
     return {
         i
         for i, p in enumerate(params)
@@ -152,6 +165,8 @@ def _outside(storages, params):
     }
 
 
+# series: end
+# series: v2
 def _comm_buffer_units(order, params, buffers):
     index_of = {id(p): i for i, p in enumerate(params)}
     rank_of = {i: k for k, i in enumerate(order)}
@@ -177,6 +192,7 @@ def _comm_buffer_units(order, params, buffers):
     return [unit for *_, unit in sorted(ranked, key=lambda r: r[:2])]
 
 
+# series: end
 class _FixedPlan:
     """Units fixed at planning; ``checked`` parameters keep their dtype and
     size (V1 per parameter: each broadcast sends the parameter itself)."""
@@ -199,6 +215,7 @@ class _FixedPlan:
         return 0
 
 
+# series: buckets
 class _StoragePlan:
     """The units of a ``BucketStorage``: one broadcast per bucket (always
     sent) and per unslotted parameter trainable now, in the agreed order;
@@ -251,3 +268,6 @@ class _StoragePlan:
             units.append((rank_of(i), unit))
         units.sort(key=lambda item: item[0])
         return [unit for _, unit in units]
+
+
+# series: end
