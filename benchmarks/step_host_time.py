@@ -1,6 +1,7 @@
 """``step()`` host time with the parameter-sync overlap on vs off, and the
 blocking calls inside ``step()`` per step, before and after the owner
-stopped agreeing anything per step (issue 27, item 1). Two CPU ranks.
+stopped agreeing anything per step (no host synchronisation and no
+blocking collective added to ``step()``). Two CPU ranks.
 
 Modes, each trained twice from the same weights and data (overlap off:
 Paddle's own blocking parameter sync, the overlay applied; overlap on),
