@@ -12,6 +12,7 @@ import time
 import unittest
 
 from collective_launch import CollectiveLaunchError, launch_collective
+from legacy_test.test_parallel_dygraph_dataparallel import cpu_shim_env  # gloo group creation on CPU ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "one_rank_dtype_change.py")
@@ -21,7 +22,7 @@ TIMEOUT = 240  # seconds of behaviour: a hang would end here, and fail the asser
 class TestOneRankChangeLaunch(unittest.TestCase):
     def test_one_rank_dtype_change_ends_the_job_naming_that_rank(self):
         with self.assertRaises(CollectiveLaunchError) as caught:
-            launch_collective(SCRIPT, nproc=2, timeout=TIMEOUT)
+            launch_collective(SCRIPT, nproc=2, timeout=TIMEOUT, env=cpu_shim_env({}))
         ended = time.time()
         message = str(caught.exception)
         self.assertNotIn("timeout after", message)

@@ -11,6 +11,7 @@ import re
 import unittest
 
 from collective_launch import CollectiveLaunchError, launch_collective
+from legacy_test.test_parallel_dygraph_dataparallel import cpu_shim_env  # gloo group creation on CPU ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HELD = os.path.join(HERE, "race_check_held.py")
@@ -25,7 +26,7 @@ def summary_lines(log, rank):
 
 class TestRaceCheckLaunch(unittest.TestCase):
     def test_held_reference_is_named_by_parameter_layer_and_path(self):
-        result = launch_collective(HELD, nproc=2, timeout=TIMEOUT, env={"PADDLE_OVERLAY_CHECK": "1"})
+        result = launch_collective(HELD, nproc=2, timeout=TIMEOUT, env=cpu_shim_env({"PADDLE_OVERLAY_CHECK": "1"}))
         for rank, log in enumerate(result.rank_logs):
             param, layer = re.search(r"HELD-PARAM (\S+) (\S+)", log).groups()
             count, details = summary_lines(log, rank)
@@ -35,7 +36,7 @@ class TestRaceCheckLaunch(unittest.TestCase):
 
     def test_raise_mode_fails_the_rank_at_the_first_race(self):
         with self.assertRaises(CollectiveLaunchError) as caught:
-            launch_collective(HELD, nproc=2, timeout=TIMEOUT, env={"PADDLE_OVERLAY_CHECK": "raise"})
+            launch_collective(HELD, nproc=2, timeout=TIMEOUT, env=cpu_shim_env({"PADDLE_OVERLAY_CHECK": "raise"}))
         self.assertIn("while its broadcast was still pending", str(caught.exception))
 
 

@@ -13,6 +13,7 @@ import tempfile
 import unittest
 
 from collective_launch import launch_collective
+from legacy_test.test_parallel_dygraph_dataparallel import cpu_shim_env  # gloo group creation on CPU ranks
 from test_race_check_launch import summary_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,7 +42,7 @@ class TestReadmeSnippet(unittest.TestCase):
     def test_two_ranks_save_a_fresh_model_loads_it_and_no_read_races(self):
         out = tempfile.mkdtemp(prefix="readme-train-", dir=os.environ.get("PADDLE_OVERLAY_RUN_DIR"))
         result = launch_collective(
-            CHECK, nproc=2, timeout=TIMEOUT, env={"README_TRAIN_DIR": out, "PADDLE_OVERLAY_CHECK": "1"})
+            CHECK, nproc=2, timeout=TIMEOUT, env=cpu_shim_env({"README_TRAIN_DIR": out, "PADDLE_OVERLAY_CHECK": "1"}))
         self.assertEqual(sorted(os.listdir(out)), ["model.pdparams"])
         for rank, log in enumerate(result.rank_logs):
             lines = [l for l in log.splitlines() if l.startswith("README-CHECK ")]

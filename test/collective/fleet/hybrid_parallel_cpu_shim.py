@@ -31,7 +31,8 @@ and the ranks use GPUs; on CPU it replaces, for the test process only:
    rendezvous through a TCP store of its own (Paddle's ``ProcessGroupGloo``
    reads the launch's one store without a per-group prefix: on 8 ranks
    groups of 2 or 4 failed in 7 of 8 launches). The harness installs this item
-   alone for every script beside this file (``install_group_creation``),
+   alone for every script beside this file and for the example launches
+   of ``test/examples`` (``install_group_creation``),
    so per-rank scripts in upstream's form need not import the shim.
 2. ``ParallelEnv._device_id`` -> a class default of 0. Why:
    ``PipelineLayer.__init__`` reads ``ParallelEnv().device_id``, which is
