@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 #
-# The README's test command (.ci/run calls it): every collective test (up to 4 ranks) on the oldest
+# The README's test command (.ci/run calls it): every collective test (up to 4 ranks, and the 8-rank row on the newest) on the oldest
 # and newest tested Paddle, the unit tests, and one coverage figure merged over the newest release's
 # ranks and the unit tests (fails under COV_FAIL_UNDER percent). Steps run side by side, each into its own log under
 # .test-out/ci/; every step runs even if another failed, the exit code is non-zero if any did, and a
@@ -74,7 +74,8 @@ merge_coverage() {
 }
 
 # The fault injection (its ranks never apply the overlay) and the patched-tree rows (their ranks run
-# the patched Paddle) run without coverage: measured, they cover no line of paddle_overlay.
+# the patched Paddle) run without coverage: measured, they cover no line of paddle_overlay. The 8-rank
+# row (it skips at --nproc 4) runs last, without coverage (8 measured ranks on 2 cores).
 harness_then_the_rest() {
   local rc=0
   export PORT_RANGE=55000:64000
@@ -84,6 +85,8 @@ harness_then_the_rest() {
     --run-dir "$REPORTS/runs-examples" --junit-xml "$REPORTS/junit-examples-$NEWEST.xml" || rc=$?
   bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$patched" --run-dir "$REPORTS/runs-patched" \
     --junit-xml "$REPORTS/junit-patched-$NEWEST.xml" || rc=$?
+  bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$scale" --nproc 8 --run-dir "$REPORTS/runs-scale" \
+    --junit-xml "$REPORTS/junit-scale-$NEWEST.xml" || rc=$?
   return $rc
 }
 
@@ -101,6 +104,7 @@ unit_tests() {
 fleet='^test_dygraph_sharding_stage1_'
 harness='^test_collective_launch_fault_injection$'
 patched='^test_patched_tree_broadcast_overlap$'
+scale='^test_dygraph_sharding_stage1_param_sync_overlap_scale$'  # 8 ranks, newest release only, no coverage
 cov=(--nproc 4 --coverage)
 start "venv $NEWEST" "$REPORTS/venv-$NEWEST.log" bash tools/run_collective_tests.sh --paddle "$NEWEST" --venv-only
 venv_newest=$!
