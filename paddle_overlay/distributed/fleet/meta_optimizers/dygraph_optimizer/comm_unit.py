@@ -132,9 +132,9 @@ class CommUnit:
         """Wait for the task; True if it was in flight."""
         if self.state is UnitState.SYNCED:
             return False
-        task, self._task = self._task, None
-        if task is not None:
-            task.wait()
+        if self._task is not None:
+            self._task.wait()  # may raise: the unit stays in flight
+        self._task = None
         self.state = UnitState.SYNCED
         return True
 

@@ -120,6 +120,7 @@ def switch_owner(optimizer, new):
     sync_registry.sweep_abandoned()
     current = vars(optimizer).get(_OWNER_ATTR)
     if current is not None:
+        vars(optimizer)[_OWNER_ATTR] = None  # off if opening the new raises
         current.close()
     if new is not None:
         new.open()
@@ -217,6 +218,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIBRARY_DIRS = tuple(
     {
         os.path.dirname(os.path.abspath(paddle.__file__)) + os.sep,
+        os.path.dirname(os.path.abspath(os.__file__)) + os.sep,  # stdlib
         os.path.dirname(
             os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
         )
@@ -519,8 +521,7 @@ class ParamSyncOverlap:
         """Run the launch :meth:`defer_launch` held back, if one was."""
         self._defer_next = False
         if self._launch_deferred:
-            self._launch_deferred = False
-            self.launch()
+            self.launch()  # clears the flag once every unit has started
 
     def before_update(self):
         """Wait for every pending unit before the optimizer updates; after
@@ -536,9 +537,16 @@ class ParamSyncOverlap:
         """
         self._check_launch_started()
         self.wait_all("waited_before_update")
-        if self._state is ParamSyncState.ORDERED:
+        if self._state is not ParamSyncState.ORDERED:
+            return
+        # a shared parameter's other owner may still be writing its bucket
+        self._wait_for_other_owners(self._units)
+        try:
             self.stats["rebound"] += self._plan.prepare(self._method)
-            self._prepared = True
+        except ValueError:
+            self._defer_next = False  # the step stops here: nothing held
+            raise
+        self._prepared = True
 
     def _check_launch_started(self):
         if self._launch_deferred:
@@ -567,6 +575,9 @@ class ParamSyncOverlap:
         if self._defer_next:
             self._defer_next, self._launch_deferred = False, True
             return
+        # set until every unit has started: a launch that raised part way
+        # is refused at the next update (_check_launch_started)
+        self._launch_deferred = True
         if self.num_pending:
             raise RuntimeError(
                 f"rank {self._comm.rank()}: parameter sync launch with "
@@ -593,7 +604,7 @@ class ParamSyncOverlap:
         due = [unit for unit in self._units if unit.needs_sync()]
         self._wait_for_other_owners(due)
         self._first_unsynced = 0
-        self._order_check_armed = True
+        self._order_check_armed, self._in_root_forward = True, False
         # series: reads
         self._lost_check_armed = True
         self._started_now = self._read_waited_now = 0
@@ -608,6 +619,7 @@ class ParamSyncOverlap:
                 # series: reads
                 self._started_now += 1
                 # series: end
+        self._launch_deferred = False
         self.wait(self._unreachable_units, "waited_unreachable")
 
     def _wait_for_other_owners(self, units):
@@ -717,7 +729,13 @@ class ParamSyncOverlap:
         if layer is self._layers:
             self._in_root_forward = True
             # series: reads
-            if self._lost_check_armed:
+            # decided at the next training forward (eval forwards wait in
+            # their hooks, which is no loss)
+            if (
+                self._lost_check_armed
+                and self._layers.training
+                and paddle.is_grad_enabled()
+            ):
                 self._check_lost_overlap()
             # series: end
         if not sync_registry.PENDING:

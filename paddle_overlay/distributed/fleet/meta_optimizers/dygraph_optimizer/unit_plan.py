@@ -199,20 +199,27 @@ class _FixedPlan:
 
     def __init__(self, units, checked):
         self._units = units
-        self._checked = [
-            (p, (dtype_name(p.dtype), numel_of(p))) for p in checked
-        ]
+        self._checked = _as_planned(checked)
 
     def units(self):
         return self._units
 
     def prepare(self, method):
         """Local checks before a launch; returns 0 (nothing rebound)."""
-        for param, was in self._checked:
-            now = (dtype_name(param.dtype), numel_of(param))
-            if now != was and not param.stop_gradient:
-                raise changed_param_error(param, was, now, method)
+        _check_as_planned(self._checked, method)
         return 0
+
+
+def _as_planned(params):
+    return [(p, (dtype_name(p.dtype), numel_of(p))) for p in params]
+
+
+def _check_as_planned(checked, method):
+    # a trainable parameter that changed dtype or size: ValueError
+    for param, was in checked:
+        now = (dtype_name(param.dtype), numel_of(param))
+        if now != was and not param.stop_gradient:
+            raise changed_param_error(param, was, now, method)
 
 
 # series: buckets
@@ -224,9 +231,15 @@ class _StoragePlan:
     def __init__(self, storage, group):
         self.storage, self._group = storage, group
         self._units, self._loose = None, None
+        # sent alone while trainable: as per parameter, dtype and size kept
+        self._unslotted = _as_planned(
+            [storage.params[i] for i in storage.unslotted]
+        )
 
     def prepare(self, method):
-        """Rebind replaced memory into its slots (local); the count."""
+        """Check the parameters sent alone, rebind replaced memory into
+        its slots (local); the count rebound."""
+        _check_as_planned(self._unslotted, method)
         return len(self.storage.rebind(method))
 
     def units(self):
