@@ -135,6 +135,7 @@ def train(
     model=None,
     opt=None,
     first_step=0,
+    bucket_mb=0.0,
 ):
     """Train and return ``(losses, params, info)``.
 
@@ -145,7 +146,9 @@ def train(
     ``skip_update(step)`` True skips the update of that step;
     ``parameters(model)`` picks the optimizer's parameters;
     ``wrap_model(model)`` wraps before ``fleet.distributed_model``;
-    ``model``/``opt`` continue a previous run from step ``first_step``.
+    ``model``/``opt`` continue a previous run from step ``first_step``;
+    ``bucket_mb``: the overlap's ``bucket_size_mb`` (0: one broadcast per
+    parameter, the granularity the structural checks of the cases describe).
     """
     if model is None:
         model = build_with_initial_state(build)
@@ -156,7 +159,7 @@ def train(
         model = fleet.distributed_model(model)
         if overlap:
             opt._set_broadcast_overlap(
-                True, layers=model, strict=strict, **overlap_options()
+                True, layers=model, strict=strict, bucket_size_mb=bucket_mb
             )
     if checker is not None:
         checker.watch(model, opt)
@@ -227,42 +230,6 @@ def sync_registry_module():
     return importlib.import_module(
         overlap_module().__name__.rpartition(".")[0] + ".sync_registry"
     )
-
-
-# bucket_size_mb set by ``bucket_size_mb()`` for its block; None: the launch's
-_BUCKET_MB = [None]
-
-
-def overlap_options():
-    """Extra ``_set_broadcast_overlap`` arguments for ``train``: env
-    ``BROADCAST_OVERLAP_BUCKET_MB`` as ``bucket_size_mb`` (the driver reruns
-    launches with buckets), or the size a ``bucket_size_mb()`` block set;
-    unset: 0, one broadcast per parameter, the granularity the structural
-    checks of the cases describe."""
-    mb = _BUCKET_MB[0]
-    if mb is None:
-        mb = float(os.environ.get("BROADCAST_OVERLAP_BUCKET_MB", "0"))
-    return {"bucket_size_mb": mb}
-
-
-@contextlib.contextmanager
-def bucket_size_mb(mb):
-    """``train`` uses ``bucket_size_mb=mb`` inside the block, whatever the
-    launch's mode."""
-    saved, _BUCKET_MB[0] = _BUCKET_MB[0], mb
-    try:
-        yield
-    finally:
-        _BUCKET_MB[0] = saved
-
-
-def launch_mode_and_per_parameter():
-    """Bucket sizes (MB) for a case with assertions that hold in one mode
-    only: the launch's, then 0 (one broadcast per parameter) when the
-    launch uses buckets, so its per-parameter assertions run in every
-    launch of the case. Use each as ``with bucket_size_mb(mb):``."""
-    mb = overlap_options()["bucket_size_mb"]
-    return [mb] if mb == 0 else [mb, 0.0]
 
 
 def per_parameter(opt):

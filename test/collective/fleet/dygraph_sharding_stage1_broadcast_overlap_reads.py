@@ -28,6 +28,7 @@ env ``BROADCAST_OVERLAP_CASES``.
 
 import sys
 
+import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
@@ -107,22 +108,23 @@ def weight_norm(raw):
     return paddle.linalg.norm(raw.fc.weight).numpy()
 
 
-READ_CHECK = [None]
+def ema_over_parameters(read_check=None):
+    """A reader: an EMA update over model.parameters(), keyed by position;
+    ``read_check(params)`` runs before each parameter is read."""
+    ema = {}
 
+    def read(raw):
+        out = []
+        for i, p in enumerate(raw.parameters()):
+            if read_check is not None:
+                read_check([p])
+            prev = ema.get(i)
+            value = p.numpy()
+            ema[i] = value if prev is None else 0.9 * prev + 0.1 * value
+            out.append(ema[i].ravel())
+        return np.concatenate(out)
 
-def ema_over_parameters(raw, _ema={}):
-    """An EMA update over model.parameters(), keyed by position."""
-    out = []
-    for i, p in enumerate(raw.parameters()):
-        if READ_CHECK[0] is not None:
-            READ_CHECK[0]([p])
-        prev = _ema.get(i)
-        value = p.numpy()
-        _ema[i] = value if prev is None else 0.9 * prev + 0.1 * value
-        out.append(_ema[i].ravel())
-    import numpy as np
-
-    return np.concatenate(out)
+    return read
 
 
 def case_helper_forward_outside_model_call():
@@ -146,17 +148,14 @@ def case_weight_norm_logging_between_steps():
 
 
 def case_parameters_loop_between_steps():
-    ema_over_parameters.__defaults__[0].clear()
-    off, off_out, _ = run_with_reads(ema_over_parameters)
-    ema_over_parameters.__defaults__[0].clear()
+    off, off_out, _ = run_with_reads(ema_over_parameters())
     with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
-        READ_CHECK[0] = lambda params: checker.check(params, "read:parameters")
-        try:
-            on, on_out, info = run_with_reads(
-                ema_over_parameters, checker=checker
-            )
-        finally:
-            READ_CHECK[0] = None
+        on, on_out, info = run_with_reads(
+            ema_over_parameters(
+                lambda ps: checker.check(ps, "read:parameters")
+            ),
+            checker=checker,
+        )
     # the loop reads every parameter between steps: said once
     assert_lost_overlap_warning(lost, "iteration", launched=2, read=2)
     assert_bitwise_equal(off, on, "parameters() loop")
