@@ -26,6 +26,7 @@ import functools
 import sys
 import warnings
 
+import broadcast_overlap_training as training
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
@@ -49,8 +50,6 @@ from broadcast_overlap_training import (
     sync_registry_module,
     total_forward_pre_hooks,
 )
-
-import broadcast_overlap_training as training
 
 import paddle
 from paddle.distributed import fleet

@@ -28,6 +28,7 @@ import tempfile
 import types
 import warnings
 
+import broadcast_overlap_training as training
 import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
@@ -50,8 +51,6 @@ from broadcast_overlap_training import (
     rank,
     run_cases,
 )
-
-import broadcast_overlap_training as training
 
 import paddle
 from paddle.distributed import fleet
