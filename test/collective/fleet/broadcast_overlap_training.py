@@ -30,7 +30,9 @@ import re
 import sys
 import time
 import traceback
+import types
 import warnings
+import zlib
 
 import hybrid_parallel_cpu_shim
 import numpy as np
@@ -125,6 +127,27 @@ def adamw(parameters):
     )
 
 
+class Run(types.SimpleNamespace):
+    """One training run: ``losses``, ``params`` (numpy copies), ``extras``
+    (numpy values ``after_step`` read), ``raw`` (the user's layer),
+    ``model`` (fleet's), ``opt``. Unpacks as ``(losses, params, run)``;
+    ``run["model"]`` is ``run.model``."""
+
+    def __iter__(self):
+        return iter((self.losses, self.params, self))
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return getattr(self, key)
+        return (self.losses, self.params, self)[key]
+
+
+def enable_broadcast_overlap(opt, model, *, bucket_mb=0.0, strict=False):
+    opt._set_broadcast_overlap(
+        True, layers=model, strict=strict, bucket_size_mb=bucket_mb
+    )
+
+
 def train(
     build=TinyLM,
     overlap=False,
@@ -136,46 +159,64 @@ def train(
     strict=False,
     micro_step=default_micro_step,
     on_step=None,
+    after_step=None,
+    prepare=None,
     skip_update=None,
     parameters=None,
     wrap_model=None,
     make_optimizer=adamw,
+    init=build_with_initial_state,
+    around=contextlib.nullcontext,
+    enable=None,
     model=None,
     opt=None,
     first_step=0,
     bucket_mb=0.0,
+    final=None,
 ):
-    """Train and return ``(losses, params, info)``.
+    """Train and return a :class:`Run`, the one training loop of the
+    scripts.
 
-    ``losses`` and ``params`` are numpy copies taken after the run; params
-    keyed by structured name. ``info`` holds ``model`` and ``opt``.
-    ``micro_step(model, step, micro, acc_steps)`` does one micro-batch;
-    ``on_step(step, model, opt)`` runs after each update;
-    ``skip_update(step)`` True skips the update of that step;
-    ``parameters(model)`` picks the optimizer's parameters;
-    ``wrap_model(model)`` wraps before ``fleet.distributed_model``;
-    ``model``/``opt`` continue a previous run from step ``first_step``;
-    ``bucket_mb``: the overlap's ``bucket_size_mb`` (0: one broadcast per
-    parameter, the granularity the structural checks of the cases describe).
+    Building (unless ``model``/``opt`` continue a previous run from step
+    ``first_step``): ``init(build)`` (default: weights of a seeded build),
+    ``wrap_model(layer)``, ``parameters(layer)`` for ``make_optimizer``;
+    fleet's optimizer and model are built inside ``around()`` (a V2 set-up);
+    with ``overlap``, ``enable(opt, model)`` turns it on (default V1's
+    broadcast overlap with ``bucket_mb``, 0: one broadcast per parameter,
+    and ``strict``). ``prepare(run)`` runs before the first step.
+
+    Each step: ``micro_step(model, step, micro, acc_steps)`` per
+    micro-batch returns its loss; the update unless ``skip_update(step)``
+    (``use_minimize``: ``opt.minimize``); ``on_step(step, model, opt)``;
+    ``after_step(step, run)`` returns values read between steps, kept in
+    ``run.extras``. At the end ``final(run)`` (e.g. one more forward), then
+    ``run.params`` from ``model.state_dict()``.
     """
+    raw = None
     if model is None:
-        model = build_with_initial_state(build)
+        raw = init(build)
         if wrap_model is not None:
-            model = wrap_model(model)
-        params = parameters(model) if parameters else model.parameters()
-        opt = fleet.distributed_optimizer(make_optimizer(params))
-        model = fleet.distributed_model(model)
+            raw = wrap_model(raw)
+        params = parameters(raw) if parameters else raw.parameters()
+        with around():
+            opt = fleet.distributed_optimizer(make_optimizer(params))
+            model = fleet.distributed_model(raw)
         if overlap:
-            opt._set_broadcast_overlap(
-                True, layers=model, strict=strict, bucket_size_mb=bucket_mb
-            )
+            if enable is None:
+                enable_broadcast_overlap(
+                    opt, model, bucket_mb=bucket_mb, strict=strict
+                )
+            else:
+                enable(opt, model)
+    run = Run(raw=raw, model=model, opt=opt, losses=[], extras=[])
     if checker is not None:
         checker.watch(model, opt)
-    losses = []
+    if prepare is not None:
+        prepare(run)
     for step in range(first_step, first_step + steps):
         for micro in range(acc_steps):
             loss = micro_step(model, step, micro, acc_steps)
-            losses.append(loss.numpy().copy())
+            run.losses.append(np.array(loss.numpy()).copy())
         if skip_update is None or not skip_update(step):
             if use_minimize:
                 opt.minimize(loss)
@@ -183,13 +224,18 @@ def train(
                 opt.step()
         opt.clear_grad()
         if checker is not None:
+            checker.hooks_last()  # after hooks a first step() registered
             print(
                 f"rank {rank()} step {step} wait check: {checker.step_report()}"
             )
         if on_step is not None:
             on_step(step, model, opt)
-    params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
-    return losses, params, {"model": model, "opt": opt}
+        if after_step is not None:
+            run.extras += [np.array(v).copy() for v in after_step(step, run)]
+    if final is not None:
+        final(run)
+    run.params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    return run
 
 
 def assert_bitwise_equal(expected, actual, what):
@@ -305,30 +351,56 @@ def total_forward_pre_hooks(model):
     )
 
 
-def compare_on_off(build=TinyLM, **kwargs):
-    """Off run, then on run under the wait checker: bitwise-equal losses and
-    parameters, no violation, some async broadcast seen. Returns
-    ``(checker, info of the on run)``."""
-    off_losses, off_params, _ = train(build, overlap=False, **kwargs)
+def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
+    """Off run, then on run under the wait checker (``run``: the training
+    function, default :func:`train`, called with ``overlap`` and
+    ``checker``): bitwise-equal losses, values read between steps and final
+    parameters; the final parameters equal on every rank of ``replicas``
+    (a group; ``"world"``: every rank; None: not checked), gathered before
+    any assertion so a failure on one rank leaves the ranks in step; no
+    read of a pending sync, some async sync seen, none left unwaited.
+    Returns ``(checker, the on run)``."""
+    run = run or train
+    off = run(build, overlap=False, **kwargs)
     with BroadcastWaitChecker() as checker:
-        on_losses, on_params, info = train(
-            build, overlap=True, checker=checker, **kwargs
+        on = run(build, overlap=True, checker=checker, **kwargs)
+    digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
+    group = None if replicas == "world" else replicas
+    same = replicas is None or equal_in_group(digests, group)
+    what = f"{getattr(build, '__name__', build)} {sorted(kwargs)}"
+    assert len(off.extras) == len(on.extras), what
+    for i, (a, b) in enumerate(zip(off.extras, on.extras)):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (
+            f"{what}: value {i} read between steps differs from overlap "
+            f"off (max abs diff "
+            f"{np.abs(a.astype('float64') - b.astype('float64')).max()})"
         )
-    what = f"{getattr(build, '__name__', build)} {kwargs}"
-    assert_bitwise_equal((off_losses, off_params), (on_losses, on_params), what)
-    assert checker.violations == [], checker.violations[:10]
-    assert checker.counts["launched"] > 0, "no async broadcast was issued"
+    assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
+    assert checker.violations == [], (
+        f"reads of a parameter whose sync is pending: "
+        f"{checker.violations[:8]}"
+    )
+    assert checker.counts["launched"] > 0, "no async sync was issued"
     # the final model.state_dict() waited for the last launch
     assert checker.num_unwaited() == 0, checker.num_unwaited()
-    return checker, info
+    assert same, f"{what}: final parameters differ across ranks"
+    return checker, on
+
+
+def equal_in_group(values, group=None):
+    """True when the int list ``values`` is the same on every rank of
+    ``group`` (None: every rank; every rank of the group must call it)."""
+    if group is not None and group.nranks < 2:
+        return True
+    mine = paddle.to_tensor(values, dtype="int64")
+    gathered = []
+    paddle.distributed.all_gather(gathered, mine, group=group)
+    return all(g.numpy().tolist() == list(values) for g in gathered)
 
 
 def all_ranks_equal(values):
     """True when the int list ``values`` is the same on every rank."""
-    mine = paddle.to_tensor(values, dtype="int64")
-    gathered = []
-    paddle.distributed.all_gather(gathered, mine)
-    return all(g.numpy().tolist() == list(values) for g in gathered)
+    return equal_in_group(values)
 
 
 def init_fleet():

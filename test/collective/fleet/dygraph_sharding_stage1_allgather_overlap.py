@@ -47,12 +47,10 @@ on any FAIL or XPASS (the harness's one case runner).
 import os
 import sys
 import tempfile
-import types
 import zlib
 
 import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim
-import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     adamw,
@@ -336,101 +334,60 @@ def snapshot(model):
     return {k: v.numpy().copy() for k, v in model.state_dict().items()}
 
 
-def digest(params):
-    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
+def micro_step(model, step, micro, acc_steps):
+    loss = lm_loss(model, step, micro)
+    (loss / acc_steps).backward()
+    return loss
 
 
-def train(
-    cls=LM,
-    overlap=False,
-    *,
-    checker=None,
-    steps=STEPS,
-    acc_steps=1,
-    make_optimizer=adamw,
-    parameters=None,
-    prepare=None,
-    after_step=None,
-    raw_layers=False,
-):
-    """Train ``cls`` and return a namespace with ``losses``, ``extras``
-    (numpy values ``after_step`` read), ``params`` (numpy, after one more
-    forward), ``raw`` (the layer), ``model`` (fleet's) and ``opt``.
-
-    ``parameters(raw)`` picks the optimizer's parameters; ``prepare(run)``
-    runs before training; ``after_step(step, run)`` right after each
-    ``step()``, returning a list of numpy arrays to compare;
-    ``raw_layers`` passes the user's layer, not fleet's wrapper of it
-    (whose sublayer it is), as ``layers``.
-    """
-    raw = build(cls)
-    params = parameters(raw) if parameters else raw.parameters()
-    with hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB):
-        opt = fleet.distributed_optimizer(make_optimizer(params))
-        model = fleet.distributed_model(raw)
-    run = types.SimpleNamespace(
-        raw=raw, model=model, opt=opt, losses=[], extras=[], params=None
-    )
-    if overlap:
-        enable(opt, raw if raw_layers else model)
-    if checker is not None:
-        checker.watch(model, opt)
-    if prepare is not None:
-        prepare(run)
-    for step in range(steps):
-        for micro in range(acc_steps):
-            loss = lm_loss(run.model, step, micro)
-            (loss / acc_steps).backward()
-            run.losses.append(loss.numpy().copy())
-        opt.step()
-        opt.clear_grad()
-        if checker is not None:
-            checker.hooks_last()  # after hooks the first step() registered
-        if after_step is not None:
-            run.extras.extend(np.asarray(v) for v in after_step(step, run))
-    # one more forward before the final read: every implementation syncs
-    # the buffers the forward uses (reads right after step() are the
-    # cases' business)
+def final_forward(run):
+    """One more forward before the final read: every implementation syncs
+    the buffers the forward uses (reads right after step() are the cases'
+    business)."""
     with paddle.no_grad():
         run.model(batch(99)[0])
-    run.params = snapshot(run.raw)
-    return run
+
+
+def train(cls=LM, overlap=False, *, raw_layers=False, **kwargs):
+    """``training.train`` of V2 with comm buffers of BUFFER_MB, the
+    overlap turned on as PaddleFormers does; ``raw_layers`` passes the
+    user's layer, not fleet's wrapper of it (whose sublayer it is), as
+    ``layers``."""
+
+    def on(opt, model):
+        enable(opt, model._layers if raw_layers else model)
+
+    return training.train(
+        cls,
+        overlap,
+        init=build,
+        around=lambda: hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB),
+        enable=on,
+        micro_step=micro_step,
+        final=final_forward,
+        **{"steps": STEPS, **kwargs},
+    )
 
 
 def compare(cls=LM, lost=None, **kwargs):
-    """V2 off, then V2 with overlap under the wait checker; returns
-    ``(off, on, checker)``. Raises AssertionError naming the first
-    difference, after the collective check every rank runs (so a failure
-    on one rank leaves the ranks in step). ``lost``: the first read's path
-    (``"iteration"``, ``"attribute"``) of the product's lost-overlap
-    warning the case expects on this rank (its reads between steps wait
-    for every gather of the step), None for none."""
-    off = train(cls, overlap=False, **kwargs)
-    with BroadcastWaitChecker() as checker, lost_overlap_warnings() as said:
-        on = train(cls, overlap=True, checker=checker, **kwargs)
-    ranks_equal = all_ranks_equal(digest(on.params))
-    what = f"{cls.__name__} {sorted(kwargs)}"
-    assert len(off.extras) == len(on.extras), what
-    for i, (a, b) in enumerate(zip(off.extras, on.extras)):
-        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (
-            f"{what}: value {i} read between steps differs from overlap "
-            f"off (max abs diff "
-            f"{np.abs(a.astype('float64') - b.astype('float64')).max()})"
+    """``training.compare_on_off`` of V2 off and on (every rank's final
+    parameters equal), with >= 3 comm buffers; returns ``(checker, on)``.
+    ``lost``: the first read's path (``"iteration"``, ``"attribute"``) of
+    the product's lost-overlap warning the case expects on this rank (its
+    reads between steps wait for every gather of the step), None for
+    none."""
+    with lost_overlap_warnings() as said:
+        checker, on = training.compare_on_off(
+            cls, run=train, replicas="world", **kwargs
         )
-    assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
-    assert checker.violations == [], (
-        f"reads of a parameter whose all-gather is pending: "
-        f"{checker.violations[:8]}"
-    )
     assert checker.counts["gathers"] > 0, "no all-gather of a parameter seen"
-    assert ranks_equal, "parameters differ across ranks"
     assert len(buffers(on.opt)) >= 3, f"{len(buffers(on.opt))} comm buffers"
     if IMPL == "product" and lost is not None:
         units = len(overlap_impl(on.opt).units)
         assert_lost_overlap_warning(said, lost, units, units)
     else:  # (Paddle's own overlap has no such warning)
         assert said == [], said
-    return off, on, checker
+    return checker, on
 
 
 # ----------------------------------------------------------------------
@@ -596,9 +553,7 @@ def case_gather_order_follows_forward():
         for h in handles:
             h.remove()
 
-    _, on, checker = compare(
-        MixedLM, make_optimizer=sgd, prepare=record_first_use
-    )
+    checker, on = compare(MixedLM, make_optimizer=sgd, prepare=record_first_use)
     where = buffer_of(on.opt)
     launched = []
     for task in checker.gather_log:
@@ -660,7 +615,7 @@ def case_tied_embedding_head():
 def case_fp32_norms_beside_bf16_weights():
     """bfloat16 linears, fp32 embedding and norms (the CPU has no float16
     matmul or optimizer kernels; bfloat16 has an SGD kernel)."""
-    _, on, _ = compare(MixedLM, make_optimizer=sgd)
+    _, on = compare(MixedLM, make_optimizer=sgd)
     dtypes = {str(ps[0].dtype) for ps in buffers(on.opt)}
     assert len(dtypes) == 2, dtypes
 
