@@ -59,7 +59,7 @@ class TestReadmeSnippet(unittest.TestCase):
                 },
             )
             self.assertEqual(summary_lines(log, rank), (0, []), f"rank {rank}: {result.log_dir}")
-            self.assertIn("none: every read waited for its broadcast", log)
+            self.assertIn("none: every read waited for its sync", log)
 
 
 if __name__ == "__main__":
