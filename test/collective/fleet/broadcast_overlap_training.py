@@ -403,20 +403,45 @@ def all_ranks_equal(values):
     return equal_in_group(values)
 
 
-def init_fleet():
-    """fleet.init with every rank in one sharding group."""
+def init_fleet(
+    degrees=None,
+    *,
+    split_param=False,
+    buffer_mb=None,
+    mp_sync_param=False,
+    micro_batch=2,
+):
+    """fleet.init, the one of every script: ``degrees`` (``dp_degree``,
+    ``mp_degree``, ``pp_degree``, ``sharding_degree``; default every rank in
+    one sharding group); a pipeline of 2 micro-batches of ``micro_batch``
+    without batched p2p (gloo has none on the calc stream: 3.x setting, 2.6
+    always batches, see hybrid_parallel_cpu_shim); ``mp_sync_param``:
+    ``mp_configs.sync_param``; ``split_param``: V2, with comm buffers of
+    ``buffer_mb`` MB on Paddle 3.x."""
     hybrid_parallel_cpu_shim.install()  # gloo group creation (no-op on GPUs)
     if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
         # set by the CPU test harness; Paddle's CI keeps its default device
         paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "2"))
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": world,
-    }
+    configs = dict(dp_degree=1, mp_degree=1, pp_degree=1, sharding_degree=1)
+    configs.update(degrees or {"sharding_degree": world})
+    if configs["pp_degree"] > 1:
+        pp_configs = strategy.strategy.hybrid_configs.pp_configs
+        if hasattr(pp_configs, "use_batch_p2p_comm"):
+            configs["pp_configs"] = {"use_batch_p2p_comm": False}
+        strategy.pipeline_configs = {
+            "accumulate_steps": 2,
+            "micro_batch_size": micro_batch,
+        }
+    if mp_sync_param:
+        configs["mp_configs"] = {"sync_param": True}
+    strategy.hybrid_configs = configs
+    if split_param:
+        sharding_configs = strategy.hybrid_configs["sharding_configs"]
+        sharding_configs.split_param = True
+        if hasattr(sharding_configs, "comm_buffer_size_MB"):  # Paddle 3.x
+            sharding_configs.comm_buffer_size_MB = buffer_mb
     fleet.init(is_collective=True, strategy=strategy)
 
 

@@ -262,22 +262,8 @@ def build(cls):
 
 
 def init_fleet():
-    hybrid_parallel_cpu_shim.install()  # gloo (no-op on GPUs)
-    if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
-        paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
+    training.init_fleet(split_param=True, buffer_mb=BUFFER_MB)
     world = paddle.distributed.get_world_size()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": world,
-    }
-    sharding_configs = strategy.hybrid_configs["sharding_configs"]
-    sharding_configs.split_param = True
-    if hasattr(sharding_configs, "comm_buffer_size_MB"):  # Paddle 3.x
-        sharding_configs.comm_buffer_size_MB = BUFFER_MB
-    fleet.init(is_collective=True, strategy=strategy)
     CollectiveBlock.group = paddle.distributed.new_group(list(range(world)))
 
 

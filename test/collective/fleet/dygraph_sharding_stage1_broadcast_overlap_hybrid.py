@@ -70,32 +70,11 @@ DEGREES = {
 
 
 def init_fleet():
-    hybrid_parallel_cpu_shim.install()
-    if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
-        # set by the CPU test harness; Paddle's CI keeps its default device
-        paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
-    strategy = fleet.DistributedStrategy()
-    configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 1,
-    }
-    configs.update(DEGREES[TOPOLOGY])
-    if TOPOLOGY == "pp2_sharding2":
-        # gloo has no batched send/recv on the calc stream (3.x setting;
-        # 2.6 always batches: see hybrid_parallel_cpu_shim)
-        pp_configs = strategy.strategy.hybrid_configs.pp_configs
-        if hasattr(pp_configs, "use_batch_p2p_comm"):
-            configs["pp_configs"] = {"use_batch_p2p_comm": False}
-        strategy.pipeline_configs = {
-            "accumulate_steps": 2,
-            "micro_batch_size": BATCH // 2,
-        }
-    if TOPOLOGY == "mp2_sharding2":
-        configs["mp_configs"] = {"sync_param": True}
-    strategy.hybrid_configs = configs
-    fleet.init(is_collective=True, strategy=strategy)
+    training.init_fleet(
+        DEGREES[TOPOLOGY],
+        mp_sync_param=TOPOLOGY == "mp2_sharding2",
+        micro_batch=BATCH // 2,
+    )
 
 
 def data(step):

@@ -52,6 +52,7 @@ import sys
 import time
 import zlib
 
+import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
 import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
@@ -88,32 +89,9 @@ def rank():
 
 
 def init_fleet():
-    hybrid_parallel_cpu_shim.install()
-    if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
-        # set by the CPU test harness; Paddle's CI keeps its default device
-        paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
     world = paddle.distributed.get_world_size()
     assert world == 8, f"this script runs on 8 ranks, got {world}"
-    strategy = fleet.DistributedStrategy()
-    configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 1,
-    }
-    configs.update(DEGREES[TOPOLOGY])
-    if TOPOLOGY == "pp2_sharding4":
-        # gloo has no batched send/recv on the calc stream (3.x setting;
-        # 2.6 always batches: see hybrid_parallel_cpu_shim)
-        pp_configs = strategy.strategy.hybrid_configs.pp_configs
-        if hasattr(pp_configs, "use_batch_p2p_comm"):
-            configs["pp_configs"] = {"use_batch_p2p_comm": False}
-        strategy.pipeline_configs = {
-            "accumulate_steps": 2,
-            "micro_batch_size": BATCH // 2,
-        }
-    strategy.hybrid_configs = configs
-    fleet.init(is_collective=True, strategy=strategy)
+    training.init_fleet(DEGREES[TOPOLOGY], micro_batch=BATCH // 2)
 
 
 # ----------------------------------------------------------------------
