@@ -208,7 +208,7 @@ def train(
                 )
             else:
                 enable(opt, model)
-    run = Run(raw=raw, model=model, opt=opt, losses=[], extras=[])
+    run = Run(raw=raw, model=model, opt=opt, losses=[], extras=[], reports=[])
     if checker is not None:
         checker.watch(model, opt)
     if prepare is not None:
@@ -225,9 +225,8 @@ def train(
         opt.clear_grad()
         if checker is not None:
             checker.hooks_last()  # after hooks a first step() registered
-            print(
-                f"rank {rank()} step {step} wait check: {checker.step_report()}"
-            )
+            run.reports.append(checker.step_report())
+            print(f"rank {rank()} step {step} wait check: {run.reports[-1]}")
         if on_step is not None:
             on_step(step, model, opt)
         if after_step is not None:
@@ -359,7 +358,7 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
     (a group; ``"world"``: every rank; None: not checked), gathered before
     any assertion so a failure on one rank leaves the ranks in step; no
     read of a pending sync, some async sync seen, none left unwaited.
-    Returns ``(checker, the on run)``."""
+    Returns ``(checker, the on run)``; ``on.off`` is the off run."""
     run = run or train
     off = run(build, overlap=False, **kwargs)
     with BroadcastWaitChecker() as checker:
@@ -384,6 +383,7 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
     # the final model.state_dict() waited for the last launch
     assert checker.num_unwaited() == 0, checker.num_unwaited()
     assert same, f"{what}: final parameters differ across ranks"
+    on.off = off
     return checker, on
 
 

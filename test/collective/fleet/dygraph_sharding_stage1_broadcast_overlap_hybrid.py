@@ -214,10 +214,6 @@ def flat_model():
 
 # ----------------------------------------------------------------------
 # training
-def snapshot(model):
-    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
-
-
 _INITIAL = {}
 
 
