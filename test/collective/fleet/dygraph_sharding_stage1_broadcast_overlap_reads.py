@@ -36,6 +36,7 @@ from broadcast_overlap_training import (
     assert_bitwise_equal,
     assert_lost_overlap_warning,
     cases_of,
+    compare_on_off,
     lost_overlap_warnings,
     overlap_impl,
     read_guard_module,
@@ -65,37 +66,30 @@ PROBE = paddle.linspace(-1.0, 1.0, 2 * HIDDEN).reshape([2, HIDDEN])
 def run_with_reads(read, strict=False, checker=None, steps=3):
     """Train OneLinear for ``steps``; after each step ``read(raw_model)``
     runs before the next forward. Returns ((losses, params), outputs of
-    read, info)."""
-    outputs = []
-
-    def on_step(_step, model, _opt):
-        outputs.append(read(model._layers))
-
-    losses, params, info = train(
+    read, the run)."""
+    run = train(
         OneLinear,
         overlap=checker is not None,
         strict=strict,
         checker=checker,
-        on_step=on_step,
+        after_step=lambda _step, run: [read(run.model._layers)],
         steps=steps,
     )
-    return (losses, params), outputs, info
+    return run[:2], run.extras, run
 
 
 def compare_reads(read, strict=False):
-    """Off vs on: bitwise results and read outputs; zero violations, and
-    the reads really found pending broadcasts (waited on read)."""
-    off, off_out, _ = run_with_reads(read, strict=strict)
-    with BroadcastWaitChecker() as checker:
-        on, on_out, info = run_with_reads(read, strict=strict, checker=checker)
-    assert_bitwise_equal(off, on, f"reads strict={strict}")
-    assert len(off_out) == len(on_out) == 3
-    for a, b in zip(off_out, on_out):
-        assert a.tobytes() == b.tobytes(), (a, b)
-    assert checker.violations == [], checker.violations[:5]
-    read_checks = checker.counts["checked"]
-    assert read_checks > 0, checker.counts
-    return checker, overlap_impl(info["opt"])
+    """``compare_on_off`` with ``read`` between steps (its outputs
+    bitwise equal too); the reads were checked."""
+    checker, on = compare_on_off(
+        OneLinear,
+        strict=strict,
+        steps=3,
+        after_step=lambda _step, run: [read(run.model._layers)],
+    )
+    assert len(on.extras) == 3, len(on.extras)
+    assert checker.counts["checked"] > 0, checker.counts
+    return checker, overlap_impl(on.opt)
 
 
 def encode(raw):
