@@ -34,12 +34,12 @@ FAULTS = {
     "layer_spanning_two_buffers": ("2", DIFFERS, "bitwise"),
     "rank0_only_save": ("2", DIFFERS, "bitwise, no hang (every gather starts inside `step()`)"),
     # the ranks start the helper's buffers in a set's iteration order, different per process
-    "encode_helper_between_steps": ("3: helper between steps", r"EncodeLM \['after_step', 'prepare'\]: "
-                                    r"(parameter encoder\.table_\d+|value \d+ read between steps) differs", "bitwise"),
+    "encode_helper_between_steps": ("3: helper between steps", r"EncodeLM \['after_step', 'prepare'\]: (parameter "
+                                    r"(_layers\.)?encoder\.table_\d+|value \d+ read between steps) differs", "bitwise"),
     "freeze_parameters_after_first_step": ("4: frozen-only buffer", r"assert bucket\.sync_param_task is not None",
                                            "skipped buffer, bitwise"),
     "layer_parameter_not_in_optimizer": ("5", r"KeyError: 'linear_\d+\.w_0'", "ignored, bitwise"),
-    "root_owned_parameter": ("6: root never hooked", r"reads of a parameter whose all-gather is pending: "
+    "root_owned_parameter": ("6: root never hooked", r"reads of a parameter whose sync is pending: "
                              r"\[\('forward:_layers', 'root_param_lm_\d+\.w_0'\)", "waited by the root's hook"),
     "hooks_constant_and_removed": ("6: handles not kept", r"_set_all_gather_overlap_forward\(False\) left \d+ "
                                    r"forward pre-hooks", "constant count, 0 after `False`"),
@@ -54,8 +54,9 @@ def measure():
     from collective_launch import launch_collective
 
     assert paddle.__version__ == RELEASE, f"measured on Paddle {RELEASE}, this is {paddle.__version__}"
+    expected = json.dumps({case: fault[1] for case, fault in FAULTS.items()})
     env = {"BROADCAST_OVERLAP_CASES": ",".join(list(FAULTS) + list(PASSES)), "ALLGATHER_OVERLAP_IMPL": "upstream",
-           "PADDLE_OVERLAY": "0", "BROADCAST_OVERLAP_EXPECTED_FAILURES": json.dumps({c: f[1] for c, f in FAULTS.items()}),
+           "PADDLE_OVERLAY": "0", "BROADCAST_OVERLAP_EXPECTED_FAILURES": expected,
            "PADDLE_OVERLAY_CPU_SHIM": os.path.join(FLEET, "hybrid_parallel_cpu_shim.py"),
            "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tools", "collective", "cpu_site"), FLEET])}
     result = launch_collective(SCRIPT, nproc=2, env=env, timeout=400)  # raises when a case is not as expected
@@ -70,7 +71,8 @@ def measure():
 
 
 def table(found):
-    rows = ["| case | upstream fault | upstream 3.3.1 (measured) | product (3.3.1 and 2.6.2) |", "| --- | --- | --- | --- |"]
+    rows = ["| case | upstream fault | upstream 3.3.1 (measured) | product (3.3.1 and 2.6.2) |",
+            "| --- | --- | --- | --- |"]
     for case, (item, _, product) in FAULTS.items():
         verdict, error = found[case]
         error = re.sub(r"(?<=_)\d+|\d+\.\d+", "N", error)[:160].replace("|", "\\|")  # ids, floats
