@@ -2,11 +2,9 @@
 kernels, no ranks): the counts README.md and docs/performance.md quote."""
 
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_llama7b_parameters_owners_and_forward_order():

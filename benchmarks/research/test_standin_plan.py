@@ -4,12 +4,10 @@ plan, its layout, and the timeline model's launch depth and host issue time."""
 import collections
 import json
 import os
-import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 import standin_plan as P  # noqa: E402
 import timeline_sim as ts  # noqa: E402

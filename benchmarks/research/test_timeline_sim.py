@@ -8,7 +8,6 @@ import warnings
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import timeline_sim as ts  # noqa: E402
 import timeline_standin as tsi  # noqa: E402

@@ -36,8 +36,7 @@ def check_topology():
 
 
 def compare_v1(bucket_mb):
-    with training.bucket_size_mb(bucket_mb):
-        checker, info = training.compare_on_off(training.TinyLM)
+    checker, info = training.compare_on_off(training.TinyLM, bucket_mb=bucket_mb)
     params = {k: v.numpy() for k, v in info["model"].state_dict().items()}
     assert training.all_ranks_equal([zlib.crc32(params[k].tobytes()) for k in sorted(params)])
     units = training.overlap_impl(info["opt"]).units

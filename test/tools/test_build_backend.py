@@ -3,14 +3,12 @@
 import base64
 import hashlib
 import os
-import sys
 import tempfile
 import unittest
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BACKEND_DIR = os.path.join(ROOT, "build_backend")
-sys.path.insert(0, BACKEND_DIR)
 import paddle_overlay_build_backend as backend  # noqa: E402
 
 

@@ -10,7 +10,6 @@ import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARNESS = os.path.join(ROOT, "tools", "collective")
-sys.path[:0] = [HARNESS]
 import collective_recorder as rec  # noqa: E402
 import rank_signals  # noqa: E402
 

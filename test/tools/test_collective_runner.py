@@ -14,7 +14,6 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 import collective_runner  # noqa: E402
 
 SUPPORTED = "2.6.2 3.0.0 3.1.0 3.1.1 3.2.0 3.2.1 3.2.2 3.3.0 3.3.1"

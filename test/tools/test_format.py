@@ -18,7 +18,6 @@ import tempfile
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 import make_patch  # noqa: E402
 
 FORMAT = os.path.join(ROOT, "tools", "format.sh")

@@ -12,7 +12,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARNESS = os.path.join(ROOT, "tools", "collective")
-sys.path[:0] = [HARNESS, os.path.join(ROOT, "test")]
 import rank_signals  # noqa: E402
 from legacy_test import test_parallel_dygraph_dataparallel as stand_in  # noqa: E402
 

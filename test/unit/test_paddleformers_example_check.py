@@ -4,14 +4,12 @@
 import contextlib
 import io
 import os
-import sys
 import tempfile
 import unittest
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "examples", "paddleformers"))
 import check_results  # noqa: E402
 
 LOSSES = np.array([6.5, 6.25, 6.0, 5.75], dtype="float32")

@@ -42,8 +42,9 @@ import threading
 
 FILE_PATTERN = r"collectives-(\d+)\.jsonl"
 # public process-group methods that are no collective
-NOT_COLLECTIVES = frozenset("name rank size create create_default_device get_comm_name eager_connect "
-                            "eager_connect_ring_exchange".split())
+# (the one list: collective_methods(), which test/collective/fleet/blocking_calls.py uses too)
+NOT_COLLECTIVES = frozenset("name rank size id create create_default_device get_comm_name get_group_id backend "
+                            "eager_connect eager_connect_ring_exchange".split())
 # _legacy_C_ops operators that communicate (found by their 'ring_id' attribute; 'root'/'root_id', 'peer')
 LEGACY_OPS = re.compile(r"(alltoall|barrier|c_allgather|c_allreduce_(max|min|prod|sum)|c_broadcast|c_concat"
                         r"|c_reduce_(max|min|prod|sum)|c_reducescatter|c_scatter|c_softmax_with_(multi_label_)?"
@@ -140,6 +141,13 @@ def _wrap(recorder, name, fn, make_entry):
     return recorded
 
 
+def collective_methods(cls):
+    """The collective methods a process-group class defines itself: every public callable of its own namespace
+    but :data:`NOT_COLLECTIVES`."""
+    return [n for n in list(vars(cls))
+            if not n.startswith("_") and n not in NOT_COLLECTIVES and callable(getattr(cls, n))]
+
+
 def install(signal_dir, rank):
     """Wrap the collectives of the imported Paddle (once per process); records go to ``signal_dir``. Returns
     the names wrapped ([] without Paddle's process groups, e.g. a fake ``paddle`` in the harness's own tests)."""
@@ -157,12 +165,10 @@ def install(signal_dir, rank):
     except (ImportError, AttributeError):
         return wrapped
     for cls in classes:
-        for name in list(vars(cls)):
-            fn = getattr(cls, name)
-            if not name.startswith("_") and name not in NOT_COLLECTIVES and callable(fn):
-                method = _wrap(recorder, name, fn, lambda r, n, a, k: _method_entry(r, n, a[0], a[1:], k))
-                setattr(cls, name, method)
-                wrapped.append(f"{cls.__name__}.{name}")
+        for name in collective_methods(cls):
+            method = _wrap(recorder, name, getattr(cls, name), lambda r, n, a, k: _method_entry(r, n, a[0], a[1:], k))
+            setattr(cls, name, method)
+            wrapped.append(f"{cls.__name__}.{name}")
     legacy = getattr(paddle, "_legacy_C_ops", None)
     for name in [n for n in dir(legacy) if LEGACY_OPS.fullmatch(n)] if legacy else ():
         setattr(legacy, name, _wrap(recorder, name, getattr(legacy, name), lambda r, n, a, k: _legacy_entry(r, n, a)))

@@ -38,8 +38,10 @@ inside a :meth:`~BlockingCallCounter.counting` region:
   - ``pg.<name>``: every collective method of the ``ProcessGroup`` class
     of this release (``paddle.base.core``, or ``paddle.fluid.core``) and of
     each subclass that defines its own, found by name
-    (:data:`PG_COLLECTIVE`); a public method that is neither a known
-    non-collective nor matched fails :meth:`BlockingCallCounter.__enter__`,
+    (:data:`PG_COLLECTIVE`; the non-collectives are the collective
+    recorder's one list, ``collective_recorder.NOT_COLLECTIVES``); a public
+    method that is neither a known non-collective nor matched fails
+    :meth:`BlockingCallCounter.__enter__`,
     so a new release's collective is never missed silently.
 
   Each collective is recorded as a :class:`Collective` with its ``sync``
@@ -65,7 +67,9 @@ Example::
 import collections
 import contextlib
 import functools
+import importlib.util
 import inspect
+import os
 import re
 import sys
 import types
@@ -126,20 +130,10 @@ DIST_FUNCTIONS = (
 # no sync_op argument: asynchronous by their API (they return tasks)
 _ASYNC_BY_API = ("isend", "irecv", "batch_isend_irecv")
 
-# ProcessGroup methods that are not collectives
-PG_NOT_COLLECTIVE = {
-    "rank",
-    "size",
-    "name",
-    "id",
-    "eager_connect",
-    "eager_connect_ring_exchange",
-    "create",
-    "create_default_device",
-    "get_comm_name",
-    "get_group_id",
-    "backend",
-}
+# what every collective method's name starts with: a method the recorder
+# takes for one (collective_recorder.collective_methods, the one list of
+# Paddle's non-collective ProcessGroup methods) that does not match fails
+# BlockingCallCounter.__enter__
 PG_COLLECTIVE = re.compile(
     r"^(all_?gather|all_?reduce|all_?to_?all|broadcast|barrier|send|recv|"
     r"reduce|scatter|gather)"
@@ -215,6 +209,26 @@ class Region:
 
     def _close(self):
         self._tasks.clear()  # no task outlives its region here
+
+
+def _recorder():
+    """tools/collective/collective_recorder.py: loaded by the harness's
+    rank hook in every launched rank; elsewhere (a benchmark) from the
+    project's tools/collective."""
+    if "collective_recorder" not in sys.modules:
+        root = os.path.dirname(os.path.abspath(__file__))
+        for _ in range(3):  # test/collective/fleet -> the project
+            root = os.path.dirname(root)
+        path = os.path.join(
+            root, "tools", "collective", "collective_recorder.py"
+        )
+        spec = importlib.util.spec_from_file_location(
+            "collective_recorder", path
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["collective_recorder"] = module
+    return sys.modules["collective_recorder"]
 
 
 def _subclasses(cls):
@@ -379,11 +393,7 @@ class BlockingCallCounter:
         counter = self
         unknown = []
         for cls in _subclasses(core.ProcessGroup):
-            for name in list(vars(cls)):
-                if name.startswith("_") or name in PG_NOT_COLLECTIVE:
-                    continue
-                if not callable(getattr(cls, name, None)):
-                    continue
+            for name in _recorder().collective_methods(cls):
                 if not PG_COLLECTIVE.match(name):
                     unknown.append(f"{cls.__name__}.{name}")
                     continue

@@ -24,11 +24,15 @@ scripts' cases in one launch with ``run_named``).
 
 import contextlib
 import importlib
+import json
 import os
 import re
 import sys
+import time
 import traceback
+import types
 import warnings
+import zlib
 
 import hybrid_parallel_cpu_shim
 import numpy as np
@@ -57,19 +61,25 @@ class Block(paddle.nn.Layer):
 
 
 class TinyLM(paddle.nn.Layer):
-    """Embedding -> blocks -> head: [B, S] int64 tokens -> [B, S, VOCAB]
-    float32 logits."""
+    """Embedding -> blocks -> head: [B, S] int64 tokens -> [B, S, vocab]
+    float32 logits; the one model family of the scripts, sized by its
+    arguments."""
 
-    def __init__(self, num_blocks=2):
+    def __init__(self, num_blocks=2, vocab=VOCAB, hidden=HIDDEN):
         super().__init__()
-        self.embed = paddle.nn.Embedding(VOCAB, HIDDEN)
-        self.blocks = paddle.nn.LayerList([Block() for _ in range(num_blocks)])
-        self.head = paddle.nn.Linear(HIDDEN, VOCAB)
+        self.embed = paddle.nn.Embedding(vocab, hidden)
+        self.blocks = paddle.nn.LayerList(
+            [Block(hidden) for _ in range(num_blocks)]
+        )
+        self.head = paddle.nn.Linear(hidden, vocab)
 
     def forward(self, tokens):
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
+        return self.logits(x)
+
+    def logits(self, x):
         return self.head(x)
 
 
@@ -79,11 +89,11 @@ def rank():
     return paddle.distributed.get_rank()
 
 
-def batch(step, micro=0):
+def batch(step, micro=0, vocab=VOCAB):
     """Deterministic ([B, S] int64 tokens, [B, S] int64 labels), per rank."""
     rng = np.random.RandomState(1000 * step + 10 * micro + rank())
-    tokens = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
-    labels = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
+    tokens = rng.randint(0, vocab, size=(BATCH, SEQ)).astype("int64")
+    labels = rng.randint(0, vocab, size=(BATCH, SEQ)).astype("int64")
     return paddle.to_tensor(tokens), paddle.to_tensor(labels)
 
 
@@ -117,6 +127,27 @@ def adamw(parameters):
     )
 
 
+class Run(types.SimpleNamespace):
+    """One training run: ``losses``, ``params`` (numpy copies), ``extras``
+    (numpy values ``after_step`` read), ``raw`` (the user's layer),
+    ``model`` (fleet's), ``opt``. Unpacks as ``(losses, params, run)``;
+    ``run["model"]`` is ``run.model``."""
+
+    def __iter__(self):
+        return iter((self.losses, self.params, self))
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return getattr(self, key)
+        return (self.losses, self.params, self)[key]
+
+
+def enable_broadcast_overlap(opt, model, *, bucket_mb=0.0, strict=False):
+    opt._set_broadcast_overlap(
+        True, layers=model, strict=strict, bucket_size_mb=bucket_mb
+    )
+
+
 def train(
     build=TinyLM,
     overlap=False,
@@ -128,43 +159,64 @@ def train(
     strict=False,
     micro_step=default_micro_step,
     on_step=None,
+    after_step=None,
+    prepare=None,
     skip_update=None,
     parameters=None,
     wrap_model=None,
     make_optimizer=adamw,
+    init=build_with_initial_state,
+    around=contextlib.nullcontext,
+    enable=None,
     model=None,
     opt=None,
     first_step=0,
+    bucket_mb=0.0,
+    final=None,
 ):
-    """Train and return ``(losses, params, info)``.
+    """Train and return a :class:`Run`, the one training loop of the
+    scripts.
 
-    ``losses`` and ``params`` are numpy copies taken after the run; params
-    keyed by structured name. ``info`` holds ``model`` and ``opt``.
-    ``micro_step(model, step, micro, acc_steps)`` does one micro-batch;
-    ``on_step(step, model, opt)`` runs after each update;
-    ``skip_update(step)`` True skips the update of that step;
-    ``parameters(model)`` picks the optimizer's parameters;
-    ``wrap_model(model)`` wraps before ``fleet.distributed_model``;
-    ``model``/``opt`` continue a previous run from step ``first_step``.
+    Building (unless ``model``/``opt`` continue a previous run from step
+    ``first_step``): ``init(build)`` (default: weights of a seeded build),
+    ``wrap_model(layer)``, ``parameters(layer)`` for ``make_optimizer``;
+    fleet's optimizer and model are built inside ``around()`` (a V2 set-up);
+    with ``overlap``, ``enable(opt, model)`` turns it on (default V1's
+    broadcast overlap with ``bucket_mb``, 0: one broadcast per parameter,
+    and ``strict``). ``prepare(run)`` runs before the first step.
+
+    Each step: ``micro_step(model, step, micro, acc_steps)`` per
+    micro-batch returns its loss; the update unless ``skip_update(step)``
+    (``use_minimize``: ``opt.minimize``); ``on_step(step, model, opt)``;
+    ``after_step(step, run)`` returns values read between steps, kept in
+    ``run.extras``. At the end ``final(run)`` (e.g. one more forward), then
+    ``run.params`` from ``model.state_dict()``.
     """
+    raw = None
     if model is None:
-        model = build_with_initial_state(build)
+        raw = init(build)
         if wrap_model is not None:
-            model = wrap_model(model)
-        params = parameters(model) if parameters else model.parameters()
-        opt = fleet.distributed_optimizer(make_optimizer(params))
-        model = fleet.distributed_model(model)
+            raw = wrap_model(raw)
+        params = parameters(raw) if parameters else raw.parameters()
+        with around():
+            opt = fleet.distributed_optimizer(make_optimizer(params))
+            model = fleet.distributed_model(raw)
         if overlap:
-            opt._set_broadcast_overlap(
-                True, layers=model, strict=strict, **overlap_options()
-            )
+            if enable is None:
+                enable_broadcast_overlap(
+                    opt, model, bucket_mb=bucket_mb, strict=strict
+                )
+            else:
+                enable(opt, model)
+    run = Run(raw=raw, model=model, opt=opt, losses=[], extras=[], reports=[])
     if checker is not None:
         checker.watch(model, opt)
-    losses = []
+    if prepare is not None:
+        prepare(run)
     for step in range(first_step, first_step + steps):
         for micro in range(acc_steps):
             loss = micro_step(model, step, micro, acc_steps)
-            losses.append(loss.numpy().copy())
+            run.losses.append(np.array(loss.numpy()).copy())
         if skip_update is None or not skip_update(step):
             if use_minimize:
                 opt.minimize(loss)
@@ -172,13 +224,17 @@ def train(
                 opt.step()
         opt.clear_grad()
         if checker is not None:
-            print(
-                f"rank {rank()} step {step} wait check: {checker.step_report()}"
-            )
+            checker.hooks_last()  # after hooks a first step() registered
+            run.reports.append(checker.step_report())
+            print(f"rank {rank()} step {step} wait check: {run.reports[-1]}")
         if on_step is not None:
             on_step(step, model, opt)
-    params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
-    return losses, params, {"model": model, "opt": opt}
+        if after_step is not None:
+            run.extras += [np.array(v).copy() for v in after_step(step, run)]
+    if final is not None:
+        final(run)
+    run.params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    return run
 
 
 def assert_bitwise_equal(expected, actual, what):
@@ -227,42 +283,6 @@ def sync_registry_module():
     return importlib.import_module(
         overlap_module().__name__.rpartition(".")[0] + ".sync_registry"
     )
-
-
-# bucket_size_mb set by ``bucket_size_mb()`` for its block; None: the launch's
-_BUCKET_MB = [None]
-
-
-def overlap_options():
-    """Extra ``_set_broadcast_overlap`` arguments for ``train``: env
-    ``BROADCAST_OVERLAP_BUCKET_MB`` as ``bucket_size_mb`` (the driver reruns
-    launches with buckets), or the size a ``bucket_size_mb()`` block set;
-    unset: 0, one broadcast per parameter, the granularity the structural
-    checks of the cases describe."""
-    mb = _BUCKET_MB[0]
-    if mb is None:
-        mb = float(os.environ.get("BROADCAST_OVERLAP_BUCKET_MB", "0"))
-    return {"bucket_size_mb": mb}
-
-
-@contextlib.contextmanager
-def bucket_size_mb(mb):
-    """``train`` uses ``bucket_size_mb=mb`` inside the block, whatever the
-    launch's mode."""
-    saved, _BUCKET_MB[0] = _BUCKET_MB[0], mb
-    try:
-        yield
-    finally:
-        _BUCKET_MB[0] = saved
-
-
-def launch_mode_and_per_parameter():
-    """Bucket sizes (MB) for a case with assertions that hold in one mode
-    only: the launch's, then 0 (one broadcast per parameter) when the
-    launch uses buckets, so its per-parameter assertions run in every
-    launch of the case. Use each as ``with bucket_size_mb(mb):``."""
-    mb = overlap_options()["bucket_size_mb"]
-    return [mb] if mb == 0 else [mb, 0.0]
 
 
 def per_parameter(opt):
@@ -330,46 +350,98 @@ def total_forward_pre_hooks(model):
     )
 
 
-def compare_on_off(build=TinyLM, **kwargs):
-    """Off run, then on run under the wait checker: bitwise-equal losses and
-    parameters, no violation, some async broadcast seen. Returns
-    ``(checker, info of the on run)``."""
-    off_losses, off_params, _ = train(build, overlap=False, **kwargs)
+def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
+    """Off run, then on run under the wait checker (``run``: the training
+    function, default :func:`train`, called with ``overlap`` and
+    ``checker``): bitwise-equal losses, values read between steps and final
+    parameters; the final parameters equal on every rank of ``replicas``
+    (a group; ``"world"``: every rank; None: not checked), gathered before
+    any assertion so a failure on one rank leaves the ranks in step; no
+    read of a pending sync, some async sync seen, none left unwaited.
+    Returns ``(checker, the on run)``; ``on.off`` is the off run."""
+    run = run or train
+    off = run(build, overlap=False, **kwargs)
     with BroadcastWaitChecker() as checker:
-        on_losses, on_params, info = train(
-            build, overlap=True, checker=checker, **kwargs
+        on = run(build, overlap=True, checker=checker, **kwargs)
+    digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
+    group = None if replicas == "world" else replicas
+    same = replicas is None or equal_in_group(digests, group)
+    what = f"{getattr(build, '__name__', build)} {sorted(kwargs)}"
+    assert len(off.extras) == len(on.extras), what
+    for i, (a, b) in enumerate(zip(off.extras, on.extras)):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (
+            f"{what}: value {i} read between steps differs from overlap "
+            f"off (max abs diff "
+            f"{np.abs(a.astype('float64') - b.astype('float64')).max()})"
         )
-    what = f"{getattr(build, '__name__', build)} {kwargs}"
-    assert_bitwise_equal((off_losses, off_params), (on_losses, on_params), what)
-    assert checker.violations == [], checker.violations[:10]
-    assert checker.counts["launched"] > 0, "no async broadcast was issued"
+    assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
+    assert checker.violations == [], (
+        f"reads of a parameter whose sync is pending: "
+        f"{checker.violations[:8]}"
+    )
+    assert checker.counts["launched"] > 0, "no async sync was issued"
     # the final model.state_dict() waited for the last launch
     assert checker.num_unwaited() == 0, checker.num_unwaited()
-    return checker, info
+    assert same, f"{what}: final parameters differ across ranks"
+    on.off = off
+    return checker, on
+
+
+def equal_in_group(values, group=None):
+    """True when the int list ``values`` is the same on every rank of
+    ``group`` (None: every rank; every rank of the group must call it)."""
+    if group is not None and group.nranks < 2:
+        return True
+    mine = paddle.to_tensor(values, dtype="int64")
+    gathered = []
+    paddle.distributed.all_gather(gathered, mine, group=group)
+    return all(g.numpy().tolist() == list(values) for g in gathered)
 
 
 def all_ranks_equal(values):
     """True when the int list ``values`` is the same on every rank."""
-    mine = paddle.to_tensor(values, dtype="int64")
-    gathered = []
-    paddle.distributed.all_gather(gathered, mine)
-    return all(g.numpy().tolist() == list(values) for g in gathered)
+    return equal_in_group(values)
 
 
-def init_fleet():
-    """fleet.init with every rank in one sharding group."""
+def init_fleet(
+    degrees=None,
+    *,
+    split_param=False,
+    buffer_mb=None,
+    mp_sync_param=False,
+    micro_batch=2,
+):
+    """fleet.init, the one of every script: ``degrees`` (``dp_degree``,
+    ``mp_degree``, ``pp_degree``, ``sharding_degree``; default every rank in
+    one sharding group); a pipeline of 2 micro-batches of ``micro_batch``
+    without batched p2p (gloo has none on the calc stream: 3.x setting, 2.6
+    always batches, see hybrid_parallel_cpu_shim); ``mp_sync_param``:
+    ``mp_configs.sync_param``; ``split_param``: V2, with comm buffers of
+    ``buffer_mb`` MB on Paddle 3.x."""
     hybrid_parallel_cpu_shim.install()  # gloo group creation (no-op on GPUs)
     if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
         # set by the CPU test harness; Paddle's CI keeps its default device
         paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "2"))
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": world,
-    }
+    configs = dict(dp_degree=1, mp_degree=1, pp_degree=1, sharding_degree=1)
+    configs.update(degrees or {"sharding_degree": world})
+    if configs["pp_degree"] > 1:
+        pp_configs = strategy.strategy.hybrid_configs.pp_configs
+        if hasattr(pp_configs, "use_batch_p2p_comm"):
+            configs["pp_configs"] = {"use_batch_p2p_comm": False}
+        strategy.pipeline_configs = {
+            "accumulate_steps": 2,
+            "micro_batch_size": micro_batch,
+        }
+    if mp_sync_param:
+        configs["mp_configs"] = {"sync_param": True}
+    strategy.hybrid_configs = configs
+    if split_param:
+        sharding_configs = strategy.hybrid_configs["sharding_configs"]
+        sharding_configs.split_param = True
+        if hasattr(sharding_configs, "comm_buffer_size_MB"):  # Paddle 3.x
+            sharding_configs.comm_buffer_size_MB = buffer_mb
     fleet.init(is_collective=True, strategy=strategy)
 
 
@@ -442,30 +514,53 @@ def expected_warning(w):
     )
 
 
-def run_cases(cases, init=None):
+def run_cases(cases, init=None, notices=()):
     """Per-rank main: ``init()`` (default ``init_fleet``), then the cases
     named in env BROADCAST_OVERLAP_CASES (all when unset); returns the exit
-    code. A case fails on an exception or on a warning it did not catch
-    itself (see EXPECTED_WARNINGS)."""
+    code. Env BROADCAST_OVERLAP_EXPECTED_FAILURES: JSON ``{case: regex}``
+    of cases that must fail with the regex in their error (see
+    ``run_named``)."""
     (init or init_fleet)()
     wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
     names = [n for n in wanted.split(",") if n] or list(cases)
-    unknown = [n for n in names if n not in cases]
+    expected = json.loads(
+        os.environ.get("BROADCAST_OVERLAP_EXPECTED_FAILURES", "") or "{}"
+    )
+    unknown = [n for n in names + list(expected) if n not in cases]
     if unknown:
         print(f"unknown cases {unknown}; known: {sorted(cases)}", flush=True)
         return 2
-    failed = run_named(cases, names)
+    failed = run_named(cases, names, expected=expected, notices=notices)
+    # (XFAIL counts as passed: as expected)
     print(
-        f"{len(names) - len(failed)} passed, {len(failed)} failed", flush=True
+        f"{len(names) - len(failed)} passed, {len(failed)} failed"
+        + (f": {failed}" if failed else ""),
+        flush=True,
     )
     return 1 if failed else 0
 
 
-def run_named(cases, names, prefix=""):
+def agree(flags):
+    """Element-wise sum over the ranks of the int list ``flags``."""
+    t = paddle.to_tensor(flags, dtype="int64")
+    paddle.distributed.all_reduce(t)
+    return t.numpy().tolist()
+
+
+def run_named(cases, names, prefix="", expected=None, notices=()):
     """Run ``cases[name]`` for each of ``names`` (fleet initialized),
-    printing ``CASE <prefix><name> PASS|FAIL``; returns the failed names."""
-    failed = []
+    printing ``CASE <prefix><name> PASS|FAIL|XFAIL|XPASS``; returns the
+    names that were not as expected. A case fails on an exception or on a
+    warning it did not catch itself (see EXPECTED_WARNINGS; ``notices``:
+    more allowed message regexes, ``(".",)`` allows any). The verdict is
+    agreed across the ranks (a case fails on every rank when it fails on
+    one), so the ranks stay in step. ``expected``: ``{name: regex}`` of
+    cases that must fail with the regex in every failing rank's error
+    (traceback included): XFAIL; one that passes: XPASS."""
+    expected = expected or {}
+    bad = []
     for name in names:
+        error, start = None, time.monotonic()
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -474,16 +569,34 @@ def run_named(cases, names, prefix=""):
                 f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})"
                 for w in caught
                 if not expected_warning(w)
+                and not any(re.search(t, str(w.message)) for t in notices)
             ]
             # a case that expects a warning catches it and asserts on it
             assert not unexpected, f"unexpected warnings: {unexpected}"
-            print(f"CASE {prefix}{name} PASS (rank {rank()})", flush=True)
-        except Exception:
-            failed.append(prefix + name)
-            print(f"CASE {prefix}{name} FAIL (rank {rank()})", flush=True)
-            traceback.print_exc()
-            sys.stdout.flush()
-    return failed
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        pattern = expected.get(name)
+        failed = error is not None
+        matched = failed and pattern is not None and re.search(pattern, error)
+        n_failed, n_matched = agree([int(failed), int(bool(matched))])
+        if pattern is None:
+            verdict = "PASS" if n_failed == 0 else "FAIL"
+        elif n_failed == 0:
+            verdict = "XPASS"
+        else:
+            verdict = "XFAIL" if n_matched == n_failed else "FAIL"
+        note = f" expected /{pattern}/" if pattern is not None else ""
+        first = error.splitlines()[0][:400] if error else ""
+        print(
+            f"CASE {prefix}{name} {verdict} (rank {rank()}, "
+            f"{time.monotonic() - start:.1f} s){note} {first}",
+            flush=True,
+        )
+        if error and verdict != "XFAIL":
+            print(error, flush=True)
+        if verdict in ("FAIL", "XPASS"):
+            bad.append(prefix + name)
+    return bad
 
 
 def launch_cases(module):

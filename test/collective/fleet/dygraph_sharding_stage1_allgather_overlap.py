@@ -26,16 +26,14 @@ a parameter whose all-gather was pending. Several cases run in one launch.
 
 Environment:
 
-- ``ALLGATHER_OVERLAP_CASES``: comma list of cases (all when unset).
+- ``BROADCAST_OVERLAP_CASES``: comma list of cases (all when unset).
 - ``ALLGATHER_OVERLAP_IMPL``: ``product`` (default: the overlay or a
-  patched Paddle provides ``_set_all_gather_overlap_forward``; checked),
-  ``upstream`` (Paddle's own, the overlay not applied; checked) or ``off``
-  (a control: the second run has no overlap either, so every case must
-  pass on any Paddle that runs V2).
-- ``ALLGATHER_OVERLAP_EXPECTED_FAILURES``: JSON ``{case: regex}``; each
+  patched Paddle provides ``_set_all_gather_overlap_forward``; checked) or
+  ``upstream`` (Paddle's own, the overlay not applied; checked: only
+  ``tools/v2_upstream_faults.py`` runs it, opt-in).
+- ``BROADCAST_OVERLAP_EXPECTED_FAILURES``: JSON ``{case: regex}``; each
   named case must fail, with the regex found in the failing ranks' error
-  (traceback included); a named case that passes fails the launch
-  (``XPASS``).
+  (``broadcast_overlap_training.run_named``: XFAIL, XPASS).
 
 The product says once per owner, at the first forward after a step, when
 reads between that step and the forward waited for most of its gathers
@@ -43,32 +41,27 @@ reads between that step and the forward waited for most of its gathers
 steps assert it (product only); a case that reads less must not see it.
 
 Each rank prints ``CASE <name> PASS|FAIL|XFAIL|XPASS`` and exits non-zero
-on any FAIL or XPASS. The verdict of a case is agreed across the ranks (a
-case fails on every rank when it fails on one), so the ranks stay in step.
+on any FAIL or XPASS (the harness's one case runner).
 """
 
-import json
 import os
-import re
 import sys
 import tempfile
-import time
-import traceback
-import types
-import warnings
 import zlib
 
-import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
-import numpy as np
+import broadcast_overlap_training as training
+import hybrid_parallel_cpu_shim
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
+    adamw,
     all_ranks_equal,
     assert_bitwise_equal,
     assert_lost_overlap_warning,
     cases_of,
-    expected_warning,
     lost_overlap_warnings,
     overlap_impl,
+    rank,
+    total_forward_pre_hooks,
 )
 
 import paddle
@@ -95,42 +88,14 @@ STEPS = 3
 BUFFER_MB = 1
 
 
-def rank():
-    return paddle.distributed.get_rank()
-
-
 # ----------------------------------------------------------------------
-# models (about 3.2 MB of fp32 parameters: 4 comm buffers of 1 MB)
-class Block(nn.Layer):
-    """LayerNorm -> Linear -> gelu -> Linear, residual."""
-
-    def __init__(self, hidden=HIDDEN):
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden)
-        self.up = nn.Linear(hidden, 2 * hidden)
-        self.down = nn.Linear(2 * hidden, hidden)
-
-    def forward(self, x):
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
-class LM(nn.Layer):
+# models: the harness's TinyLM at this size (about 3.2 MB of fp32
+# parameters: 4 comm buffers of 1 MB)
+class LM(training.TinyLM):
     """Embedding -> 3 blocks -> head: [B, S] tokens -> [B, S, VOCAB]."""
 
     def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.blocks = nn.LayerList([Block() for _ in range(3)])
-        self.head = nn.Linear(HIDDEN, VOCAB)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.logits(x)
-
-    def logits(self, x):
-        return self.head(x)
+        super().__init__(num_blocks=3, vocab=VOCAB, hidden=HIDDEN)
 
 
 class TiedLM(LM):
@@ -184,7 +149,7 @@ class EncodeLM(LM):
         nn.Layer.__init__(self)
         self.encoder = Tables()  # first in parameters(): buffers 0 to 5
         self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.blocks = nn.LayerList([Block() for _ in range(3)])
+        self.blocks = nn.LayerList([training.Block(HIDDEN) for _ in range(3)])
         self.head = nn.Linear(HIDDEN, VOCAB)
 
     def encode(self, tokens):
@@ -234,7 +199,7 @@ class BF16Linear(nn.Layer):
         )
 
 
-class MixedBlock(Block):
+class MixedBlock(training.Block):
     """fp32 LayerNorm beside bfloat16 linears."""
 
     def __init__(self, hidden=HIDDEN):
@@ -256,7 +221,7 @@ class MixedLM(LM):
         self.head = nn.Linear(HIDDEN, VOCAB)
 
 
-class CollectiveBlock(Block):
+class CollectiveBlock(training.Block):
     """A block whose forward runs its own collective (MoE-like: an
     all-reduce over another group object) between its matmuls."""
 
@@ -272,28 +237,18 @@ class CollectiveBlock(Block):
 class CollectiveLM(LM):
     def __init__(self):
         super().__init__()
-        self.blocks[1] = CollectiveBlock()
+        self.blocks[1] = CollectiveBlock(HIDDEN)
 
 
 # ----------------------------------------------------------------------
 # data, optimizers, set-up
 def batch(step, micro=0):
-    """Deterministic ([B, S] tokens, [B, S] labels), different per rank."""
-    rng = np.random.RandomState(1000 * step + 10 * micro + rank())
-    tokens = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
-    labels = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
-    return paddle.to_tensor(tokens), paddle.to_tensor(labels)
+    return training.batch(step, micro, vocab=VOCAB)
 
 
 def lm_loss(model, step, micro=0):
     tokens, labels = batch(step, micro)
     return F.cross_entropy(model(tokens), labels).mean()
-
-
-def adamw(parameters):
-    return paddle.optimizer.AdamW(
-        learning_rate=0.01, parameters=parameters, weight_decay=0.01
-    )
 
 
 def sgd(parameters):
@@ -307,22 +262,8 @@ def build(cls):
 
 
 def init_fleet():
-    hybrid_parallel_cpu_shim.install()  # gloo (no-op on GPUs)
-    if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
-        paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
+    training.init_fleet(split_param=True, buffer_mb=BUFFER_MB)
     world = paddle.distributed.get_world_size()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": world,
-    }
-    sharding_configs = strategy.hybrid_configs["sharding_configs"]
-    sharding_configs.split_param = True
-    if hasattr(sharding_configs, "comm_buffer_size_MB"):  # Paddle 3.x
-        sharding_configs.comm_buffer_size_MB = BUFFER_MB
-    fleet.init(is_collective=True, strategy=strategy)
     CollectiveBlock.group = paddle.distributed.new_group(list(range(world)))
 
 
@@ -379,101 +320,60 @@ def snapshot(model):
     return {k: v.numpy().copy() for k, v in model.state_dict().items()}
 
 
-def digest(params):
-    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
+def micro_step(model, step, micro, acc_steps):
+    loss = lm_loss(model, step, micro)
+    (loss / acc_steps).backward()
+    return loss
 
 
-def train(
-    cls=LM,
-    overlap=False,
-    *,
-    checker=None,
-    steps=STEPS,
-    acc_steps=1,
-    make_optimizer=adamw,
-    parameters=None,
-    prepare=None,
-    after_step=None,
-    raw_layers=False,
-):
-    """Train ``cls`` and return a namespace with ``losses``, ``extras``
-    (numpy values ``after_step`` read), ``params`` (numpy, after one more
-    forward), ``raw`` (the layer), ``model`` (fleet's) and ``opt``.
-
-    ``parameters(raw)`` picks the optimizer's parameters; ``prepare(run)``
-    runs before training; ``after_step(step, run)`` right after each
-    ``step()``, returning a list of numpy arrays to compare;
-    ``raw_layers`` passes the user's layer, not fleet's wrapper of it
-    (whose sublayer it is), as ``layers``.
-    """
-    raw = build(cls)
-    params = parameters(raw) if parameters else raw.parameters()
-    with hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB):
-        opt = fleet.distributed_optimizer(make_optimizer(params))
-        model = fleet.distributed_model(raw)
-    run = types.SimpleNamespace(
-        raw=raw, model=model, opt=opt, losses=[], extras=[], params=None
-    )
-    if overlap:
-        enable(opt, raw if raw_layers else model)
-    if checker is not None:
-        checker.watch(model, opt)
-    if prepare is not None:
-        prepare(run)
-    for step in range(steps):
-        for micro in range(acc_steps):
-            loss = lm_loss(run.model, step, micro)
-            (loss / acc_steps).backward()
-            run.losses.append(loss.numpy().copy())
-        opt.step()
-        opt.clear_grad()
-        if checker is not None:
-            checker.hooks_last()  # after hooks the first step() registered
-        if after_step is not None:
-            run.extras.extend(np.asarray(v) for v in after_step(step, run))
-    # one more forward before the final read: every implementation syncs
-    # the buffers the forward uses (reads right after step() are the
-    # cases' business)
+def final_forward(run):
+    """One more forward before the final read: every implementation syncs
+    the buffers the forward uses (reads right after step() are the cases'
+    business)."""
     with paddle.no_grad():
         run.model(batch(99)[0])
-    run.params = snapshot(run.raw)
-    return run
+
+
+def train(cls=LM, overlap=False, *, raw_layers=False, **kwargs):
+    """``training.train`` of V2 with comm buffers of BUFFER_MB, the
+    overlap turned on as PaddleFormers does; ``raw_layers`` passes the
+    user's layer, not fleet's wrapper of it (whose sublayer it is), as
+    ``layers``."""
+
+    def on(opt, model):
+        enable(opt, model._layers if raw_layers else model)
+
+    return training.train(
+        cls,
+        overlap,
+        init=build,
+        around=lambda: hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB),
+        enable=on,
+        micro_step=micro_step,
+        final=final_forward,
+        **{"steps": STEPS, **kwargs},
+    )
 
 
 def compare(cls=LM, lost=None, **kwargs):
-    """V2 off, then V2 with overlap under the wait checker; returns
-    ``(off, on, checker)``. Raises AssertionError naming the first
-    difference, after the collective check every rank runs (so a failure
-    on one rank leaves the ranks in step). ``lost``: the first read's path
-    (``"iteration"``, ``"attribute"``) of the product's lost-overlap
-    warning the case expects on this rank (its reads between steps wait
-    for every gather of the step), None for none."""
-    off = train(cls, overlap=False, **kwargs)
-    with BroadcastWaitChecker() as checker, lost_overlap_warnings() as said:
-        on = train(cls, overlap=IMPL != "off", checker=checker, **kwargs)
-    ranks_equal = all_ranks_equal(digest(on.params))
-    what = f"{cls.__name__} {sorted(kwargs)}"
-    assert len(off.extras) == len(on.extras), what
-    for i, (a, b) in enumerate(zip(off.extras, on.extras)):
-        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (
-            f"{what}: value {i} read between steps differs from overlap "
-            f"off (max abs diff "
-            f"{np.abs(a.astype('float64') - b.astype('float64')).max()})"
+    """``training.compare_on_off`` of V2 off and on (every rank's final
+    parameters equal), with >= 3 comm buffers; returns ``(checker, on)``.
+    ``lost``: the first read's path (``"iteration"``, ``"attribute"``) of
+    the product's lost-overlap warning the case expects on this rank (its
+    reads between steps wait for every gather of the step), None for
+    none."""
+    with lost_overlap_warnings() as said:
+        checker, on = training.compare_on_off(
+            cls, run=train, replicas="world", **kwargs
         )
-    assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
-    assert checker.violations == [], (
-        f"reads of a parameter whose all-gather is pending: "
-        f"{checker.violations[:8]}"
-    )
     assert checker.counts["gathers"] > 0, "no all-gather of a parameter seen"
-    assert ranks_equal, "parameters differ across ranks"
     assert len(buffers(on.opt)) >= 3, f"{len(buffers(on.opt))} comm buffers"
     if IMPL == "product" and lost is not None:
         units = len(overlap_impl(on.opt).units)
         assert_lost_overlap_warning(said, lost, units, units)
     else:  # (Paddle's own overlap has no such warning)
         assert said == [], said
-    return off, on, checker
+    return checker, on
 
 
 # ----------------------------------------------------------------------
@@ -572,13 +472,6 @@ def case_root_owned_parameter_wrapped_layers():
     compare(RootParamLM)
 
 
-def total_forward_pre_hooks(model):
-    return sum(
-        len(layer._forward_pre_hooks)
-        for layer in model.sublayers(include_self=True)
-    )
-
-
 def case_hooks_constant_and_removed():
     """Item 6: the hook count is constant over steps, and
     ``_set_all_gather_overlap_forward(False, model)`` removes every hook;
@@ -593,13 +486,11 @@ def case_hooks_constant_and_removed():
 
     base = total_forward_pre_hooks(build(LM))
     off = train(LM, steps=6)
-    on = train(LM, overlap=IMPL != "off", steps=6, after_step=count)
+    on = train(LM, overlap=True, steps=6, after_step=count)
     assert len(set(counts)) == 1, f"hook count changed over steps: {counts}"
     assert len(set(owner_counts)) <= 1, f"num_hooks changed: {owner_counts}"
-    if IMPL != "off":
-        assert counts[0] > base, f"no hook registered: {counts} vs {base}"
-    if IMPL != "off":  # (Paddle 2.6 has no such method of its own)
-        on.opt._set_all_gather_overlap_forward(False, on.model)
+    assert counts[0] > base, f"no hook registered: {counts} vs {base}"
+    on.opt._set_all_gather_overlap_forward(False, on.model)
     after = total_forward_pre_hooks(on.raw)
     assert after == base, (
         f"_set_all_gather_overlap_forward(False) left {after - base} "
@@ -648,9 +539,7 @@ def case_gather_order_follows_forward():
         for h in handles:
             h.remove()
 
-    _, on, checker = compare(
-        MixedLM, make_optimizer=sgd, prepare=record_first_use
-    )
+    checker, on = compare(MixedLM, make_optimizer=sgd, prepare=record_first_use)
     where = buffer_of(on.opt)
     launched = []
     for task in checker.gather_log:
@@ -658,8 +547,6 @@ def case_gather_order_follows_forward():
     same_on_ranks = all_ranks_equal(
         [len(launched), zlib.crc32(repr(launched).encode())]
     )
-    if IMPL == "off":
-        return
     n = len(first_use)
     # the training loop's gathers: one per buffer per step (the last one
     # may be cut short by the final forward); check each full step
@@ -714,7 +601,7 @@ def case_tied_embedding_head():
 def case_fp32_norms_beside_bf16_weights():
     """bfloat16 linears, fp32 embedding and norms (the CPU has no float16
     matmul or optimizer kernels; bfloat16 has an SGD kernel)."""
-    _, on, _ = compare(MixedLM, make_optimizer=sgd)
+    _, on = compare(MixedLM, make_optimizer=sgd)
     dtypes = {str(ps[0].dtype) for ps in buffers(on.opt)}
     assert len(dtypes) == 2, dtypes
 
@@ -884,9 +771,6 @@ def case_every_gather_starts_inside_step():
     next forward's pre-hooks, reads and the final state_dict() start none
     (they only wait). The removed depth setting's environment variable
     changes nothing."""
-    if IMPL != "product":
-        print(f"schedule case: not applicable to impl {IMPL}", flush=True)
-        return
     for env in (None, "1"):
         inside, between, pending, units, n = schedule(env)
         assert units == n >= 3, (units, n)
@@ -900,9 +784,6 @@ def case_bad_arguments_refused_before_any_change():
     """Product only: a bad flag, ``layers`` or ``strict``, or the removed
     ``max_in_flight`` keyword, raises TypeError/ValueError naming it and
     leaves no hook and no owner behind."""
-    if IMPL != "product":
-        print(f"bad-input case: not applicable to impl {IMPL}", flush=True)
-        return
     raw = build(LM)
     with hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB):
         opt = fleet.distributed_optimizer(adamw(raw.parameters()))
@@ -934,81 +815,17 @@ def case_bad_arguments_refused_before_any_change():
 
 
 # ----------------------------------------------------------------------
-def agree(flags):
-    """Element-wise sum over the ranks of the int list ``flags``."""
-    t = paddle.to_tensor(flags, dtype="int64")
-    paddle.distributed.all_reduce(t)
-    return t.numpy().tolist()
-
-
-def run_cases(cases):
+def init():
     init_fleet()
     check_implementation()
-    wanted = [
-        n for n in os.environ.get("ALLGATHER_OVERLAP_CASES", "").split(",") if n
-    ]
-    names = wanted or list(cases)
-    expected = json.loads(
-        os.environ.get("ALLGATHER_OVERLAP_EXPECTED_FAILURES", "") or "{}"
-    )
-    unknown = [n for n in names + list(expected) if n not in cases]
-    if unknown:
-        print(f"unknown cases {unknown}; known: {sorted(cases)}", flush=True)
-        return 2
     print(
         f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, "
-        f"{paddle.distributed.get_world_size()} ranks, cases {names}",
+        f"{paddle.distributed.get_world_size()} ranks",
         flush=True,
     )
-    bad = []
-    for name in names:
-        error = None
-        start = time.monotonic()
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                cases[name]()
-            unexpected = [
-                f"{w.category.__name__}: {w.message}"
-                for w in caught
-                if not expected_warning(w)
-                and not any(
-                    re.search(t, str(w.message)) for t in PADDLE_NOTICES
-                )
-            ]
-            # the product must not warn; Paddle's own overlap may
-            if unexpected and IMPL != "upstream":
-                raise AssertionError(f"unexpected warnings: {unexpected}")
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        pattern = expected.get(name)
-        failed = error is not None
-        matched = failed and pattern is not None and re.search(pattern, error)
-        n_failed, n_matched = agree([int(failed), int(bool(matched))])
-        if pattern is None:
-            verdict = "PASS" if n_failed == 0 else "FAIL"
-        elif n_failed == 0:
-            verdict = "XPASS"
-        else:
-            verdict = "XFAIL" if n_matched == n_failed else "FAIL"
-        first = error.splitlines()[0][:400] if error else ""
-        note = f" expected /{pattern}/" if pattern is not None else ""
-        seconds = time.monotonic() - start
-        print(
-            f"CASE {name} {verdict} (rank {rank()}, {seconds:.1f} s){note} "
-            f"{first}",
-            flush=True,
-        )
-        if error and verdict != "XFAIL":
-            print(error, flush=True)
-        if verdict in ("FAIL", "XPASS"):
-            bad.append(name)
-    print(
-        f"{len(names) - len(bad)} as expected, {len(bad)} not: {bad}",
-        flush=True,
-    )
-    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_cases(cases_of(globals())))
+    # the product must not warn; Paddle's own overlap may
+    allowed = PADDLE_NOTICES if IMPL == "product" else (".",)
+    sys.exit(training.run_cases(cases_of(globals()), init, allowed))

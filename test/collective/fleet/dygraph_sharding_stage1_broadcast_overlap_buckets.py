@@ -46,6 +46,7 @@ from broadcast_overlap_training import (
     bucket_units,
     build_with_initial_state,
     cases_of,
+    compare_on_off,
     lm_loss,
     lost_overlap_warnings,
     optimizer_parameters,
@@ -71,49 +72,19 @@ KB = 1.0 / 1024  # in MB
 
 # ----------------------------------------------------------------------
 # set-up
-def bucketed(build, bucket_size_mb, *, make_optimizer=adamw, parameters=None):
-    """(model, opt) like ``train`` builds them, overlap on with buckets."""
-    model = build_with_initial_state(build)
-    params = parameters(model) if parameters else model.parameters()
-    opt = fleet.distributed_optimizer(make_optimizer(params))
-    model = fleet.distributed_model(model)
-    opt._set_broadcast_overlap(
-        True, layers=model, bucket_size_mb=bucket_size_mb
+def bucketed(build, bucket_size_mb, **kwargs):
+    """(model, opt) as ``train`` builds them, overlap on with buckets."""
+    run = train(
+        build, overlap=True, bucket_mb=bucket_size_mb, steps=0, **kwargs
     )
-    return model, opt
+    return run.model, run.opt
 
 
-def compare_buckets(
-    build=TinyLM, bucket_size_mb=2 * KB, *, steps=STEPS, **kwargs
-):
-    """Off run, then a bucketed on run under the checker. Returns
-    ``(checker, model, opt, off result)``."""
-    make_optimizer = kwargs.pop("make_optimizer", adamw)
-    parameters = kwargs.pop("parameters", None)
-    off = train(
-        build,
-        overlap=False,
-        steps=steps,
-        make_optimizer=make_optimizer,
-        parameters=parameters,
-        **kwargs,
-    )
-    model, opt = bucketed(
-        build,
-        bucket_size_mb,
-        make_optimizer=make_optimizer,
-        parameters=parameters,
-    )
-    with BroadcastWaitChecker() as checker:
-        on = train(model=model, opt=opt, steps=steps, checker=checker, **kwargs)
-    assert_bitwise_equal(
-        off[:2],
-        on[:2],
-        f"{getattr(build, '__name__', build)} buckets {bucket_size_mb} MB",
-    )
-    assert checker.violations == [], checker.violations[:10]
-    assert checker.num_unwaited() == 0
-    return checker, model, opt, off
+def compare_buckets(build=TinyLM, bucket_size_mb=2 * KB, **kwargs):
+    """``compare_on_off`` with buckets. Returns ``(checker, model, opt,
+    off run)``."""
+    checker, on = compare_on_off(build, bucket_mb=bucket_size_mb, **kwargs)
+    return checker, on.model, on.opt, on.off
 
 
 def params_of(opt):
@@ -175,9 +146,7 @@ def owner_rank(opt, param):
     group = _fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
     inner = sharding_optimizer(opt)
     (r,) = [
-        r
-        for r, ps in inner._rank2params.items()
-        if any(p is param for p in ps)
+        r for r, ps in inner._rank2params.items() if any(p is param for p in ps)
     ]
     return group.ranks[r]
 
@@ -880,7 +849,6 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
         opt._set_broadcast_overlap(False)
 
 
-
 def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
     """An optimizer garbage-collected with overlap on leaves its hooks (the
     finalizer neither waits nor touches hooks); the next
@@ -960,7 +928,6 @@ def case_rank0_only_save_then_barrier():
         # only train()'s final state_dict() read here
         assert impl.stats["waited_on_read"] == units, impl.stats
         assert lost == [], lost
-
 
 
 if __name__ == "__main__":

@@ -15,17 +15,16 @@
 
 Paddle's start-up costs seconds per rank and launch, so launches with the
 same topology share one process. Env ``BROADCAST_OVERLAP_GROUPS``: a JSON
-list of ``[script, cases, bucket_mb]``, run in that order after one
+list of ``[script, cases]``, run in that order after one
 ``fleet.init``:
 
 - ``script``: a per-rank script of this folder (``*.py``), imported as a
   module; its cases are what a launch of it runs (its ``launch_cases()``,
   else every ``case_`` function, see ``broadcast_overlap_training``);
 - ``cases``: comma list of those cases, ``""`` for all of them (what
-  ``BROADCAST_OVERLAP_CASES`` is to the script's own launch);
-- ``bucket_mb``: ``bucket_size_mb`` of the group's ``train`` runs (what
-  ``BROADCAST_OVERLAP_BUCKET_MB`` is to the script's own launch), ``null``
-  for the launch's.
+  ``BROADCAST_OVERLAP_CASES`` is to the script's own launch).
+
+The bucket size is each script's own (an argument of its ``train`` runs).
 
 Every script of one launch must initialize fleet the same way (the same
 ``init_fleet``, default ``broadcast_overlap_training.init_fleet``; env such
@@ -43,10 +42,10 @@ import broadcast_overlap_training as training
 
 
 def load_groups(text):
-    """[(label, cases, names, bucket_mb)] of the groups in ``text``, and
+    """[(label, cases, names)] of the groups in ``text``, and
     the fleet init they share; raises ValueError on a bad group."""
     groups, inits = [], set()
-    for script, wanted, mb in json.loads(text):
+    for script, wanted in json.loads(text):
         if not script.endswith(".py"):
             raise ValueError(f"{script!r} is not a per-rank script")
         module = importlib.import_module(script[: -len(".py")])
@@ -58,7 +57,7 @@ def load_groups(text):
             raise ValueError(
                 f"{script}: unknown cases {unknown}; known: {sorted(cases)}"
             )
-        groups.append((script[: -len(".py")], cases, names, mb))
+        groups.append((script[: -len(".py")], cases, names))
     if len(inits) != 1:
         raise ValueError(
             f"the groups need {len(inits)} different fleet set-ups: "
@@ -75,18 +74,10 @@ def main():
         return 2
     init()
     failed, total = [], 0
-    for label, cases, names, mb in groups:
-        print(
-            f"GROUP {label}: {len(names)} case(s), bucket_size_mb "
-            f"{'of the launch' if mb is None else mb}",
-            flush=True,
-        )
+    for label, cases, names in groups:
+        print(f"GROUP {label}: {len(names)} case(s)", flush=True)
         total += len(names)
-        if mb is None:
-            failed += training.run_named(cases, names, f"{label}/")
-        else:
-            with training.bucket_size_mb(float(mb)):
-                failed += training.run_named(cases, names, f"{label}/")
+        failed += training.run_named(cases, names, f"{label}/")
     print(f"{total - len(failed)} passed, {len(failed)} failed", flush=True)
     if failed:
         print(f"failed: {failed}", flush=True)

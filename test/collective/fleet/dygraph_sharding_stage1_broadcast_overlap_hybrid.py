@@ -42,6 +42,7 @@ import time
 import traceback
 import zlib
 
+import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
 import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
@@ -69,32 +70,11 @@ DEGREES = {
 
 
 def init_fleet():
-    hybrid_parallel_cpu_shim.install()
-    if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
-        # set by the CPU test harness; Paddle's CI keeps its default device
-        paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
-    strategy = fleet.DistributedStrategy()
-    configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 1,
-    }
-    configs.update(DEGREES[TOPOLOGY])
-    if TOPOLOGY == "pp2_sharding2":
-        # gloo has no batched send/recv on the calc stream (3.x setting;
-        # 2.6 always batches: see hybrid_parallel_cpu_shim)
-        pp_configs = strategy.strategy.hybrid_configs.pp_configs
-        if hasattr(pp_configs, "use_batch_p2p_comm"):
-            configs["pp_configs"] = {"use_batch_p2p_comm": False}
-        strategy.pipeline_configs = {
-            "accumulate_steps": 2,
-            "micro_batch_size": BATCH // 2,
-        }
-    if TOPOLOGY == "mp2_sharding2":
-        configs["mp_configs"] = {"sync_param": True}
-    strategy.hybrid_configs = configs
-    fleet.init(is_collective=True, strategy=strategy)
+    training.init_fleet(
+        DEGREES[TOPOLOGY],
+        mp_sync_param=TOPOLOGY == "mp2_sharding2",
+        micro_batch=BATCH // 2,
+    )
 
 
 def data(step):
@@ -234,10 +214,6 @@ def flat_model():
 
 # ----------------------------------------------------------------------
 # training
-def snapshot(model):
-    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
-
-
 _INITIAL = {}
 
 
@@ -258,50 +234,45 @@ def build_same(build):
     return model
 
 
-def train(build, overlap, checker=None, after_step=None):
-    """Returns ((losses, params), info)."""
-    raw = build_same(build)
-    opt = fleet.distributed_optimizer(
-        paddle.optimizer.AdamW(
-            learning_rate=0.01,
-            parameters=raw.parameters(),
-            weight_decay=0.01,
-        )
-    )
-    model = fleet.distributed_model(raw)
-    if overlap:
-        opt._set_broadcast_overlap(True, layers=model)
-    if checker is not None:
-        checker.watch(model, opt)
-    losses = []
-    for step in range(STEPS):
+def train(build, overlap=False, *, prepare=None, **kwargs):
+    """``training.train`` in this topology: this topology's data, the
+    pipeline's ``train_batch`` (which runs the update), off and on from the
+    same initial weights (:func:`build_same`)."""
+    pipeline = TOPOLOGY == "pp2_sharding2"
+    runs = []
+
+    def start(run):
+        runs.append(run)
+        if prepare is not None:
+            prepare(run)
+
+    def micro_step(model, step, micro, acc_steps):
         tokens, labels = data(step)
-        if TOPOLOGY == "pp2_sharding2":
-            loss = model.train_batch([tokens, labels], opt)
-        else:
-            loss = cross_entropy(model(tokens), labels)
-            loss.backward()
-            opt.step()
-            opt.clear_grad()
-        losses.append(np.array(loss.numpy()).copy())
-        if after_step is not None:
-            extra = after_step(step, model, opt)
-            if extra is not None:
-                losses.append(np.array(extra).copy())
-    return (losses, snapshot(model)), {"model": model, "opt": opt}
+        if pipeline:
+            return model.train_batch([tokens, labels], runs[0].opt)
+        loss = cross_entropy(model(tokens), labels)
+        loss.backward()
+        return loss
+
+    return training.train(
+        build,
+        overlap,
+        init=build_same,
+        micro_step=micro_step,
+        skip_update=(lambda step: True) if pipeline else None,
+        prepare=start,
+        **{"steps": STEPS, **kwargs},
+    )
 
 
-def compare(build, after_step=None):
-    off, _ = train(build, overlap=False, after_step=after_step)
-    with BroadcastWaitChecker() as checker:
-        on, info = train(
-            build, overlap=True, checker=checker, after_step=after_step
-        )
-    assert_bitwise_equal(off, on, f"{TOPOLOGY} {build}")
-    assert checker.violations == [], checker.violations[:5]
-    assert checker.counts["launched"] > 0, checker.counts
-    assert checker.num_unwaited() == 0
-    impl = overlap_impl(info["opt"])
+def compare(build, **kwargs):
+    """``training.compare_on_off`` in this topology, the final parameters
+    equal across the sharding group; returns ``(checker, overlap)``."""
+    group = fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
+    checker, on = training.compare_on_off(
+        build, run=train, replicas=group, **kwargs
+    )
+    impl = overlap_impl(on.opt)
     print(
         f"rank {rank()} {TOPOLOGY}: checker {checker.counts} stats "
         f"{impl.stats} read paths {dict(impl.read_paths)}",
@@ -351,14 +322,14 @@ def case_pipeline_tied_head_without_guard_is_caught():
 def case_pipeline_eval_batch_and_save_after_step():
     saved = []
 
-    def after_step(step, model, _opt):
+    def after_step(step, run):
         tokens, labels = data(100 + step)
-        loss = model.eval_batch([tokens, labels], compute_loss=True)
+        loss = run.model.eval_batch([tokens, labels], compute_loss=True)
         path = f"/tmp/overlap_hybrid_{os.getpid()}_{step}.pdparams"
-        paddle.save(model.state_dict(), path)
+        paddle.save(run.model.state_dict(), path)
         saved.append(paddle.load(path))
         os.remove(path)
-        return loss.numpy() if loss is not None else np.zeros([1])
+        return [loss.numpy() if loss is not None else np.zeros([1])]
 
     compare(lambda: pipeline_model(tied=True), after_step=after_step)
     assert len(saved) == 2 * STEPS  # off and on
@@ -420,9 +391,7 @@ def case_mp_step_launches_after_parameter_syncs():
                 inner.step = recording_step
                 record_mp_syncs(opt, record)
 
-        _, info = train(
-            flat_model, overlap=True, checker=checker, after_step=watch
-        )
+        info = train(flat_model, overlap=True, checker=checker, on_step=watch)
     assert checker.violations == [], checker.violations[:5]
     units = len(overlap_impl(info["opt"]).units)
     steps, inside = [], []  # per step: (its events, launched at its end)
@@ -531,68 +500,47 @@ def v2_settings():
             setattr(config, k, v)
 
 
-def train_v2(overlap, checker=None, prepare=None, after_step=None):
-    """V2 training in this launch's topology; returns ((losses, params),
-    info) like :func:`train`. ``params`` are read right after the last
-    ``step()`` (reads wait for their own gathers); ``prepare(opt)`` runs
-    before the first step. ``info["dp_params"]``: per step, how many
-    parameters ``HybridParallelOptimizer._hybrid_sync_grad`` handed to the
-    data-parallel gradient all-reduce (V2's ``filter_parameters``)."""
-    raw = build_same(v2_model)
-    with v2_settings():
-        opt = fleet.distributed_optimizer(
-            paddle.optimizer.AdamW(
-                learning_rate=0.001,
-                parameters=raw.parameters(),
-                weight_decay=0.01,
-            )
-        )
-        model = fleet.distributed_model(raw)
-    inner = opt._inner_opt
-    assert type(inner).__name__ == "DygraphShardingOptimizerV2", type(inner)
-    dp_params = []
-    filter_parameters = inner.filter_parameters
+def train_v2(overlap, **kwargs):
+    """:func:`train` of V2 (:func:`v2_settings`), the overlap turned on as
+    PaddleFormers does (two arguments). ``run.dp_params``: per step, how
+    many parameters ``HybridParallelOptimizer._hybrid_sync_grad`` handed
+    to the data-parallel gradient all-reduce (V2's ``filter_parameters``);
+    ``prepare(run)`` runs before the first step."""
+    prepare = kwargs.pop("prepare", None)
 
-    def counted_filter_parameters(*args, **kwargs):
-        kept = filter_parameters(*args, **kwargs)
-        dp_params.append(len(kept))
-        return kept
-
-    inner.filter_parameters = counted_filter_parameters
-    if overlap:
-        # as PaddleFormers calls it (two arguments)
+    def enable(opt, model):
         opt._set_all_gather_overlap_forward(True, model)
         assert overlap_impl(opt) is not None, "no overlap owner on V2"
-    if checker is not None:
-        checker.watch(model, opt)
-    if prepare is not None:
-        prepare(opt)
-    losses = []
-    for step in range(STEPS):
-        tokens, labels = data(step)
-        loss = cross_entropy(model(tokens), labels)
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        if checker is not None:
-            checker.hooks_last()
-        losses.append(np.array(loss.numpy()).copy())
-        if after_step is not None:
-            after_step(step, model, opt)
-    info = {"model": model, "opt": opt, "raw": raw, "dp_params": dp_params}
-    return (losses, snapshot(model)), info
+
+    def count_dp_params(run):
+        inner = run.opt._inner_opt
+        assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
+        run.dp_params = []
+        filter_parameters = inner.filter_parameters
+
+        def counted_filter_parameters(*args, **kwargs):
+            kept = filter_parameters(*args, **kwargs)
+            run.dp_params.append(len(kept))
+            return kept
+
+        inner.filter_parameters = counted_filter_parameters
+        if prepare is not None:
+            prepare(run)
+
+    return train(
+        v2_model,
+        overlap,
+        around=v2_settings,
+        enable=enable,
+        make_optimizer=lambda ps: paddle.optimizer.AdamW(
+            learning_rate=0.001, parameters=ps, weight_decay=0.01
+        ),
+        prepare=count_dp_params,
+        **kwargs,
+    )
 
 
-def equal_in_group(values, group):
-    """True when the int list ``values`` is the same on every rank of
-    ``group`` (every rank of the group must call it; a group of one rank
-    is not a communication group here)."""
-    if group.nranks < 2:
-        return True
-    mine = paddle.to_tensor(values, dtype="int64")
-    gathered = []
-    paddle.distributed.all_gather(gathered, mine, group=group)
-    return all(g.numpy().tolist() == list(values) for g in gathered)
+equal_in_group = training.equal_in_group
 
 
 def param_digests(raw, replicated_only):
@@ -603,9 +551,9 @@ def param_digests(raw, replicated_only):
     ]
 
 
-def compare_v2(prepare=None, after_step=None):
+def compare_v2(prepare=None, on_step=None):
     """V2 off, then V2 with overlap under the wait checker (``prepare(opt,
-    checker)`` before its first step, ``after_step`` after each): bitwise-equal
+    checker)`` before its first step, ``on_step`` after each): bitwise-equal
     losses and parameters, no read of a parameter whose all-gather is
     pending, every gather waited, equal parameters on the sharding group
     (and, in mp2_sharding2, the parameters model parallelism replicates on
@@ -614,14 +562,16 @@ def compare_v2(prepare=None, after_step=None):
     asserted (see :func:`assert_paddle_v2_dp_replicas_differ`). Returns
     ``(checker, info of the on run)``."""
     start = time.monotonic()
-    off, off_info = train_v2(overlap=False)
+    off_info = train_v2(overlap=False)
+    off = off_info[:2]
     with BroadcastWaitChecker() as checker:
-        on, info = train_v2(
+        info = train_v2(
             overlap=True,
             checker=checker,
-            prepare=prepare and (lambda opt: prepare(opt, checker)),
-            after_step=after_step,
+            prepare=prepare and (lambda run: prepare(run.opt, checker)),
+            on_step=on_step,
         )
+    on = info[:2]
     hcg = fleet.get_hybrid_communicate_group()
     # collectives first, on every rank, then the assertions
     sharding_equal = equal_in_group(
@@ -710,7 +660,7 @@ def assert_paddle_2_v2_dp_fails():
     try:
         train_v2(
             overlap=False,
-            after_step=lambda step, _model, _opt: steps_done.append(step),
+            on_step=lambda step, _model, _opt: steps_done.append(step),
         )
     except IndexError as e:
         tb = traceback.format_exc()
@@ -759,7 +709,7 @@ def case_mp_v2_step_launches_after_parameter_syncs():
 
     _, info = compare_v2(
         prepare=prepare,
-        after_step=lambda step, _model, _opt: record("step end"),
+        on_step=lambda step, _model, _opt: record("step end"),
     )
     units = len(overlap_impl(info["opt"]).units)
     steps, inside = [], []

@@ -20,6 +20,7 @@ env ``BROADCAST_OVERLAP_CASES`` (all by default) under
 ``python -m paddle.distributed.launch --nproc_per_node 2``.
 """
 
+import functools
 import inspect
 import os
 import sys
@@ -27,6 +28,7 @@ import tempfile
 import types
 import warnings
 
+import broadcast_overlap_training as training
 import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
@@ -40,22 +42,25 @@ from broadcast_overlap_training import (
     assert_bitwise_equal,
     assert_lost_overlap_warning,
     batch,
-    bucket_size_mb,
     cases_of,
-    compare_on_off,
     default_micro_step,
-    launch_mode_and_per_parameter,
     lost_overlap_warnings,
     optimizer_parameters,
     order_warnings,
     overlap_impl,
     rank,
     run_cases,
-    train,
 )
 
 import paddle
 from paddle.distributed import fleet
+
+# 2 KB buckets: several windows per model, so bucket boundaries fall inside
+# layers (the default 256 MB puts these small models in one window); cases
+# whose assertions hold per parameter also run with 0
+BUCKET_MB = 0.002
+compare_on_off = functools.partial(training.compare_on_off, bucket_mb=BUCKET_MB)
+train = functools.partial(training.train, bucket_mb=BUCKET_MB)
 
 
 # ----------------------------------------------------------------------
@@ -161,24 +166,22 @@ class ParameterListLM(TinyLM):
     """Extra parameters in a ParameterList, read by the parent's forward
     (a ParameterList has no forward of its own)."""
 
-    def __init__(self):
+    def __init__(self, read_check=None):
         super().__init__()
         self.scales = paddle.nn.ParameterList(
             [self.create_parameter([HIDDEN]) for _ in range(2)]
         )
+        # called with the parameters a forward is about to read (a case
+        # passes the wait checker's check)
+        self.read_check = read_check
 
     def forward(self, tokens):
         x = self.embed(tokens)
         for i, block in enumerate(self.blocks):
-            if READ_CHECK[0] is not None:
-                READ_CHECK[0]([self.scales[i]])
+            if self.read_check is not None:
+                self.read_check([self.scales[i]])
             x = block(x) * self.scales[i]
         return self.head(x)
-
-
-# Called with a list of parameters right before a forward reads them; set by
-# a case to check them with the wait checker.
-READ_CHECK = [None]
 
 
 # ----------------------------------------------------------------------
@@ -263,10 +266,11 @@ def case_layer_not_run_and_eval_between_steps():
                 model(batch(100 + step)[0])
             model.train()
 
-    for mb in launch_mode_and_per_parameter():
-        with bucket_size_mb(mb), order_warnings() as order:
+    for mb in (BUCKET_MB, 0):
+        with order_warnings() as order:
             _, info = compare_on_off(
                 SometimesSkipLM,
+                bucket_mb=mb,
                 steps=5,
                 micro_step=micro_step,
                 on_step=on_step,
@@ -285,8 +289,7 @@ def case_state_dict_and_save_without_synchronize():
     right after step(): every task waited by them, not by the user."""
     saved = {}
 
-    def on_step(step, model, opt):
-        checker = on_step.checker
+    def on_step(step, model, opt, checker=None):
         if checker is None:
             return
         assert checker.num_unwaited() > 0  # launched, not yet waited
@@ -323,15 +326,18 @@ def case_state_dict_and_save_without_synchronize():
         impl.launch()
         assert impl.num_pending == len(impl.units), impl.num_pending
 
-    on_step.checker = None
     off = train(TinyLM, overlap=False)
     with BroadcastWaitChecker() as checker:
-        on_step.checker = checker
         # (no lost-overlap warning although model.state_dict() reads every
         # parameter: the relaunch above starts a new count, and the last
         # wait before the next forward is the optimizer's state_dict(), a
         # wait on demand, not a read; run_cases fails the case on a warning)
-        on = train(TinyLM, overlap=True, checker=checker, on_step=on_step)
+        on = train(
+            TinyLM,
+            overlap=True,
+            checker=checker,
+            on_step=functools.partial(on_step, checker=checker),
+        )
     assert_bitwise_equal(off[:2], on[:2], "save")
     assert checker.violations == [], checker.violations
     last = saved[STEPS - 1]
@@ -466,25 +472,22 @@ def case_user_pre_hook_reads_waited_parameters():
 def case_parameter_list_waited_by_parent():
     compare_on_off(ParameterListLM)
     with BroadcastWaitChecker() as checker:
-        READ_CHECK[0] = lambda params: checker.check(
-            params, "ParameterList read"
+        build = functools.partial(
+            ParameterListLM,
+            read_check=lambda ps: checker.check(ps, "ParameterList read"),
         )
-        try:
-            train(ParameterListLM, overlap=True, checker=checker)
-        finally:
-            READ_CHECK[0] = None
+        train(build, overlap=True, checker=checker)
     assert checker.violations == [], checker.violations[:5]
 
 
 def case_load_into_inner_model_or_sublayer_waits():
     """set_state_dict on the unwrapped model or a sublayer right after
     step(): every parameter it writes is waited before the write."""
-    for mb in launch_mode_and_per_parameter():
-        with bucket_size_mb(mb):
-            check_loads_into_inner_model_or_sublayer(per_parameter=mb == 0)
+    for mb in (BUCKET_MB, 0):
+        check_loads_into_inner_model_or_sublayer(mb)
 
 
-def check_loads_into_inner_model_or_sublayer(per_parameter):
+def check_loads_into_inner_model_or_sublayer(bucket_mb):
     loads, snapshots, custom_loads = [], {}, {}
 
     def with_custom_load(model):
@@ -500,8 +503,7 @@ def check_loads_into_inner_model_or_sublayer(per_parameter):
             layer.set_state_dict = types.MethodType(custom, layer)
         return model
 
-    def on_step(step, model, opt):
-        checker = on_step.checker
+    def on_step(step, model, opt, checker=None):
         inner = model._layers
         targets = {"inner": inner, "block": inner.blocks[1]}
         if step == 0:  # state_dict() waits: safe to copy
@@ -519,18 +521,21 @@ def check_loads_into_inner_model_or_sublayer(per_parameter):
         if checker is not None:
             loads.append((name, checker.num_unwaited()))
 
-    on_step.checker = None
     off = train(
-        TinyLM, overlap=False, on_step=on_step, wrap_model=with_custom_load
+        TinyLM,
+        overlap=False,
+        on_step=on_step,
+        wrap_model=with_custom_load,
+        bucket_mb=bucket_mb,
     )
     with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
-        on_step.checker = checker
         on = train(
             TinyLM,
             overlap=True,
             checker=checker,
-            on_step=on_step,
+            on_step=functools.partial(on_step, checker=checker),
             wrap_model=with_custom_load,
+            bucket_mb=bucket_mb,
         )
     assert_bitwise_equal(off[:2], on[:2], "loads")
     # step 0's snapshots read every parameter before the next forward:
@@ -541,7 +546,7 @@ def check_loads_into_inner_model_or_sublayer(per_parameter):
     # block's load leaves the other layers' broadcasts in flight
     assert {n for n, _ in loads} == {"inner", "block"}, loads
     assert all(left == 0 for n, left in loads if n == "inner"), loads
-    if per_parameter:  # (buckets span the block and the rest)
+    if bucket_mb == 0:  # (buckets span the block and the rest)
         assert all(left > 0 for n, left in loads if n == "block"), loads
     assert checker.counts["writes"] > 0, checker.counts
     assert checker.violations == []

@@ -28,6 +28,7 @@ env ``BROADCAST_OVERLAP_CASES``.
 
 import sys
 
+import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
@@ -35,6 +36,7 @@ from broadcast_overlap_training import (
     assert_bitwise_equal,
     assert_lost_overlap_warning,
     cases_of,
+    compare_on_off,
     lost_overlap_warnings,
     overlap_impl,
     read_guard_module,
@@ -64,37 +66,30 @@ PROBE = paddle.linspace(-1.0, 1.0, 2 * HIDDEN).reshape([2, HIDDEN])
 def run_with_reads(read, strict=False, checker=None, steps=3):
     """Train OneLinear for ``steps``; after each step ``read(raw_model)``
     runs before the next forward. Returns ((losses, params), outputs of
-    read, info)."""
-    outputs = []
-
-    def on_step(_step, model, _opt):
-        outputs.append(read(model._layers))
-
-    losses, params, info = train(
+    read, the run)."""
+    run = train(
         OneLinear,
         overlap=checker is not None,
         strict=strict,
         checker=checker,
-        on_step=on_step,
+        after_step=lambda _step, run: [read(run.model._layers)],
         steps=steps,
     )
-    return (losses, params), outputs, info
+    return run[:2], run.extras, run
 
 
 def compare_reads(read, strict=False):
-    """Off vs on: bitwise results and read outputs; zero violations, and
-    the reads really found pending broadcasts (waited on read)."""
-    off, off_out, _ = run_with_reads(read, strict=strict)
-    with BroadcastWaitChecker() as checker:
-        on, on_out, info = run_with_reads(read, strict=strict, checker=checker)
-    assert_bitwise_equal(off, on, f"reads strict={strict}")
-    assert len(off_out) == len(on_out) == 3
-    for a, b in zip(off_out, on_out):
-        assert a.tobytes() == b.tobytes(), (a, b)
-    assert checker.violations == [], checker.violations[:5]
-    read_checks = checker.counts["checked"]
-    assert read_checks > 0, checker.counts
-    return checker, overlap_impl(info["opt"])
+    """``compare_on_off`` with ``read`` between steps (its outputs
+    bitwise equal too); the reads were checked."""
+    checker, on = compare_on_off(
+        OneLinear,
+        strict=strict,
+        steps=3,
+        after_step=lambda _step, run: [read(run.model._layers)],
+    )
+    assert len(on.extras) == 3, len(on.extras)
+    assert checker.counts["checked"] > 0, checker.counts
+    return checker, overlap_impl(on.opt)
 
 
 def encode(raw):
@@ -107,22 +102,23 @@ def weight_norm(raw):
     return paddle.linalg.norm(raw.fc.weight).numpy()
 
 
-READ_CHECK = [None]
+def ema_over_parameters(read_check=None):
+    """A reader: an EMA update over model.parameters(), keyed by position;
+    ``read_check(params)`` runs before each parameter is read."""
+    ema = {}
 
+    def read(raw):
+        out = []
+        for i, p in enumerate(raw.parameters()):
+            if read_check is not None:
+                read_check([p])
+            prev = ema.get(i)
+            value = p.numpy()
+            ema[i] = value if prev is None else 0.9 * prev + 0.1 * value
+            out.append(ema[i].ravel())
+        return np.concatenate(out)
 
-def ema_over_parameters(raw, _ema={}):
-    """An EMA update over model.parameters(), keyed by position."""
-    out = []
-    for i, p in enumerate(raw.parameters()):
-        if READ_CHECK[0] is not None:
-            READ_CHECK[0]([p])
-        prev = _ema.get(i)
-        value = p.numpy()
-        _ema[i] = value if prev is None else 0.9 * prev + 0.1 * value
-        out.append(_ema[i].ravel())
-    import numpy as np
-
-    return np.concatenate(out)
+    return read
 
 
 def case_helper_forward_outside_model_call():
@@ -146,17 +142,14 @@ def case_weight_norm_logging_between_steps():
 
 
 def case_parameters_loop_between_steps():
-    ema_over_parameters.__defaults__[0].clear()
-    off, off_out, _ = run_with_reads(ema_over_parameters)
-    ema_over_parameters.__defaults__[0].clear()
+    off, off_out, _ = run_with_reads(ema_over_parameters())
     with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
-        READ_CHECK[0] = lambda params: checker.check(params, "read:parameters")
-        try:
-            on, on_out, info = run_with_reads(
-                ema_over_parameters, checker=checker
-            )
-        finally:
-            READ_CHECK[0] = None
+        on, on_out, info = run_with_reads(
+            ema_over_parameters(
+                lambda ps: checker.check(ps, "read:parameters")
+            ),
+            checker=checker,
+        )
     # the loop reads every parameter between steps: said once
     assert_lost_overlap_warning(lost, "iteration", launched=2, read=2)
     assert_bitwise_equal(off, on, "parameters() loop")

@@ -70,18 +70,12 @@ V2.
 import contextlib
 import sys
 import traceback
-import types
-import zlib
 
+import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
-from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
-    VOCAB,
-    Block,
     TinyLM,
     adamw,
-    all_ranks_equal,
-    assert_bitwise_equal,
     bucket_units,
     build_with_initial_state,
     cases_of,
@@ -102,21 +96,10 @@ BUFFER_MB = 1
 PADDLE_2 = paddle.__version__.startswith("2.")
 
 
-class WideLM(paddle.nn.Layer):
-    """Embedding -> 3 blocks of width 256 -> head, about 3.2 MB of fp32
-    parameters: 4 V2 comm buffers of 1 MB. [B, S] tokens -> [B, S, VOCAB]."""
-
-    def __init__(self, hidden=256):
-        super().__init__()
-        self.embed = paddle.nn.Embedding(VOCAB, hidden)
-        self.blocks = paddle.nn.LayerList([Block(hidden) for _ in range(3)])
-        self.head = paddle.nn.Linear(hidden, VOCAB)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+def WideLM():
+    """TinyLM with 3 blocks of width 256, about 3.2 MB of fp32 parameters:
+    4 V2 comm buffers of 1 MB."""
+    return TinyLM(num_blocks=3, hidden=256)
 
 
 # ----------------------------------------------------------------------
@@ -208,43 +191,38 @@ def build_v2(main_grad=True):
     return model, opt
 
 
-def snapshot(model):
-    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
-
-
-def digest(params):
-    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
-
-
-def train(build, enable=None, *, acc=1, checker=None, steps=STEPS):
-    """Train ``build()``'s model; ``enable(model, opt)`` turns the overlap
-    on. Returns a namespace: ``losses``, ``params`` (numpy, read through
-    ``state_dict()`` after the last step), ``model``, ``opt``, ``grad`` (per
-    step: (gradient collectives during backward, during ``step()``)),
-    ``launched`` (per step: parameter-sync collectives the checker saw
-    since the previous step)."""
-    run = types.SimpleNamespace(losses=[], grad=[], launched=[])
+def train(build, overlap=False, *, enable=None, acc=1, checker=None):
+    """``training.train`` of ``build()``'s model and optimizer;
+    ``enable(model, opt)`` turns the overlap on. The run also holds
+    ``grad`` (per step: (gradient collectives during backward, during
+    ``step()``)) and ``launched`` (per step: parameter-sync collectives the
+    checker saw since the previous step)."""
     with GradCommCounter() as counter:
-        run.model, run.opt = build()
-        if enable is not None:
-            enable(run.model, run.opt)
-        if checker is not None:
-            checker.watch(run.model, run.opt)
-        for step in range(steps):
-            start = counter.calls
-            for micro in range(acc):
-                loss = lm_loss(run.model, step, micro)
-                (loss / acc).backward()
-                run.losses.append(loss.numpy().copy())
-            after_backward = counter.calls
-            run.opt.step()
-            run.grad.append(
-                (after_backward - start, counter.calls - after_backward)
-            )
-            run.opt.clear_grad()
-            if checker is not None:
-                run.launched.append(checker.step_report()["launched"])
-        run.params = snapshot(run.model)
+        model, opt = build()
+        if overlap:
+            enable(model, opt)
+        marks = []  # per step: calls at its start, after backward, at its end
+
+        def micro_step(model, step, micro, acc_steps):
+            if micro == 0:
+                marks.append(counter.calls)
+            loss = lm_loss(model, step, micro)
+            (loss / acc_steps).backward()
+            if micro == acc_steps - 1:
+                marks.append(counter.calls)
+            return loss
+
+        run = training.train(
+            model=model,
+            opt=opt,
+            checker=checker,
+            steps=STEPS,
+            acc_steps=acc,
+            micro_step=micro_step,
+            on_step=lambda *_: marks.append(counter.calls),
+        )
+    run.grad = [(b - a, c - b) for a, b, c in zip(*[iter(marks)] * 3)]
+    run.launched = [r["launched"] for r in run.reports]
     return run
 
 
@@ -263,28 +241,21 @@ def assert_collective_counts(off, on, checker, n, steps):
 
 
 def compare(build, enable, grad_buffers, *, acc=1):
-    """Off, then on under the wait checker; the assertions of the module
-    docstring that do not depend on the mode. Returns ``(on, checker,
-    impl)``; ``grad_buffers(opt)`` is the number of Paddle comm buffers
-    (one gradient collective each per step)."""
-    off = train(build, acc=acc)
-    with BroadcastWaitChecker() as checker:
-        on = train(build, enable, acc=acc, checker=checker)
-    same_on_ranks = all_ranks_equal(digest(on.params))
-    what = f"{build.__name__} acc={acc}"
-    assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
-    assert checker.violations == [], checker.violations[:8]
-    assert checker.num_unwaited() == 0, checker.num_unwaited()
-    assert same_on_ranks, "final parameters differ across ranks"
-    # the gradient overlap: one collective per comm buffer per step, all in
-    # backward, unchanged by the parameter-sync overlap
+    """``training.compare_on_off`` (final parameters equal on every rank)
+    and the gradient collectives: one per Paddle comm buffer
+    (``grad_buffers(opt)``) per step, all in backward, unchanged by the
+    parameter-sync overlap. Returns ``(on, checker, impl)``."""
+    checker, on = training.compare_on_off(
+        build, run=train, replicas="world", enable=enable, acc=acc
+    )
     n = grad_buffers(on.opt)
     assert n >= 1, n
-    impl, units = assert_collective_counts(off, on, checker, n, STEPS)
+    impl, units = assert_collective_counts(on.off, on, checker, n, STEPS)
     print(
-        f"rank {rank()} {what}: units {units}, parameter-sync collectives "
-        f"per step {on.launched} (total {checker.counts['launched']}), "
-        f"gradient collectives per step (backward, step) {on.grad}",
+        f"rank {rank()} {build.__name__} acc={acc}: units {units}, "
+        f"parameter-sync collectives per step {on.launched} (total "
+        f"{checker.counts['launched']}), gradient collectives per step "
+        f"(backward, step) {on.grad}",
         flush=True,
     )
     return on, checker, impl
@@ -427,7 +398,7 @@ def case_v2_comm_overlap_without_main_grad_fails_in_paddle():
     comm_overlap."""
     with v2_settings(1):
         try:
-            train(lambda: build_v2(main_grad=False))
+            train(lambda: build_v2(main_grad=False), acc=1)
         except Exception:
             message = traceback.format_exc()
             assert "has been changed during training" in message, message

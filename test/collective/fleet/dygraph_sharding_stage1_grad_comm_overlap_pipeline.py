@@ -68,17 +68,14 @@ comm buffers built at the first ``train_batch``.
 import contextlib
 import os
 import sys
-import types
-import zlib
 
 os.environ.setdefault("BROADCAST_OVERLAP_TOPOLOGY", "pp2_sharding2")
 
+import broadcast_overlap_training as training  # noqa: E402
 import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid  # noqa: E402
 import dygraph_sharding_stage1_grad_comm_overlap as grad_comm_overlap  # noqa: E402
 import hybrid_parallel_cpu_shim  # noqa: E402
-from broadcast_overlap_checker import BroadcastWaitChecker  # noqa: E402
 from broadcast_overlap_training import (  # noqa: E402
-    assert_bitwise_equal,
     bucket_units,
     cases_of,
     per_parameter,
@@ -137,14 +134,13 @@ def cpu_buffers():
     return stack
 
 
-def train(tied, split_param, enable=None, checker=None):
-    """``train_batch`` for STEPS steps; returns a namespace: ``losses``,
-    ``params``, ``model``, ``opt``, ``grad`` (per step: (gradient
-    collectives before the update, inside it)), ``launched`` (per step:
-    parameter-sync collectives the checker saw)."""
+def train(tied, overlap=False, *, split_param, enable=None, checker=None):
+    """``training.train`` of the pipeline (``train_batch`` runs the update);
+    the run also holds ``grad`` (per step: (gradient collectives before the
+    update, inside it)) and ``launched`` (per step: parameter-sync
+    collectives the checker saw)."""
     from paddle.distributed.fleet.utils import mix_precision_utils as mpu
 
-    run = types.SimpleNamespace(losses=[], grad=[], launched=[])
     with settings(split_param), GradCommCounter() as counter:
         raw = hybrid.build_same(lambda: hybrid.pipeline_model(tied))
         base = paddle.optimizer.AdamW(
@@ -154,50 +150,51 @@ def train(tied, split_param, enable=None, checker=None):
         mpu.MixPrecisionLayer(raw, dtype="bfloat16")
         base = mpu.MixPrecisionOptimizer(base)
         with cpu_buffers():
-            run.model = fleet.distributed_model(raw)
-            run.opt = fleet.distributed_optimizer(base)
-        if enable is not None:
-            enable(run.model, run.opt)
-        if checker is not None:
-            checker.watch(run.model, run.opt)
-        counter.watch_updates(run.opt)
-        for step in range(STEPS):
-            start = counter.calls
-            tokens, labels = hybrid.data(step)
-            loss = run.model.train_batch([tokens, labels], run.opt)
-            run.losses.append(loss.numpy().copy())
-            (at_update,) = counter.at_update[step:]
-            run.grad.append((at_update - start, counter.calls - at_update))
-            if checker is not None:
-                run.launched.append(checker.step_report()["launched"])
-        run.params = hybrid.snapshot(run.model)
+            model = fleet.distributed_model(raw)
+            opt = fleet.distributed_optimizer(base)
+        if overlap:
+            enable(model, opt)
+        counter.watch_updates(opt)
+        starts, ends = [], []
+
+        def micro_step(model, step, micro, acc_steps):
+            starts.append(counter.calls)
+            loss = model.train_batch(list(hybrid.data(step)), opt)
+            ends.append(counter.calls)
+            return loss
+
+        run = training.train(
+            model=model,
+            opt=opt,
+            checker=checker,
+            steps=STEPS,
+            micro_step=micro_step,
+            skip_update=lambda step: True,
+        )
+    run.grad = [
+        (at - start, end - at)
+        for start, at, end in zip(starts, counter.at_update, ends)
+    ]
+    assert len(counter.at_update) == STEPS, counter.at_update
+    run.launched = [r["launched"] for r in run.reports]
     return run
 
 
-def digest(params):
-    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
-
-
-def sharding_ranks_equal(values):
-    """True when ``values`` (int list) is the same on every rank of this
-    rank's sharding group."""
-    group = fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
-    mine = paddle.to_tensor(values, dtype="int64")
-    gathered = []
-    paddle.distributed.all_gather(gathered, mine, group=group)
-    return all(g.numpy().tolist() == list(values) for g in gathered)
-
-
 def compare(tied, split_param, enable):
-    off = train(tied, split_param)
-    with BroadcastWaitChecker() as checker:
-        on = train(tied, split_param, enable, checker=checker)
-    same = sharding_ranks_equal(digest(on.params))
+    """``training.compare_on_off`` of the pipeline (final parameters equal
+    across the sharding group) and its gradient collectives: one per
+    pipeline comm buffer per step, before the update, unchanged by the
+    parameter-sync overlap."""
+    group = fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
+    checker, on = training.compare_on_off(
+        tied,
+        run=train,
+        replicas=group,
+        split_param=split_param,
+        enable=enable,
+    )
+    off = on.off
     what = f"{'V2' if split_param else 'V1'} tied={tied}"
-    assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
-    assert checker.violations == [], checker.violations[:8]
-    assert checker.num_unwaited() == 0, checker.num_unwaited()
-    assert same, "final parameters differ inside a sharding group"
     model, inner = on.model, on.opt._inner_opt
     assert type(inner).__name__ == (
         "DygraphShardingOptimizerV2"

@@ -66,12 +66,11 @@ import types
 import warnings
 import zlib
 
+import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
 import numpy as np
 from blocking_calls import BlockingCallCounter, is_host_sync
 from broadcast_overlap_training import (
-    VOCAB,
-    Block,
     TinyLM,
     all_ranks_equal,
     assert_bitwise_equal,
@@ -103,21 +102,10 @@ MODES = {
 }
 
 
-class WideLM(paddle.nn.Layer):
-    """Embedding -> 3 blocks of width 256 -> head (about 3.2 MB fp32: 4 V2
-    comm buffers of 1 MB). [B, S] tokens -> [B, S, VOCAB]."""
-
-    def __init__(self, hidden=256):
-        super().__init__()
-        self.embed = paddle.nn.Embedding(VOCAB, hidden)
-        self.blocks = paddle.nn.LayerList([Block(hidden) for _ in range(3)])
-        self.head = paddle.nn.Linear(hidden, VOCAB)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+def WideLM():
+    """TinyLM with 3 blocks of width 256 (about 3.2 MB fp32: 4 V2 comm
+    buffers of 1 MB)."""
+    return TinyLM(num_blocks=3, hidden=256)
 
 
 # ----------------------------------------------------------------------
@@ -191,16 +179,12 @@ def paddle_sync_count(mode, inner):
     return sum(len(v) for v in valid.values())
 
 
-def snapshot(model):
-    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
-
-
 def train(mode, overlap):
     """One run; a namespace: ``losses``, ``params``, ``steps`` (a
     ``Region`` per ``step()``), ``fwd_bwd`` (per forward + backward),
     ``due`` (units needing a sync after each step; on only), ``paddle``
     (Paddle's blocking sync count), ``inner``."""
-    run = types.SimpleNamespace(losses=[], due=[])
+    run = types.SimpleNamespace(due=[])
     with mode_settings(mode), BlockingCallCounter() as counter:
         model, opt = build(mode)
         if overlap:
@@ -211,19 +195,28 @@ def train(mode, overlap):
         if overlap:  # its launch may be deferred to the end of step()
             counter.tag_phase(overlap_impl(opt), "launch", PARAM_SYNC)
         counter.count_calls_of(opt, "step")
-        for step in range(STEPS):
+
+        def micro_step(model, step, micro, acc_steps):
             with counter.counting("fwd_bwd"):
                 loss = lm_loss(model, step)
                 loss.backward()
-            run.losses.append(loss.numpy().copy())
-            opt.step()
-            opt.clear_grad()
+            return loss
+
+        def on_step(step, model, opt):
             if overlap:
                 units = overlap_impl(opt).units
                 run.due.append(sum(u.needs_sync() for u in units))
+
+        done = training.train(
+            model=model,
+            opt=opt,
+            steps=STEPS,
+            micro_step=micro_step,
+            on_step=on_step,
+        )
+        run.losses, run.params = done.losses, done.params
         run.steps = counter.regions["step"]
         run.fwd_bwd = counter.regions["fwd_bwd"]
-        run.params = snapshot(model)
         run.owner = overlap_impl(opt)
     assert len(run.steps) == STEPS, len(run.steps)
     return run

@@ -41,7 +41,7 @@ and data and checks bitwise-equal losses and final parameters, equal
 parameters on every rank of each sharding group, and that the wait checker
 (``broadcast_overlap_checker``) saw no read or update of a parameter whose
 broadcast or all-gather was pending and every task waited. Cases are
-chosen with env ``PARAM_SYNC_SCALE_CASES`` (all of the topology when unset).
+chosen with env ``BROADCAST_OVERLAP_CASES`` (all of the topology when unset).
 Each rank prints ``CASE <name> PASS|FAIL`` and a summary line; the exit
 code is non-zero on any failure.
 """
@@ -52,14 +52,17 @@ import sys
 import time
 import zlib
 
+import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
 import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
+    adamw,
     assert_bitwise_equal,
     cases_of,
+    equal_in_group,
     overlap_impl,
-    run_named,
+    rank,
 )
 
 import paddle
@@ -83,37 +86,10 @@ SMALL_BUCKET_MB = 0.004
 V2_BUFFER_MB = 1
 
 
-def rank():
-    return paddle.distributed.get_rank()
-
-
 def init_fleet():
-    hybrid_parallel_cpu_shim.install()
-    if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
-        # set by the CPU test harness; Paddle's CI keeps its default device
-        paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
     world = paddle.distributed.get_world_size()
     assert world == 8, f"this script runs on 8 ranks, got {world}"
-    strategy = fleet.DistributedStrategy()
-    configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 1,
-    }
-    configs.update(DEGREES[TOPOLOGY])
-    if TOPOLOGY == "pp2_sharding4":
-        # gloo has no batched send/recv on the calc stream (3.x setting;
-        # 2.6 always batches: see hybrid_parallel_cpu_shim)
-        pp_configs = strategy.strategy.hybrid_configs.pp_configs
-        if hasattr(pp_configs, "use_batch_p2p_comm"):
-            configs["pp_configs"] = {"use_batch_p2p_comm": False}
-        strategy.pipeline_configs = {
-            "accumulate_steps": 2,
-            "micro_batch_size": BATCH // 2,
-        }
-    strategy.hybrid_configs = configs
-    fleet.init(is_collective=True, strategy=strategy)
+    training.init_fleet(DEGREES[TOPOLOGY], micro_batch=BATCH // 2)
 
 
 # ----------------------------------------------------------------------
@@ -137,25 +113,7 @@ def gather_ints(values, group):
     return [g.numpy().tolist() for g in gathered]
 
 
-def equal_in_group(values, group):
-    return all(v == list(values) for v in gather_ints(values, group))
-
-
-def adamw(parameters):
-    return paddle.optimizer.AdamW(
-        learning_rate=0.01, parameters=parameters, weight_decay=0.01
-    )
-
-
-def build_same(cls):
-    """``cls()`` with the weights of a build seeded 2026: the same on
-    every rank and in every run."""
-    paddle.seed(2026)
-    reference = cls()
-    state = {k: v.numpy().copy() for k, v in reference.state_dict().items()}
-    model = cls()
-    model.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
-    return model
+build_same = training.build_with_initial_state  # the same on every rank
 
 
 def inner_of(opt, class_name):
@@ -653,26 +611,14 @@ def launch_cases():
     }
 
 
-def main():
+def init():
     init_fleet()
-    cases = launch_cases()
-    wanted = os.environ.get("PARAM_SYNC_SCALE_CASES", "")
-    names = [n for n in wanted.split(",") if n] or list(cases)
-    unknown = [n for n in names if n not in cases]
-    if unknown:
-        print(f"unknown cases {unknown}; known: {sorted(cases)}", flush=True)
-        return 2
     print(
         f"param sync scale: Paddle {paddle.__version__}, {TOPOLOGY}, "
-        f"{paddle.distributed.get_world_size()} ranks, cases {names}",
+        f"{paddle.distributed.get_world_size()} ranks",
         flush=True,
     )
-    failed = run_named(cases, names)
-    print(
-        f"{len(names) - len(failed)} passed, {len(failed)} failed", flush=True
-    )
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(training.run_cases(launch_cases(), init))

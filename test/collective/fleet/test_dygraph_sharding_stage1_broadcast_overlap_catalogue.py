@@ -26,12 +26,8 @@ GRAD_COMM = "dygraph_sharding_stage1_grad_comm_overlap.py"
 BF16_CPU = "dygraph_sharding_stage1_broadcast_overlap_bf16_cpu.py"
 # runs several scripts' case groups in one launch (env
 # BROADCAST_OVERLAP_GROUPS: [script, cases ("" = every case of the
-# script's launch), bucket_size_mb])
+# script's launch)])
 GROUPS = "dygraph_sharding_stage1_broadcast_overlap_groups.py"
-
-# 2 KB buckets: several windows per model, so bucket boundaries fall
-# inside layers (the default 256 MB puts these small models in one window).
-SMALL_BUCKETS = 0.002
 
 # Every group of 2 ranks with sharding degree 2 in one launch: Paddle
 # start-up costs seconds per rank and launch.
@@ -39,20 +35,21 @@ SHARDING2_GROUPS = [
     # reads through every path, one broadcast per parameter
     # (bucket_size_mb=0); the foundation cases (on vs off, order, waits,
     # hooks) run in both modes in test_dygraph_sharding_stage1_broadcast_overlap
-    [READS, "", 0],
-    # model kinds and state (sharding degree 1 is refused in-process:
-    # test/unit/test_hybrid_overlap_delegation.py)
-    [MODELS, "", SMALL_BUCKETS],
-    [LOOPS, "", SMALL_BUCKETS],
+    [READS, ""],
+    # model kinds and state, with 2 KB buckets (and per parameter where an
+    # assertion holds in that mode only); sharding degree 1 is refused
+    # in-process: test/unit/test_hybrid_overlap_delegation.py
+    [MODELS, ""],
+    [LOOPS, ""],
     # bucket storage itself: tied, frozen, dtypes, sizes, checkpoints, ...
-    [BUCKETS, "", 0],
+    [BUCKETS, ""],
     # with Paddle's gradient-communication overlap
     # (sharding_configs.comm_overlap): V1 with tensor_fusion + comm_overlap
     # and comm_overlap alone, with and without gradient accumulation, in
     # every bucket mode; V2 with comm_overlap (Paddle 3.x; on 2.6 Paddle's
     # own refusal); collectives per step counted
-    [GRAD_COMM, "", 0],
-    [BF16_CPU, "", None],
+    [GRAD_COMM, ""],
+    [BF16_CPU, ""],
 ]
 
 

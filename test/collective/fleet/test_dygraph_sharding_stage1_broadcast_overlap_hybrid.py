@@ -22,7 +22,7 @@ HYBRID = "dygraph_sharding_stage1_broadcast_overlap_hybrid.py"
 PIPELINE_GRAD_COMM = "dygraph_sharding_stage1_grad_comm_overlap_pipeline.py"
 # runs several scripts' case groups in one launch (env
 # BROADCAST_OVERLAP_GROUPS: [script, cases ("" = every case of the
-# script's launch), bucket_size_mb (None: the launch's)])
+# script's launch)])
 GROUPS = "dygraph_sharding_stage1_broadcast_overlap_groups.py"
 
 # (topology, per-rank script, env): one 4-rank launch each; fleet.init runs
@@ -35,12 +35,12 @@ LAUNCHES = [
             "BROADCAST_OVERLAP_GROUPS": json.dumps(
                 [
                     # train_batch, tied embedding/head, eval_batch, save
-                    [HYBRID, "", None],
+                    [HYBRID, ""],
                     # with the pipeline's gradient-communication overlap
                     # (pp_configs.sharding_comm_overlap): V1 and V2, plain
                     # and with a tied embedding/head; collectives per step
                     # counted
-                    [PIPELINE_GRAD_COMM, "", None],
+                    [PIPELINE_GRAD_COMM, ""],
                 ]
             )
         },

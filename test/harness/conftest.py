@@ -1,9 +1,0 @@
-# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Tests of the project's collective harness (tools/collective): make it importable."""
-
-import os
-import sys
-
-HARNESS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools", "collective")
-if HARNESS_DIR not in sys.path:
-    sys.path.insert(0, HARNESS_DIR)
