@@ -27,7 +27,7 @@ import unittest
 import uuid
 
 import psutil
-from collective_launch import launch_collective
+from collective_launch import kill_marked, launch_collective
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -57,22 +57,8 @@ def free_port():
 
 
 def end_trees(marker, spare=(), grace=5.0):
-    """SIGTERM, then SIGKILL ``grace`` s later, every process whose environment carries ``marker`` but the
-    pids in ``spare`` (children whose exit status their ``Popen`` must collect: psutil would reap them)."""
-    procs = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and p.pid not in spare and p.environ().get(MARKER_ENV) == marker:
-                procs.append(p)
-                p.terminate()
-        except psutil.Error:
-            continue
-    for p in psutil.wait_procs(procs, timeout=grace)[1]:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=grace)
+    """End every process whose environment carries ``marker`` but the pids in ``spare``."""
+    kill_marked(MARKER_ENV, marker, grace, spare)
 
 
 def tail(path, lines=TAIL_LINES):

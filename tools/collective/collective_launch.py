@@ -61,12 +61,13 @@ def _seconds(value, name):
     raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
 
 
-def _kill_tree(signal_dir, grace=5.0):
-    """SIGTERM, then SIGKILL ``grace`` seconds later, every process whose environment names ``signal_dir``."""
+def kill_marked(name, value, grace=5.0, spare=()):
+    """SIGTERM, then SIGKILL ``grace`` seconds later, every process (but this one and the pids in ``spare``:
+    children whose exit status their ``Popen`` must collect) whose environment has ``name=value``."""
     procs = []
     for p in psutil.process_iter():
         try:
-            if p.pid != os.getpid() and p.environ().get(rank_signals.DIR_ENV) == signal_dir:
+            if p.pid != os.getpid() and p.pid not in spare and p.environ().get(name) == value:
                 procs.append(p)
                 p.terminate()
         except psutil.Error:
@@ -138,7 +139,7 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     finally:
         if clock and startup is None:
             signal.setitimer(signal.ITIMER_REAL, clock)
-        _kill_tree(signal_dir)
+        kill_marked(rank_signals.DIR_ENV, signal_dir)
         if proc.poll() is None:
             proc.kill()
         proc.wait()
