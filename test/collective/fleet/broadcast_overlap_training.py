@@ -403,6 +403,40 @@ def all_ranks_equal(values):
     return equal_in_group(values)
 
 
+@contextlib.contextmanager
+def sharding_configs(optional=(), **fields):
+    """``sharding_configs`` fields of fleet's strategy set for the block
+    (Paddle reads them when it builds the model and optimizer, the overlap
+    when it is turned on), restored on exit; the fields named in
+    ``optional`` only where this Paddle has them (3.x's
+    ``comm_buffer_size_MB``)."""
+    config = fleet.fleet._user_defined_strategy.hybrid_configs[
+        "sharding_configs"
+    ]
+    fields = {
+        k: v for k, v in fields.items() if k not in optional or hasattr(config, k)
+    }
+    saved = {k: getattr(config, k) for k in fields}
+    for k, v in fields.items():
+        setattr(config, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(config, k, v)
+
+
+@contextlib.contextmanager
+def sharding_v2(buffer_mb):
+    """V2 for the optimizer built in the block: ``split_param`` on and, on
+    Paddle 3.x, ``comm_buffer_size_MB`` (both restored on exit); the CPU
+    shim's items 8 and 9 (a no-op on GPUs)."""
+    optional = ("comm_buffer_size_MB",)
+    with sharding_configs(optional, split_param=True, comm_buffer_size_MB=buffer_mb):
+        with hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb):
+            yield
+
+
 def init_fleet(
     degrees=None,
     *,

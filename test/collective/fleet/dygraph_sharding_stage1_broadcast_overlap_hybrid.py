@@ -30,7 +30,7 @@ Sharding stage 1 V2 (``split_param``) runs in the ``dp2_sharding2`` and
 ``sharding_configs.split_param`` only when ``fleet.distributed_optimizer``
 builds ``HybridParallelOptimizer`` (and V2 reads ``comm_buffer_size_MB`` in
 its ``__init__``), so those cases set both around building their optimizer
-and restore them (:func:`v2_settings`). V2 without overlap against V2 with
+and restore them (``broadcast_overlap_training.sharding_v2``). V2 without overlap against V2 with
 ``_set_all_gather_overlap_forward(True, model)``, comm buffers of
 :data:`V2_BUFFER_MB` MB and a model of a few MB (several buffers).
 """
@@ -477,31 +477,8 @@ def v2_model():
     return V2LM()
 
 
-@contextlib.contextmanager
-def v2_settings():
-    """V2 for the optimizer built in the block: ``split_param`` on (read by
-    ``HybridParallelOptimizer.__init__`` from fleet's strategy) and, on
-    Paddle 3.x, ``comm_buffer_size_MB`` (read by V2's ``__init__``), both
-    restored on exit; the CPU shim's items 8 and 9 (a no-op on GPUs)."""
-    config = fleet.fleet._user_defined_strategy.hybrid_configs[
-        "sharding_configs"
-    ]
-    fields = {"split_param": True}
-    if hasattr(config, "comm_buffer_size_MB"):  # Paddle 3.x
-        fields["comm_buffer_size_MB"] = V2_BUFFER_MB
-    saved = {k: getattr(config, k) for k in fields}
-    for k, v in fields.items():
-        setattr(config, k, v)
-    try:
-        with hybrid_parallel_cpu_shim.cpu_sharding_v2(V2_BUFFER_MB):
-            yield
-    finally:
-        for k, v in saved.items():
-            setattr(config, k, v)
-
-
 def train_v2(overlap, **kwargs):
-    """:func:`train` of V2 (:func:`v2_settings`), the overlap turned on as
+    """:func:`train` of V2 (``training.sharding_v2``), the overlap turned on as
     PaddleFormers does (two arguments). ``run.dp_params``: per step, how
     many parameters ``HybridParallelOptimizer._hybrid_sync_grad`` handed
     to the data-parallel gradient all-reduce (V2's ``filter_parameters``);
@@ -530,7 +507,7 @@ def train_v2(overlap, **kwargs):
     return train(
         v2_model,
         overlap,
-        around=v2_settings,
+        around=lambda: training.sharding_v2(V2_BUFFER_MB),
         enable=enable,
         make_optimizer=lambda ps: paddle.optimizer.AdamW(
             learning_rate=0.001, parameters=ps, weight_decay=0.01

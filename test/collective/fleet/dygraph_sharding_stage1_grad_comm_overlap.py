@@ -104,32 +104,14 @@ def WideLM():
 
 # ----------------------------------------------------------------------
 # set-up
-@contextlib.contextmanager
-def sharding_settings(**fields):
-    """Set ``sharding_configs`` fields of the fleet strategy for the block
-    (Paddle reads them when it builds the optimizer; the overlap when it is
-    turned on); restored on exit."""
-    config = fleet.fleet._user_defined_strategy.hybrid_configs[
-        "sharding_configs"
-    ]
-    saved = {k: getattr(config, k) for k in fields}
-    for k, v in fields.items():
-        setattr(config, k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(config, k, v)
-
-
 def v2_settings(acc):
-    fields = dict(split_param=True, comm_overlap=True, accumulate_steps=acc)
-    config = fleet.fleet._user_defined_strategy.hybrid_configs[
-        "sharding_configs"
-    ]
-    if hasattr(config, "comm_buffer_size_MB"):  # Paddle 3.x
-        fields["comm_buffer_size_MB"] = BUFFER_MB
-    return sharding_settings(**fields)
+    return training.sharding_configs(
+        ("comm_buffer_size_MB",),
+        split_param=True,
+        comm_overlap=True,
+        accumulate_steps=acc,
+        comm_buffer_size_MB=BUFFER_MB,
+    )
 
 
 class GradCommCounter:
@@ -285,7 +267,7 @@ def check_v1_fused(tensor_fusion, acc):
             kwargs = {} if bucket_mb is None else {"bucket_size_mb": bucket_mb}
             opt._set_broadcast_overlap(True, layers=model, **kwargs)
 
-        with sharding_settings(
+        with training.sharding_configs(
             tensor_fusion=tensor_fusion, comm_overlap=True, accumulate_steps=acc
         ):
             on, checker, impl = compare(

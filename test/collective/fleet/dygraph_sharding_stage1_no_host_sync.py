@@ -110,30 +110,14 @@ def WideLM():
 
 # ----------------------------------------------------------------------
 # set-up
-@contextlib.contextmanager
-def sharding_settings(**fields):
-    """``sharding_configs`` fields of fleet's strategy for the block (Paddle
-    reads them when it builds the model and optimizer); restored."""
-    config = fleet.fleet._user_defined_strategy.hybrid_configs[
-        "sharding_configs"
-    ]
-    fields = {k: v for k, v in fields.items() if hasattr(config, k)}
-    saved = {k: getattr(config, k) for k in fields}
-    for k, v in fields.items():
-        setattr(config, k, v)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(config, k, v)
-
-
 def mode_settings(mode):
     if mode.v2:
-        return sharding_settings(
-            split_param=True, comm_buffer_size_MB=BUFFER_MB
+        return training.sharding_configs(
+            ("comm_buffer_size_MB",),
+            split_param=True,
+            comm_buffer_size_MB=BUFFER_MB,
         )
-    return sharding_settings(tensor_fusion=mode.tensor_fusion)
+    return training.sharding_configs(tensor_fusion=mode.tensor_fusion)
 
 
 def make_optimizer(parameters):

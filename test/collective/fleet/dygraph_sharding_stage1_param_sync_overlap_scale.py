@@ -345,29 +345,6 @@ def v2_batch(step):
     return paddle.to_tensor(tokens), paddle.to_tensor(labels)
 
 
-@contextlib.contextmanager
-def v2_settings():
-    """V2 for the optimizer built in the block: ``split_param`` on (read by
-    ``HybridParallelOptimizer.__init__``) and, on Paddle 3.x,
-    ``comm_buffer_size_MB`` (read by V2's ``__init__``), both restored on
-    exit; the CPU shim's items 8 and 9 (a no-op on GPUs)."""
-    config = fleet.fleet._user_defined_strategy.hybrid_configs[
-        "sharding_configs"
-    ]
-    fields = {"split_param": True}
-    if hasattr(config, "comm_buffer_size_MB"):  # Paddle 3.x
-        fields["comm_buffer_size_MB"] = V2_BUFFER_MB
-    saved = {k: getattr(config, k) for k in fields}
-    for k, v in fields.items():
-        setattr(config, k, v)
-    try:
-        with hybrid_parallel_cpu_shim.cpu_sharding_v2(V2_BUFFER_MB):
-            yield
-    finally:
-        for k, v in saved.items():
-            setattr(config, k, v)
-
-
 def buffer_layout(raw, inner):
     """[[structured names] per comm buffer], in Paddle's buffer order."""
     name = names_of(raw)
@@ -399,7 +376,7 @@ def shard_fill(buffer, group):
 
 def train_v2(overlap, checker=None):
     raw = build_same(V2LM)
-    with v2_settings():
+    with training.sharding_v2(V2_BUFFER_MB):
         opt = fleet.distributed_optimizer(adamw(raw.parameters()))
         model = fleet.distributed_model(raw)
     inner = inner_of(opt, "DygraphShardingOptimizerV2")
