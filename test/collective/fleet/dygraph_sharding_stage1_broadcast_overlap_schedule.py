@@ -190,9 +190,11 @@ def compare(after_step, split=one_list, prepare=None, lost=None):
         assert said == [], (what, said)
     elif len(on.opts) == 1:
         training.assert_lost_overlap_warning(said, lost, units[0], units[0])
-    else:  # (measured: one warning, the last optimizer's)
-        assert 1 <= len(said) <= len(on.opts), (what, said)
+    else:  # once per owner, each naming its own count
+        assert len(said) == len(on.opts), (what, said)
         assert all(f"(first: {lost} at " in m for m in said), (what, said)
+        for n in units:  # this owner's units, all waited by the reads
+            assert any(f"{n} of the {n} " in m for m in said), (what, said)
     races = {}
     if checker:
         races = {k: n - before.get(k, 0) for k, n in checker.races().items()}
