@@ -167,16 +167,16 @@ class Tiny(nn.Layer):
 
 
 class UnevenLM(nn.Layer):
-    """Embedding of 16384 elements (Paddle's greedy partition gives it one
+    """With the defaults: embedding of 16384 elements (Paddle's greedy partition gives it one
     rank alone), 3 blocks whose 2048-element weights get one rank each, a
     head and three tiny parameters: the last rank owns the 17 small ones."""
 
-    def __init__(self):
+    def __init__(self, vocab=VOCAB, hidden=HIDDEN, out=CLASSES, tiny=Tiny):
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.tiny = Tiny()
-        self.blocks = nn.LayerList([Block() for _ in range(3)])
-        self.head = nn.Linear(HIDDEN, CLASSES)
+        self.embed = nn.Embedding(vocab, hidden)
+        self.tiny = tiny()
+        self.blocks = nn.LayerList([Block(hidden) for _ in range(3)])
+        self.head = nn.Linear(hidden, out)
 
     def forward(self, tokens):
         x = self.tiny(self.embed(tokens))
@@ -185,10 +185,10 @@ class UnevenLM(nn.Layer):
         return self.head(x)
 
 
-def v1_batch(step):
+def batch(step, vocab=VOCAB, classes=CLASSES):
     rng = np.random.RandomState(1000 * step + rank())
-    tokens = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
-    labels = rng.randint(0, CLASSES, size=(BATCH, SEQ)).astype("int64")
+    tokens = rng.randint(0, vocab, size=(BATCH, SEQ)).astype("int64")
+    labels = rng.randint(0, classes, size=(BATCH, SEQ)).astype("int64")
     return paddle.to_tensor(tokens), paddle.to_tensor(labels)
 
 
@@ -230,7 +230,7 @@ def train_v1(overlap, bucket_mb, checker=None):
         checker.watch(model, opt)
     losses = []
     for step in range(STEPS):
-        tokens, labels = v1_batch(step)
+        tokens, labels = batch(step)
         loss = F.cross_entropy(model(tokens), labels).mean()
         loss.backward()
         opt.step()
@@ -316,33 +316,13 @@ class V2Tiny(nn.Layer):
         return x * scale + 0.1 * self.odd.mean()
 
 
-class V2Block(Block):
-    def __init__(self):
-        super().__init__(V2_HIDDEN)
-
-
-class V2LM(nn.Layer):
+def V2LM():
     """About 3.3 MB of fp32 parameters: 4 comm buffers of 1 MB."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(V2_VOCAB, V2_HIDDEN)
-        self.tiny = V2Tiny()
-        self.blocks = nn.LayerList([V2Block() for _ in range(3)])
-        self.head = nn.Linear(V2_HIDDEN, V2_VOCAB)
-
-    def forward(self, tokens):
-        x = self.tiny(self.embed(tokens))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+    return UnevenLM(V2_VOCAB, V2_HIDDEN, V2_VOCAB, V2Tiny)
 
 
 def v2_batch(step):
-    rng = np.random.RandomState(1000 * step + rank())
-    tokens = rng.randint(0, V2_VOCAB, size=(BATCH, SEQ)).astype("int64")
-    labels = rng.randint(0, V2_VOCAB, size=(BATCH, SEQ)).astype("int64")
-    return paddle.to_tensor(tokens), paddle.to_tensor(labels)
+    return batch(step, V2_VOCAB, V2_VOCAB)
 
 
 def buffer_layout(raw, inner):
