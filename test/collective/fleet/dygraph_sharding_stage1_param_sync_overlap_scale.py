@@ -167,9 +167,10 @@ class Tiny(nn.Layer):
 
 
 class UnevenLM(nn.Layer):
-    """With the defaults: embedding of 16384 elements (Paddle's greedy partition gives it one
-    rank alone), 3 blocks whose 2048-element weights get one rank each, a
-    head and three tiny parameters: the last rank owns the 17 small ones."""
+    """With the defaults: an embedding of 16384 elements (Paddle's greedy
+    partition gives it one rank alone), 3 blocks whose 2048-element weights
+    get one rank each, a head and three tiny parameters: the last rank owns
+    the 17 small ones."""
 
     def __init__(self, vocab=VOCAB, hidden=HIDDEN, out=CLASSES, tiny=Tiny):
         super().__init__()
