@@ -624,6 +624,8 @@ class ParamSyncOverlap:
 
     def _wait_for_other_owners(self, units):
         # a parameter shared with another owner: its pending sync first
+        if not sync_registry.PENDING:  # the common case: no other owner
+            return
         for unit in units:
             for param in unit.params:
                 entry = sync_registry.PENDING.get(id(param))
