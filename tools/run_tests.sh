@@ -54,6 +54,9 @@ finish() {
     if ((rc != 0)); then  # a step of several sessions: its failures may lie above the tail
       echo "  its failure lines:"
       grep -E '^(FAIL|ERROR|error:)' "${step_log[$pid]}" | sed 's/^/    /' || true
+      # and pytest's account of them (a launch's error holds each rank's log tail), up to 200 lines
+      echo "  pytest's failure section:"
+      sed -n '/^=* FAILURES =*$/,/^=* short test summary/p' "${step_log[$pid]}" | head -n 200 | sed 's/^/    /'
     fi
     recap+=("${step_name[$pid]}|$result|$((SECONDS - step_start[$pid]))s|${step_log[$pid]}")
     unset "step_name[$pid]" "step_log[$pid]" "step_start[$pid]"
@@ -70,6 +73,7 @@ merge_coverage() {
   cov combine --keep "$@" && cov xml -o "$out/coverage.xml" >/dev/null &&
     cov report --fail-under="$COV_FAIL_UNDER" >"$out/coverage-report.txt" || rc=$?
   cat "$out/coverage-report.txt"
+  echo "coverage threshold: ${COV_FAIL_UNDER}% (COV_FAIL_UNDER); $( ((rc == 0)) && echo met || echo "NOT met (rc $rc)")"
   return $rc
 }
 

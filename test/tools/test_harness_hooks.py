@@ -52,6 +52,24 @@ def test_ready_after_paddle_import_and_exit_records(tmp_path):
     assert rank_signals.first_failure(signals) == (1, "sys.exit(3)")
 
 
+def test_a_rank_killed_by_sigsegv_leaves_its_python_stack(tmp_path):
+    """A segfault after Paddle's import (whose own handler prints only a C++ trace) names the Python frames
+    of every thread in the rank's log."""
+    crash = textwrap.dedent("""
+        import ctypes, os, time
+        import paddle
+        while "rank-0" not in os.listdir(os.environ["PADDLE_OVERLAY_RANK_SIGNAL_DIR"]):
+            time.sleep(0.05)
+        def crashing_collective():
+            ctypes.string_at(0)
+        crashing_collective()
+    """)
+    done = run_rank(tmp_path, 0, crash)
+    assert done.returncode == -11, (done.returncode, done.stderr)
+    assert "Fatal Python error: Segmentation fault" in done.stderr, done.stderr
+    assert "in crashing_collective" in done.stderr, done.stderr
+
+
 def test_slow_start_delays_the_rank_before_it_imports_paddle(tmp_path):
     started = time.time()
     done = run_rank(tmp_path, 0, "import paddle, time\ntime.sleep(0.5)\n", **{rank_signals.SLOW_START_ENV: "2"})
@@ -106,3 +124,14 @@ def test_stand_in_resolves_script_next_to_the_driver(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert stand_in.script_path(case, "per_rank.py") == str(tmp_path / "per_rank.py")
     assert stand_in.script_path(case, "elsewhere.py") == os.path.join(ROOT, "elsewhere.py")
+
+
+def test_ranks_the_launcher_reports_killed_by_a_signal_are_named():
+    import collective_launch
+
+    log = ("LAUNCH ERROR 2026-12-02 01:09:54,751 Container failed !!!\n"
+           "Container rank 2 status failed cmd ['python', '-u', 'x.py'] code -11 log /logs/workerlog.2\n"
+           "Container rank 3 status failed cmd ['python', '-u', 'x.py'] code -99 log /logs/workerlog.3\n"
+           "Container rank 1 status failed cmd ['python', '-u', 'x.py'] code 1 log /logs/workerlog.1\n")
+    assert collective_launch.killed_ranks(log) == [(2, "SIGSEGV"), (3, "signal 99")]
+    assert collective_launch.killed_ranks("LAUNCH INFO Pod failed\n") == []

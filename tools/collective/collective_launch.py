@@ -14,6 +14,7 @@ Environment: ``PADDLE_OVERLAY_TEST_DEVICE``, ``PADDLE_OVERLAY_TEST_NPROC`` (rank
 import collections
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -171,16 +172,31 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     first = None if timed_out else rank_signals.first_failure(signal_dir)
     if first:
         why = f"rank {first[0]} failed first ({first[1]}); {why}"
+    launcher = _read(os.path.join(log_dir, "launcher.log"))
+    killed = killed_ranks(launcher)
+    if killed:
+        why += "; " + ", ".join(f"rank {r} killed by {name}" for r, name in killed)
     lines = [f"collective launch of {os.path.basename(script)} failed: {why}, {nproc} ranks, {seconds:.1f}s",
              *recorded, f"logs: {log_dir}"]
     for r in sorted(range(nproc), key=lambda r: (first is None or r != first[0], r)):  # the first failure first
         note = f" (failed first: {first[1]})" if first and r == first[0] else ""
         lines += [f"----- rank {r}{note}: last {TAIL_LINES} lines of workerlog.{r} -----", _tail(rank_logs[r])]
     # The launcher echoes a failed rank's log: keep its own lines, or its plain tail if it has none.
-    launcher = _read(os.path.join(log_dir, "launcher.log"))
     own = "\n".join(line for line in launcher.splitlines() if line.startswith(("LAUNCH", "Container")))
     lines += ["----- launcher.log -----", _tail(own or launcher, 15 if own else 30)]
     raise CollectiveLaunchError("\n".join(lines))
+
+
+def killed_ranks(launcher_log):
+    """``[(rank, signal name)]`` of the ranks Paddle's launcher reports ended by a signal (``Container rank 2
+    status failed cmd [...] code -11``): such a rank writes no exit record (no Python runs after SIGSEGV)."""
+    killed = {}
+    for m in re.finditer(r"Container rank (\d+) status failed .*? code (-\d+)", launcher_log):
+        try:
+            killed[int(m.group(1))] = signal.Signals(-int(m.group(2))).name
+        except ValueError:  # not a signal number
+            killed[int(m.group(1))] = f"signal {-int(m.group(2))}"
+    return sorted(killed.items())
 
 
 def _ready_seconds(signal_dir, since):

@@ -3,13 +3,15 @@
 
 :func:`install_pth` puts a ``.pth`` line in the venv that runs :func:`_start` in each rank of a launch: a
 thread writes ``<dir>/rank-<id>`` once ``import paddle`` has finished, and at exit ``<dir>/exit-<id>.<pid>``
-records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``); once Paddle is
-imported, :mod:`collective_recorder` records each collective in ``<dir>/collectives-<id>.jsonl``. With
+records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``); a rank killed
+by a fatal signal (SIGSEGV) writes every thread's Python stack to its log (:mod:`faulthandler`, enabled once
+Paddle is imported). Once Paddle is imported, :mod:`collective_recorder` records each collective in ``<dir>/collectives-<id>.jsonl``. With
 ``$PADDLE_OVERLAY_SLOW_START`` set (``run_collective_tests.sh --slow-start``), each rank first sleeps that
 many seconds, as a loaded machine delays Paddle's import.
 """
 
 import atexit
+import faulthandler
 import importlib.util
 import os
 import re
@@ -79,6 +81,10 @@ def first_failure(signal_dir):
 def _signal_when_paddle_imported(ready_dir, rank):
     while "paddle" not in sys.modules or getattr(sys.modules["paddle"].__spec__, "_initializing", False):
         time.sleep(0.1)
+    # Paddle's import installs its own fatal-signal handler (a C++ trace, mostly "No stack trace in paddle");
+    # installed after it, faulthandler first writes every thread's Python stack to the rank's log, then
+    # hands the signal on to Paddle's handler.
+    faulthandler.enable(all_threads=True)
     try:  # a rank's child that imports Paddle too finds the file there
         fd = os.open(os.path.join(ready_dir, f"rank-{rank}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
