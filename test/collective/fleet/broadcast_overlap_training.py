@@ -285,6 +285,9 @@ def sync_registry_module():
     )
 
 
+# ---- shared helpers added by consolidation A (merged and this line removed after) ----
+
+
 def per_parameter(opt):
     """True when ``opt``'s overlap sends one broadcast per parameter (no
     buckets): the structural checks that count per-parameter tasks hold."""
@@ -348,6 +351,9 @@ def total_forward_pre_hooks(model):
     return sum(
         len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
     )
+
+
+# ---- shared helpers added by consolidation B (merged and this line removed after) ----
 
 
 def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
@@ -437,6 +443,9 @@ def sharding_v2(buffer_mb):
             yield
 
 
+# ---- shared helpers added by consolidation C (merged and this line removed after) ----
+
+
 def init_fleet(
     degrees=None,
     *,
@@ -477,6 +486,9 @@ def init_fleet(
         if hasattr(sharding_configs, "comm_buffer_size_MB"):  # Paddle 3.x
             sharding_configs.comm_buffer_size_MB = buffer_mb
     fleet.init(is_collective=True, strategy=strategy)
+
+
+# ---- shared helpers added by consolidation D (merged and this line removed after) ----
 
 
 # Warnings any case may raise without asserting on them: Paddle's own
@@ -546,6 +558,9 @@ def expected_warning(w):
         issubclass(w.category, category) and re.search(text, str(w.message))
         for category, text in EXPECTED_WARNINGS
     )
+
+
+# ---- shared helpers added by consolidation E (merged and this line removed after) ----
 
 
 def run_cases(cases, init=None, notices=()):
