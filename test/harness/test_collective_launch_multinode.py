@@ -34,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 RUNNER = os.path.join(ROOT, "tools", "collective_runner.py")
 ROW = os.path.splitext(os.path.basename(__file__))[0]
 SCRIPT = os.path.join(HERE, "collective_multinode_overlap.py")
+FLEET = os.path.join(ROOT, "test", "collective", "fleet")  # the harness SCRIPT imports
 NODES = 2
 NODE_TIMEOUT = 120  # seconds of behaviour of each node's launch, after its rank is ready
 MARKER_ENV = "PADDLE_OVERLAY_MULTINODE_TEST"  # in every process of the two node trees
@@ -119,7 +120,9 @@ class TestCollectiveLaunchMultinode(unittest.TestCase):
         from legacy_test.test_parallel_dygraph_dataparallel import rank_env
 
         args = launch_args()
-        result = launch_collective(SCRIPT, nproc=1, timeout=NODE_TIMEOUT, env=rank_env("auto_growth", {}))
+        path = os.pathsep.join(p for p in (FLEET, os.environ.get("PYTHONPATH")) if p)  # the case harness first
+        env = rank_env("auto_growth", {"PYTHONPATH": path})
+        result = launch_collective(SCRIPT, nproc=1, timeout=NODE_TIMEOUT, env=env)
         log = result.rank_logs[0]
         for text in (f"MULTINODE rank {args[args.index('--rank') + 1]} of 2, node", "3 passed, 0 failed"):
             self.assertIn(text, log, f"{text!r} not in the rank's log:\n{log[-4000:]}")

@@ -9,12 +9,10 @@
 
 import os
 import shutil
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURE = os.path.join(ROOT, "test", "patch", "checkout_like")
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import make_patch  # noqa: E402
+import make_patch  # tools/, on pytest's pythonpath (pyproject.toml) and the collective runner's sys.path
 
 FLEET = make_patch.TREE_TEST_DIR
 # Upstream's bf16 files (stand-ins of the same names): the patch must leave them as they are.

@@ -30,9 +30,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-import checkout_tree  # noqa: E402
-from checkout_tree import FLEET, make_patch  # noqa: E402
+import checkout_tree  # test/patch, on pytest's pythonpath (pyproject.toml)
+from checkout_tree import FLEET, make_patch
 
 STUB = '''raise ImportError(
     "paddle_overlay must not be imported in a patched-Paddle run: "

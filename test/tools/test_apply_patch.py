@@ -15,9 +15,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "test", "patch"))
-import checkout_tree  # noqa: E402
-from checkout_tree import FLEET, make_patch  # noqa: E402
+import checkout_tree
+from checkout_tree import FLEET, make_patch
 
 SCRIPT = os.path.join(ROOT, "tools", "apply_patch.sh")
 PATCH = {v: make_patch.patch_path(v) for v in ("2.6.2", "3.3.1")}

@@ -18,9 +18,8 @@ import textwrap
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import make_patch  # noqa: E402
-from make_patch import PatchError, splice  # noqa: E402
+import make_patch
+from make_patch import PatchError, splice
 
 VERSIONS = ("2.6.2", "3.3.1")
 
@@ -353,7 +352,6 @@ def test_apply_builds_its_wrappers_from_the_same_statements():
     """paddle_overlay's edit_wrapper() runs the statements make_patch writes into Paddle (and Paddle's
     original between them), read from the same source."""
     pytest.importorskip("paddle")
-    sys.path.insert(0, ROOT)
     from paddle_overlay import _patching
 
     for module, class_name in make_patch.SPLICED:
@@ -628,11 +626,7 @@ def test_tree_that_already_has_a_file_we_add_is_refused(tmp_path):
 def test_patch_for_a_checkout_like_tree_is_the_committed_one(version, tmp_path):
     """--paddle-src on a checkout at the tag (upstream's test files present) gives the committed
     diffs: new files do not depend on what test/ already holds."""
-    sys.path.insert(0, os.path.join(ROOT, "test", "patch"))
-    try:
-        import checkout_tree
-    finally:
-        sys.path.pop(0)
+    import checkout_tree
     tree = str(tmp_path / "checkout")
     checkout_tree.build(wheel_package(version), tree)
     ours = make_patch.make_patch(tree, "a checkout")
