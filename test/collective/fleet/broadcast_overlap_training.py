@@ -353,6 +353,28 @@ def total_forward_pre_hooks(model):
     )
 
 
+def overlap_hook_ids(layer, checker):
+    """Ids of ``layer``'s forward pre-hooks that are not ``checker``'s (the
+    overlap's, on layers without hooks of their own)."""
+    hooks = layer._forward_pre_hooks
+    return [h for h in hooks if not checker.owns_hook(layer, h)]
+
+
+@contextlib.contextmanager
+def raises(error, *texts):
+    """The block must raise ``error`` with each of ``texts`` in its message;
+    yields a namespace whose ``message`` is set to it."""
+    caught = types.SimpleNamespace(message=None)
+    try:
+        yield caught
+    except error as e:
+        caught.message = str(e)
+    else:
+        raise AssertionError(f"no {error.__name__} raised")
+    for text in texts:
+        assert text in caught.message, (text, caught.message)
+
+
 # ---- shared helpers added by consolidation B (merged and this line removed after) ----
 
 
