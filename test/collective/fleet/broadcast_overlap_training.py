@@ -375,6 +375,45 @@ def raises(error, *texts):
         assert text in caught.message, (text, caught.message)
 
 
+def rename_state_keys(state, renames):
+    """Optimizer state keys start with a parameter name: rename them."""
+    by_length = sorted(renames, key=len, reverse=True)
+    renamed = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            value = rename_state_keys(value, renames)
+        for old in by_length:
+            if key == old or key.startswith(old + "_"):
+                key = renames[old] + key[len(old) :]
+                break
+        renamed[key] = value
+    return renamed
+
+
+def save_and_load_fresh(model, opt, build=TinyLM):
+    """``model``'s layer and ``opt``'s state saved (paddle.save, per rank,
+    no synchronize first) and loaded into a fresh ``build()`` and fleet
+    AdamW as a new process would (this process names the fresh parameters
+    differently: the state's keys renamed). Returns (fleet model, fleet
+    optimizer, both overlap off; the loaded model state)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mpath = os.path.join(tmp, f"m{rank()}.pdparams")
+        opath = os.path.join(tmp, f"o{rank()}.pdopt")
+        paddle.save(model._layers.state_dict(), mpath)
+        paddle.save(opt.state_dict(), opath)
+        model_state, opt_state = paddle.load(mpath), paddle.load(opath)
+    paddle.distributed.barrier()
+    names = {k: p.name for k, p in model._layers.named_parameters()}
+    fresh = build()
+    fresh.set_state_dict(model_state)
+    fresh_opt = fleet.distributed_optimizer(adamw(fresh.parameters()))
+    renames = {names[k]: p.name for k, p in fresh.named_parameters()}
+    fresh_opt.set_state_dict(rename_state_keys(opt_state, renames))
+    return fleet.distributed_model(fresh), fresh_opt, model_state
+
+
 # ---- shared helpers added by consolidation B (merged and this line removed after) ----
 
 

@@ -21,9 +21,7 @@ caps of a few KB give these tiny models several windows."""
 import contextlib
 import gc
 import math
-import os
 import sys
-import tempfile
 import types
 import zlib
 
@@ -147,6 +145,30 @@ def compare_buckets(build=TinyLM, cap=2 * KB, **kwargs):
     return checker, on, on.opt
 
 
+def assert_launched_per_bucket(checker, opt):
+    """Each unit a bucket of several parameters, launched once per step (no
+    broadcast per parameter); the ranks agree on the lengths and offsets."""
+    specs, n = buckets(opt), len(harness.optimizer_parameters(opt))
+    assert specs and len(specs) < n, (len(specs), n)
+    assert len(impl_of(opt).units) == len(specs)
+    launched = checker.counts["launched"]
+    assert launched == STEPS * len(specs), (launched, len(specs))
+    layout = [v for s in specs for v in (s.length, *s.offsets)]
+    assert harness.all_ranks_equal(layout), layout
+    return specs
+
+
+def assert_per_parameter():
+    """bucket_size_mb=0 on and off bitwise: no bucket, one unit per
+    parameter, one broadcast per trainable parameter and step."""
+    checker, on = compare_on_off(bucket_mb=0)
+    params = harness.optimizer_parameters(on.opt)
+    assert harness.per_parameter(on.opt) and buckets(on.opt) == []
+    n = sum(1 for p in params if not p.stop_gradient)
+    assert len(impl_of(on.opt).units) == len(params)
+    assert checker.counts["launched"] == STEPS * n
+
+
 def head_wait_sabotaged(cap, keep_first=False):
     """The checker's violations in 3 steps after step 0 removed the head's
     overlap pre-hook (``keep_first``: replaced, ahead of the checker's, by
@@ -249,12 +271,12 @@ def case_on_off_bitwise_with_buckets():
         (256, {}),
     ):
         checker, _, opt = compare_buckets(cap=cap, **kwargs)
-        specs, params = buckets(opt), harness.optimizer_parameters(opt)
-        n = len(params)
-        assert specs and len(specs) < n, (len(specs), n)
-        # every parameter in a bucket: the units are the buckets
-        assert len(impl_of(opt).units) == len(specs)
-        assert sorted(i for s in specs for i in s.indices) == list(range(n))
+        specs = assert_launched_per_bucket(checker, opt)
+        params = harness.optimizer_parameters(opt)
+        # every parameter in a bucket
+        assert sorted(i for s in specs for i in s.indices) == list(
+            range(len(params))
+        )
         # one bucket per (window, owner, dtype) holding parameters
         windows = planned_windows(opt, cap)
         window_of = {i: w for w, ps in enumerate(windows) for i in ps}
@@ -269,10 +291,6 @@ def case_on_off_bitwise_with_buckets():
             for i, p in enumerate(params)
         }
         assert set(keys) == wanted, (keys, wanted)
-        # the launches were the buckets, nothing per parameter
-        launched = checker.counts["launched"]
-        assert launched == STEPS * len(specs), (launched, len(specs))
-        assert harness.all_ranks_equal([s.length for s in specs])
         assert (len(windows) == 1) == (cap == 256), windows
 
 
@@ -432,21 +450,8 @@ def case_checkpoint_across_bucket_modes():
         first = harness.train(
             overlap=saved is not None, bucket_mb=saved or 0, steps=cut
         )
-        with tempfile.TemporaryDirectory() as tmp:
-            mpath = os.path.join(tmp, f"m{rank()}.pdparams")
-            opath = os.path.join(tmp, f"o{rank()}.pdopt")
-            paddle.save(first.model._layers.state_dict(), mpath)
-            paddle.save(first.opt.state_dict(), opath)
-            model_state, opt_state = paddle.load(mpath), paddle.load(opath)
-        paddle.distributed.barrier()
-        shapes[saved] = {k: list(v.shape) for k, v in model_state.items()}
-        names = {k: p.name for k, p in first.model._layers.named_parameters()}
-        fresh = TinyLM()
-        fresh.set_state_dict(model_state)
-        opt = fleet.distributed_optimizer(harness.adamw(fresh.parameters()))
-        renames = {names[k]: p.name for k, p in fresh.named_parameters()}
-        opt.set_state_dict(models.rename_state_keys(opt_state, renames))
-        fresh = fleet.distributed_model(fresh)
+        fresh, opt, state = harness.save_and_load_fresh(first.model, first.opt)
+        shapes[saved] = {k: list(v.shape) for k, v in state.items()}
         handed = []
 
         def loads(step, model, opt):
@@ -497,14 +502,8 @@ def case_checkpoint_across_bucket_modes():
 
 
 def case_bucket_size_zero_is_per_parameter():
-    """bucket_size_mb=0: no bucket, one unit per parameter, one broadcast
-    per trainable parameter and step."""
-    checker, on = compare_on_off(bucket_mb=0)
-    params = harness.optimizer_parameters(on.opt)
-    assert harness.per_parameter(on.opt) and buckets(on.opt) == []
-    n = sum(1 for p in params if not p.stop_gradient)
-    assert len(impl_of(on.opt).units) == len(params)
-    assert checker.counts["launched"] == STEPS * n
+    """bucket_size_mb=0 is one broadcast per parameter."""
+    assert_per_parameter()
 
 
 def case_bad_bucket_size_raises_before_any_change():
@@ -556,22 +555,13 @@ def case_tensor_fusion_slices_bitwise_equal():
                 (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
                 for t in fused
             ]
-            specs, params = buckets(opt), harness.optimizer_parameters(opt)
-            assert specs and len(specs) < len(params)
-            assert len(impl_of(opt).units) == len(specs)
+            specs = assert_launched_per_bucket(checker, opt)
             for s in specs:  # slices of the fused buffers, nothing new
                 start = s.buffer.data_ptr()
                 end = start + s.length * s.buffer.element_size()
                 assert any(lo <= start < hi for lo, hi in spans), start
                 assert any(lo < end <= hi for lo, hi in spans), end
-            launched = checker.counts["launched"]
-            assert launched == STEPS * len(specs), checker.counts
-            layout = [v for s in specs for v in (s.length, *s.offsets)]
-            assert harness.all_ranks_equal(layout)
-        checker, on = compare_on_off(bucket_mb=0)
-        assert harness.per_parameter(on.opt) and buckets(on.opt) == []
-        n = len(harness.optimizer_parameters(on.opt))
-        assert checker.counts["launched"] == STEPS * n
+        assert_per_parameter()
 
 
 def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
