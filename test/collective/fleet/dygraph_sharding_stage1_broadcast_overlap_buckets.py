@@ -39,12 +39,6 @@ KB = 1.0 / 1024  # in MB
 impl_of = harness.overlap_impl
 
 
-def bucketed(build, cap, **kwargs):
-    """(model, opt) as ``train`` builds them, overlap on with buckets."""
-    run = harness.train(build, overlap=True, bucket_mb=cap, steps=0, **kwargs)
-    return run.model, run.opt
-
-
 def sgd(params):
     return paddle.optimizer.SGD(learning_rate=0.05, parameters=params)
 
@@ -137,6 +131,15 @@ def assert_views_of_buffers(opt):
     assert len(seen) == len(set(seen)), "a parameter in two buckets"
 
 
+def new_memory(model):
+    """Block 0's up weight given new memory (same values): the parameter and
+    the tensor whose memory it now shares."""
+    p = model._layers.blocks[0].up.weight
+    fresh = paddle.to_tensor(p.numpy())
+    p.get_tensor()._share_data_with(fresh.get_tensor())
+    return p, fresh
+
+
 def compare_buckets(build=TinyLM, cap=2 * KB, **kwargs):
     """``compare_on_off`` with buckets of ``cap``, then the buckets' memory
     checked; returns ``(checker, on run, its optimizer)``."""
@@ -173,7 +176,6 @@ def head_wait_sabotaged(cap, keep_first=False):
     """The checker's violations in 3 steps after step 0 removed the head's
     overlap pre-hook (``keep_first``: replaced, ahead of the checker's, by
     one waiting for the head's first unit only)."""
-    model, opt = bucketed(TinyLM, cap)
     with BroadcastWaitChecker() as checker:
 
         def sabotage(step, model, opt):
@@ -194,7 +196,11 @@ def head_wait_sabotaged(cap, keep_first=False):
                 head._forward_pre_hooks.move_to_end(hook_id, last=False)
 
         harness.train(
-            model=model, opt=opt, steps=3, checker=checker, on_step=sabotage
+            overlap=True,
+            bucket_mb=cap,
+            steps=3,
+            checker=checker,
+            on_step=sabotage,
         )
     return checker.violations
 
@@ -273,10 +279,8 @@ def case_on_off_bitwise_with_buckets():
         checker, _, opt = compare_buckets(cap=cap, **kwargs)
         specs = assert_launched_per_bucket(checker, opt)
         params = harness.optimizer_parameters(opt)
-        # every parameter in a bucket
-        assert sorted(i for s in specs for i in s.indices) == list(
-            range(len(params))
-        )
+        n = len(params)  # every parameter in a bucket:
+        assert sorted(i for s in specs for i in s.indices) == list(range(n))
         # one bucket per (window, owner, dtype) holding parameters
         windows = planned_windows(opt, cap)
         window_of = {i: w for w, ps in enumerate(windows) for i in ps}
@@ -428,15 +432,14 @@ def case_optimizer_state_and_decay_selection_on_views():
     _, on, opt = compare_buckets(build, make_optimizer=make)
     pairs = zip(on.off.model.parameters(), on.model.parameters())
     rename = {p.name: q.name for p, q in pairs}
-    on_state = opt.state_dict()
-    for key, value in on.off.opt.state_dict().items():
-        starts = [n for n in rename if key.startswith(n)]
-        if not hasattr(value, "numpy") or not starts:
-            continue
-        owner = max(starts, key=len)
-        other = rename[owner] + key[len(owner) :]
-        assert other in on_state, other
-        assert value.numpy().tobytes() == on_state[other].numpy().tobytes(), key
+    off_state, on_state = on.off.opt.state_dict(), opt.state_dict()
+    renamed = harness.rename_state_keys(off_state, rename).items()
+    # the parameters' state (renamed keys)
+    state = [(k, v) for k, v in renamed if k not in off_state]
+    assert any(hasattr(v, "numpy") for _, v in state), off_state.keys()
+    for key, value in state:
+        assert key in on_state, key
+        assert value.numpy().tobytes() == on_state[key].numpy().tobytes(), key
 
 
 def case_checkpoint_across_bucket_modes():
@@ -460,15 +463,10 @@ def case_checkpoint_across_bucket_modes():
                 state = inner.state_dict().items()
                 inner.set_state_dict({k: v.clone() for k, v in state})
             if step == cut + 1:  # by handing a new tensor
-                p = inner.blocks[0].up.weight
-                new = paddle.to_tensor(p.numpy())
-                p.get_tensor()._share_data_with(new.get_tensor())
-                handed.append(p)
+                handed.append(new_memory(model)[0])
 
         if loaded is not None:
-            opt._set_broadcast_overlap(
-                True, layers=fresh, bucket_size_mb=loaded
-            )
+            harness.enable_broadcast_overlap(opt, fresh, bucket_mb=loaded)
         with harness.lost_overlap_warnings() as lost:
             with BroadcastWaitChecker() as checker:
                 rest = harness.train(
@@ -573,9 +571,7 @@ def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
 
         def replace(step, model, opt, ranks=ranks, replaced=replaced):
             if step == 1 and rank() in ranks:
-                p = model._layers.blocks[0].up.weight
-                fresh = paddle.to_tensor(p.numpy())
-                p.get_tensor()._share_data_with(fresh.get_tensor())
+                p, fresh = new_memory(model)
                 assert p.data_ptr() == fresh.data_ptr()  # out of its slot
                 if impl_of(opt) is not None:  # (the off run too)
                     assert bucket_of(opt, p) is not None
@@ -598,13 +594,18 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
     buckets): the next step() raises on every rank before any broadcast,
     naming a parameter; off and on again, it plans anew and trains (SGD)."""
     for cap in (0, 2 * KB):
-        model, opt = bucketed(TinyLM, cap, make_optimizer=sgd)
         checker = BroadcastWaitChecker()
         with checker, harness.lost_overlap_warnings() as lost:
             # (train() ends with model.state_dict(): every unit waited by
             # that read, so the next forward says the overlap was lost)
-            harness.train(model=model, opt=opt, steps=2, checker=checker)
-            impl = impl_of(opt)
+            on = harness.train(
+                overlap=True,
+                bucket_mb=cap,
+                make_optimizer=sgd,
+                steps=2,
+                checker=checker,
+            )
+            model, opt, impl = on.model, on.opt, impl_of(on.opt)
             sent = checker.counts["launched"]
             assert sent == impl.stats["launched"] == 2 * len(impl.units) > 0
             model._layers.to(dtype="float64")
@@ -696,8 +697,8 @@ def case_rank0_only_save_then_barrier():
             assert v.tobytes() == final[k].tobytes(), k
         harness.assert_lost_overlap_warning(lost, "iteration", units, units)
         # every unit of every step waited by rank 0's reads (the final
-        # state_dict() of train() found nothing pending)
-        assert waited == STEPS * units, impl.stats
+        # state_dict()s found nothing pending)
+        assert impl.stats["waited_on_read"] == STEPS * units, impl.stats
     else:
         # only train()'s final state_dict() read here
         assert waited == units, impl.stats

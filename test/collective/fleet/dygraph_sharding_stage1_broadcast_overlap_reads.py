@@ -11,16 +11,10 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Per-rank script: parameter reads between step() and the next forward.
-
-Each case reads parameters the way user code does outside ``model(...)``
-(a helper calling ``sublayer.forward``, weight-norm logging, a loop over
-``model.parameters()``), overlap on vs off (``compare_on_off``, the read
-outputs too); the wait checker checks at the read (``F.linear``,
-``paddle.linalg.norm``, ...). Negative controls remove the read guard or
-the pre-hooks and must show violations. Reading every parameter between
-steps takes the overlap away from the next forward: said once (asserted).
-"""
+"""Per-rank script: parameter reads between step() and the next forward,
+the way user code reads outside ``model(...)``, overlap on vs off (the read
+outputs too), checked by the wait checker at the read (``F.linear``,
+``paddle.linalg.norm``, ...); negative controls must show violations."""
 
 import sys
 from collections import OrderedDict
