@@ -390,6 +390,17 @@ def rename_state_keys(state, renames):
     return renamed
 
 
+def fused_spans(opt):
+    """(start, end) addresses of the float32 fused parameter buffers of
+    Paddle's V1 tensor fusion (``_rank2fused``) in fleet optimizer ``opt``."""
+    fused = sharding_optimizer(opt)._rank2fused.values()
+    return [
+        (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
+        for ts in fused
+        for t in ts
+    ]
+
+
 def save_and_load_fresh(model, opt, build=TinyLM):
     """``model``'s layer and ``opt``'s state saved (paddle.save, per rank,
     no synchronize first) and loaded into a fresh ``build()`` and fleet

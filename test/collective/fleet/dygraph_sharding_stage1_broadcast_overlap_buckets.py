@@ -331,9 +331,8 @@ def case_tied_parameter_one_slot():
 
 
 def case_frozen_and_trainable_share_windows_under_weight_decay():
-    """Frozen parameters between trainable ones get no slot and stay
-    bit-identical under weight decay, as does one frozen after planning
-    (which keeps its slot)."""
+    """Frozen parameters get no slot and stay bit-identical under weight
+    decay; one frozen after planning keeps its slot and stays so too."""
 
     def decaying(params):
         return paddle.optimizer.AdamW(
@@ -412,9 +411,8 @@ def case_layer_spanning_two_buckets_waits_for_both():
 
 
 def case_optimizer_state_and_decay_selection_on_views():
-    """AdamW moments keyed by name, a decay filter and per-parameter learning
-    rates work on views: the state equals the off run's, key by key (V1
-    refuses dict parameter groups upstream)."""
+    """AdamW moments, a decay filter and per-parameter learning rates on
+    views: the state equals the off run's, key by key (V1: no dict groups)."""
 
     def make(params):
         return paddle.optimizer.AdamW(
@@ -443,10 +441,8 @@ def case_optimizer_state_and_decay_selection_on_views():
 
 
 def case_checkpoint_across_bucket_modes():
-    """Saved with buckets, loaded without and the other way round: same
-    shapes, training continues bitwise equal to an uninterrupted run; a load
-    by copy goes into the views, one handing new memory is rebound locally
-    at the next launch (``stats["rebound"]``, no collective, no warning)."""
+    """Saved and loaded with or without buckets: bitwise equal to one run; a
+    load handing new memory is rebound locally (``stats["rebound"]``)."""
     total, cut = STEPS + 2, 2
     base, shapes = harness.train(steps=total), {}
     for saved, loaded in ((2 * KB, None), (None, 2 * KB), (2 * KB, 2 * KB)):
@@ -523,9 +519,8 @@ def case_bad_bucket_size_raises_before_any_change():
 
 
 def case_tensor_fusion_with_pp_sharding_comm_overlap_refused_as_paddle_does():
-    """Paddle refuses tensor fusion with pp sharding_comm_overlap at the
-    optimizer's build (AssertionError); set after the build, the overlay
-    refuses it (ValueError worded as Paddle's limit) before any change."""
+    """Tensor fusion with pp sharding_comm_overlap: Paddle refuses it at the
+    build, the overlay (set after the build) before any change, as Paddle."""
     model = fleet.distributed_model(TinyLM())
     limit = "Paddle cannot combine pp_configs.sharding_comm_overlap"
     with tensor_fusion():
@@ -540,19 +535,14 @@ def case_tensor_fusion_with_pp_sharding_comm_overlap_refused_as_paddle_does():
 
 
 def case_tensor_fusion_slices_bitwise_equal():
-    """With tensor fusion each window sends slices of Paddle's fused buffers
-    (no buffer of ours), bitwise equal to overlap off; bucket_size_mb=0
-    sends one broadcast per parameter as upstream does there."""
+    """With tensor fusion each window sends slices of Paddle's fused buffers,
+    bitwise equal to off; bucket_size_mb=0 sends one per parameter there."""
     with tensor_fusion():
         for cap in (2 * KB, 256):
             checker, _, opt = compare_buckets(cap=cap)
             inner = harness.sharding_optimizer(opt)
             assert inner.tensor_fusion and inner._rank2fused
-            fused = [t for ts in inner._rank2fused.values() for t in ts]
-            spans = [
-                (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
-                for t in fused
-            ]
+            spans = harness.fused_spans(opt)
             specs = assert_launched_per_bucket(checker, opt)
             for s in specs:  # slices of the fused buffers, nothing new
                 start = s.buffer.data_ptr()
@@ -563,9 +553,8 @@ def case_tensor_fusion_slices_bitwise_equal():
 
 
 def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
-    """A bucketed parameter given new memory after a step, on rank 1 or on
-    every rank, is put back into its slot locally at the next launch
-    (``stats["rebound"]``): same broadcasts on every rank, bitwise equal."""
+    """New memory for a bucketed parameter, on rank 1 or on every rank: put
+    back into its slot locally (``stats["rebound"]``), bitwise equal."""
     for ranks in ({1}, {0, 1}):
         replaced = []
 
@@ -590,9 +579,8 @@ def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
 
 
 def case_dtype_change_refused_on_every_rank_then_retrained():
-    """``model.to(dtype="float64")`` between steps (per parameter and with
-    buckets): the next step() raises on every rank before any broadcast,
-    naming a parameter; off and on again, it plans anew and trains (SGD)."""
+    """``model.to(dtype="float64")`` between steps: step() raises on every
+    rank before any broadcast; off and on again, it plans anew and trains."""
     for cap in (0, 2 * KB):
         checker = BroadcastWaitChecker()
         with checker, harness.lost_overlap_warnings() as lost:
@@ -643,8 +631,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
 
 
 def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
-    """An optimizer collected with overlap on leaves its hooks (its
-    finalizer neither waits nor touches them); the next
+    """An optimizer collected with overlap on leaves its hooks; the next
     _set_broadcast_overlap call, False on another optimizer, removes them."""
     model = fleet.distributed_model(TinyLM())
     opt = fleet.distributed_optimizer(harness.adamw(model.parameters()))
@@ -664,9 +651,8 @@ def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
 
 
 def case_rank0_only_save_then_barrier():
-    """Rank 0 alone reads the model after every step (the README's save),
-    then a barrier: no hang, no stale value, rank 0's next forwards lost
-    their overlap (said once, there only)."""
+    """Rank 0 alone reads the model after every step, then a barrier: no
+    hang, no stale value, the lost overlap said once on rank 0 only."""
     saved, pending_after_step = [], []
 
     def rank0_reads(step, model, opt):
