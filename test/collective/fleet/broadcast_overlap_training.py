@@ -353,6 +353,78 @@ def total_forward_pre_hooks(model):
     )
 
 
+def overlap_hook_ids(layer, checker):
+    """Ids of ``layer``'s forward pre-hooks that are not ``checker``'s (the
+    overlap's, on layers without hooks of their own)."""
+    hooks = layer._forward_pre_hooks
+    return [h for h in hooks if not checker.owns_hook(layer, h)]
+
+
+@contextlib.contextmanager
+def raises(error, *texts):
+    """The block must raise ``error`` with each of ``texts`` in its message;
+    yields a namespace whose ``message`` is set to it."""
+    caught = types.SimpleNamespace(message=None)
+    try:
+        yield caught
+    except error as e:
+        caught.message = str(e)
+    else:
+        raise AssertionError(f"no {error.__name__} raised")
+    for text in texts:
+        assert text in caught.message, (text, caught.message)
+
+
+def rename_state_keys(state, renames):
+    """Optimizer state keys start with a parameter name: rename them."""
+    by_length = sorted(renames, key=len, reverse=True)
+    renamed = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            value = rename_state_keys(value, renames)
+        for old in by_length:
+            if key == old or key.startswith(old + "_"):
+                key = renames[old] + key[len(old) :]
+                break
+        renamed[key] = value
+    return renamed
+
+
+def fused_spans(opt):
+    """(start, end) addresses of the float32 fused parameter buffers of
+    Paddle's V1 tensor fusion (``_rank2fused``) in fleet optimizer ``opt``."""
+    fused = sharding_optimizer(opt)._rank2fused.values()
+    return [
+        (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
+        for ts in fused
+        for t in ts
+    ]
+
+
+def save_and_load_fresh(model, opt, build=TinyLM):
+    """``model``'s layer and ``opt``'s state saved (paddle.save, per rank,
+    no synchronize first) and loaded into a fresh ``build()`` and fleet
+    AdamW as a new process would (this process names the fresh parameters
+    differently: the state's keys renamed). Returns (fleet model, fleet
+    optimizer, both overlap off; the loaded model state)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mpath = os.path.join(tmp, f"m{rank()}.pdparams")
+        opath = os.path.join(tmp, f"o{rank()}.pdopt")
+        paddle.save(model._layers.state_dict(), mpath)
+        paddle.save(opt.state_dict(), opath)
+        model_state, opt_state = paddle.load(mpath), paddle.load(opath)
+    paddle.distributed.barrier()
+    names = {k: p.name for k, p in model._layers.named_parameters()}
+    fresh = build()
+    fresh.set_state_dict(model_state)
+    fresh_opt = fleet.distributed_optimizer(adamw(fresh.parameters()))
+    renames = {names[k]: p.name for k, p in fresh.named_parameters()}
+    fresh_opt.set_state_dict(rename_state_keys(opt_state, renames))
+    return fleet.distributed_model(fresh), fresh_opt, model_state
+
+
 # ---- shared helpers added by consolidation B (merged and this line removed after) ----
 
 

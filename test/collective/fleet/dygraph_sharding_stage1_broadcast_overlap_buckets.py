@@ -13,83 +13,52 @@
 # limitations under the License.
 
 """Per-rank script: broadcast buckets (``bucket_size_mb``), the ways public
-reports show flat or bucketed parameter storage breaking.
-
-Each case: overlap with buckets on vs overlap off bitwise equal (numpy
-copies), no read of a parameter whose bucket is still pending (the wait
-checker maps a bucket's broadcast to the parameters living in its buffer),
-and the buckets checked directly, from the owner's public units (each
-bucket unit's ``tensor`` is its 1-D buffer, ``params`` its members, ``src``
-its owner rank). Small caps (a few KB) give these tiny models several
-windows. Cases run by env ``BROADCAST_OVERLAP_CASES`` (all by
-default) under ``python -m paddle.distributed.launch --nproc_per_node 2``.
-"""
+reports show flat or bucketed parameter storage breaking. Each case runs
+``compare_on_off`` with buckets (the checker maps a bucket's broadcast to the
+parameters in its buffer) and checks the owner's bucket units (``buckets``);
+caps of a few KB give these tiny models several windows."""
 
 import contextlib
+import gc
 import math
-import os
 import sys
-import tempfile
 import types
 import zlib
 
+import broadcast_overlap_training as harness
+import dygraph_sharding_stage1_broadcast_overlap_models as models
 import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
-from broadcast_overlap_training import (
-    HIDDEN,
-    STEPS,
-    TinyLM,
-    adamw,
-    all_ranks_equal,
-    assert_bitwise_equal,
-    assert_lost_overlap_warning,
-    bucket_units,
-    build_with_initial_state,
-    cases_of,
-    compare_on_off,
-    lm_loss,
-    lost_overlap_warnings,
-    optimizer_parameters,
-    overlap_impl,
-    per_parameter,
-    rank,
-    run_cases,
-    sharding_optimizer,
-    slot_offsets,
-    train,
-)
-from dygraph_sharding_stage1_broadcast_overlap_models import (
-    TiedLM,
-    rename_state_keys,
-)
+from broadcast_overlap_training import STEPS, TinyLM, compare_on_off, rank
 from hybrid_parallel_cpu_shim import cpu_tensor_fusion
 
 import paddle
 from paddle.distributed import fleet
 
 KB = 1.0 / 1024  # in MB
+impl_of = harness.overlap_impl
 
 
-# ----------------------------------------------------------------------
-# set-up
-def bucketed(build, bucket_size_mb, **kwargs):
-    """(model, opt) as ``train`` builds them, overlap on with buckets."""
-    run = train(
-        build, overlap=True, bucket_mb=bucket_size_mb, steps=0, **kwargs
-    )
-    return run.model, run.opt
+def sgd(params):
+    return paddle.optimizer.SGD(learning_rate=0.05, parameters=params)
 
 
-def compare_buckets(build=TinyLM, bucket_size_mb=2 * KB, **kwargs):
-    """``compare_on_off`` with buckets. Returns ``(checker, model, opt,
-    off run)``."""
-    checker, on = compare_on_off(build, bucket_mb=bucket_size_mb, **kwargs)
-    return checker, on.model, on.opt, on.off
+@contextlib.contextmanager
+def tensor_fusion():
+    """tensor_fusion on for the optimizers built inside, with the TEST-ONLY
+    CPU shim that lets Paddle build fused buffers here."""
+    with harness.sharding_configs(tensor_fusion=True), cpu_tensor_fusion():
+        yield
 
 
-def params_of(opt):
-    """The optimizer's parameter list (positions of the overlap's units)."""
-    return optimizer_parameters(opt)
+@contextlib.contextmanager
+def pp_sharding_comm_overlap():
+    pp = fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
+    pp.sharding_comm_overlap = True
+    try:
+        yield
+    finally:
+        pp.sharding_comm_overlap = False
 
 
 def dtype_name(tensor):
@@ -97,73 +66,49 @@ def dtype_name(tensor):
     return {"fp32": "float32", "fp64": "float64"}.get(name, name)
 
 
-def numel(param):
-    return math.prod(int(d) for d in param.shape)
-
-
 def buckets(opt):
-    """The owner's buckets, in launch order, from its public units: per
-    bucket unit its ``buffer`` (the unit's 1-D ``tensor``), ``src`` (owner
-    rank), ``dtype``, ``length``, ``params`` (members, in slot order),
-    ``indices`` (their positions), ``offsets`` (where each member's memory
-    starts in the buffer, in elements) and ``numels``; [] per parameter."""
-    impl = overlap_impl(opt)
-    found = []
-    for unit in bucket_units(opt):
-        buf = unit.tensor
-        found.append(
-            types.SimpleNamespace(
-                unit=unit,
-                buffer=buf,
-                src=unit.src,
-                dtype=dtype_name(buf),
-                length=int(buf.shape[0]),
-                params=list(unit.params),
-                indices=[impl.index_of(p) for p in unit.params],
-                offsets=slot_offsets(unit),
-                numels=[numel(p) for p in unit.params],
-            )
-        )
+    """The owner's bucket units in launch order: ``unit``, ``buffer`` (its
+    1-D ``tensor``), ``src``, ``dtype``, ``length``, ``params`` (slot
+    order), ``indices``, ``offsets`` (elements) and ``numels``."""
+    found, index_of = [], impl_of(opt).index_of
+    for u in harness.bucket_units(opt):
+        b = types.SimpleNamespace(unit=u, buffer=u.tensor, src=u.src)
+        b.params, b.offsets = list(u.params), harness.slot_offsets(u)
+        b.dtype, b.length = dtype_name(u.tensor), int(u.tensor.shape[0])
+        b.indices = [index_of(p) for p in u.params]
+        b.numels = [math.prod(p.shape) for p in u.params]
+        found.append(b)
     return found
 
 
 def bucket_of(opt, param):
     """Index in ``buckets(opt)`` of the bucket holding ``param``, or None."""
-    holding = [
-        k
-        for k, b in enumerate(buckets(opt))
-        if any(p is param for p in b.params)
-    ]
+    members = [{id(p) for p in b.params} for b in buckets(opt)]
+    holding = [k for k, ids in enumerate(members) if id(param) in ids]
     assert len(holding) <= 1, (param.name, holding)
     return holding[0] if holding else None
 
 
 def owner_rank(opt, param):
-    """Global rank that owns ``param`` (Paddle's V1 partition,
-    ``_rank2params``, in the sharding group's ranks)."""
-    from paddle.distributed import fleet as _fleet
-
-    group = _fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
-    inner = sharding_optimizer(opt)
-    (r,) = [
-        r for r, ps in inner._rank2params.items() if any(p is param for p in ps)
-    ]
-    return group.ranks[r]
+    """Global rank owning ``param`` (Paddle's V1 ``_rank2params``)."""
+    hcg = fleet.get_hybrid_communicate_group()
+    owners = harness.sharding_optimizer(opt)._rank2params.items()
+    (r,) = [r for r, ps in owners if any(p is param for p in ps)]
+    return hcg.get_sharding_parallel_group().ranks[r]
 
 
 def planned_windows(opt, cap_mb):
-    """The windows of the agreed order, reconstructed by the test: in
-    ``order``, the trainable, untied, non-empty parameters, a window closed
-    once it holds ``cap_mb`` MB or more (positions, per window)."""
-    cap, params = int(cap_mb * (1 << 20)), params_of(opt)
+    """The windows (positions) the test expects: in ``order``, trainable,
+    untied, non-empty parameters, each closed at ``cap_mb`` MB or more."""
+    cap, params = int(cap_mb * (1 << 20)), harness.optimizer_parameters(opt)
     windows, window, size, placed = [], [], 0, set()
-    for i in overlap_impl(opt).order:
+    for i in impl_of(opt).order:
         p = params[i]
-        if p.stop_gradient or id(p) in placed or not numel(p):
+        if p.stop_gradient or id(p) in placed or not math.prod(p.shape):
             continue
         placed.add(id(p))
         window.append(i)
-        size += numel(p) * p.element_size()
+        size += math.prod(p.shape) * p.element_size()
         if size >= cap:
             windows.append(window)
             window, size = [], 0
@@ -171,9 +116,8 @@ def planned_windows(opt, cap_mb):
 
 
 def assert_views_of_buffers(opt):
-    """Every bucketed parameter's memory is a slot of its bucket's 1-D
-    buffer, of the buffer's dtype, members in slot order, slots inside the
-    buffer and never overlapping; no parameter in two buckets."""
+    """Every bucketed parameter is a slot of its bucket's 1-D buffer, of its
+    dtype, in slot order, inside it, never overlapping, in one bucket."""
     seen = []
     for b in buckets(opt):
         assert len(b.buffer.shape) == 1, b.buffer.shape
@@ -187,43 +131,96 @@ def assert_views_of_buffers(opt):
     assert len(seen) == len(set(seen)), "a parameter in two buckets"
 
 
-def digest(params):
-    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
+def new_memory(model):
+    """Block 0's up weight given new memory (same values): the parameter and
+    the tensor whose memory it now shares."""
+    p = model._layers.blocks[0].up.weight
+    fresh = paddle.to_tensor(p.numpy())
+    p.get_tensor()._share_data_with(fresh.get_tensor())
+    return p, fresh
 
 
-# ----------------------------------------------------------------------
-# models
-class FrozenInsideLM(TinyLM):
-    """Block 0's up-projection weight frozen, its bias trainable, between
-    trainable neighbours in forward order."""
-
-    def __init__(self):
-        super().__init__()
-        self.blocks[0].up.weight.stop_gradient = True
-        self.blocks[1].norm.weight.stop_gradient = True
+def compare_buckets(build=TinyLM, cap=2 * KB, **kwargs):
+    """``compare_on_off`` with buckets of ``cap``, then the buckets' memory
+    checked; returns ``(checker, on run, its optimizer)``."""
+    checker, on = compare_on_off(build, bucket_mb=cap, **kwargs)
+    assert_views_of_buffers(on.opt)
+    return checker, on, on.opt
 
 
-class MixedDtypeLM(TinyLM):
-    """A float64 gate per block next to float32 parameters."""
+def assert_launched_per_bucket(checker, opt):
+    """Each unit a bucket of several parameters, launched once per step (no
+    broadcast per parameter); the ranks agree on the lengths and offsets."""
+    specs, n = buckets(opt), len(harness.optimizer_parameters(opt))
+    assert specs and len(specs) < n, (len(specs), n)
+    assert len(impl_of(opt).units) == len(specs)
+    launched = checker.counts["launched"]
+    assert launched == STEPS * len(specs), (launched, len(specs))
+    layout = [v for s in specs for v in (s.length, *s.offsets)]
+    assert harness.all_ranks_equal(layout), layout
+    return specs
 
-    def __init__(self):
-        super().__init__()
-        self.gates = paddle.nn.LayerList(
-            [_Gate() for _ in range(len(self.blocks))]
+
+def assert_per_parameter():
+    """bucket_size_mb=0 on and off bitwise: no bucket, one unit per
+    parameter, one broadcast per trainable parameter and step."""
+    checker, on = compare_on_off(bucket_mb=0)
+    params = harness.optimizer_parameters(on.opt)
+    assert harness.per_parameter(on.opt) and buckets(on.opt) == []
+    n = sum(1 for p in params if not p.stop_gradient)
+    assert len(impl_of(on.opt).units) == len(params)
+    assert checker.counts["launched"] == STEPS * n
+
+
+def head_wait_sabotaged(cap, keep_first=False):
+    """The checker's violations in 3 steps after step 0 removed the head's
+    overlap pre-hook (``keep_first``: replaced, ahead of the checker's, by
+    one waiting for the head's first unit only)."""
+    with BroadcastWaitChecker() as checker:
+
+        def sabotage(step, model, opt):
+            impl, head = impl_of(opt), model._layers.head
+            mine = harness.overlap_hook_ids(head, checker)
+            # one at step 0, none registered again (but the replacement)
+            assert len(mine) == (1 if step == 0 else keep_first), (step, mine)
+            if step != 0:
+                return
+            del head._forward_pre_hooks[mine[0]]
+            if keep_first:
+                first = impl.units_of_layer(head)[:1]
+
+                def wait_first(_layer, _inputs):
+                    impl.wait(first, "waited_in_forward")
+
+                hook_id = head.register_forward_pre_hook(wait_first)._hook_id
+                head._forward_pre_hooks.move_to_end(hook_id, last=False)
+
+        harness.train(
+            overlap=True,
+            bucket_mb=cap,
+            steps=3,
+            checker=checker,
+            on_step=sabotage,
         )
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block, gate in zip(self.blocks, self.gates):
-            x = gate(block(x))
-        return self.head(x)
+    return checker.violations
 
 
-class _Gate(paddle.nn.Layer):
+def frozen_inside_lm():
+    """Block 0's up weight (not its bias) and block 1's norm weight frozen,
+    between trainable neighbours in forward order."""
+    model = TinyLM()
+    model.blocks[0].up.weight.stop_gradient = True
+    model.blocks[1].norm.weight.stop_gradient = True
+    return model
+
+
+class Gate(paddle.nn.Layer):
+    """x times a float64 scale of ones (cast to float32)."""
+
     def __init__(self):
         super().__init__()
         self.scale = self.create_parameter(
-            [HIDDEN],
+            [harness.HIDDEN],
             dtype="float64",
             default_initializer=paddle.nn.initializer.Constant(1.0),
         )
@@ -232,25 +229,35 @@ class _Gate(paddle.nn.Layer):
         return x * self.scale.astype("float32")
 
 
-class OddSizesLM(TinyLM):
-    """One-element, odd-length and column parameters (no 0-d parameter:
-    Paddle's V1 partition multiplies the shape's dims with reduce() and
-    fails on an empty shape; the unit tests cover 0-d slots)."""
+class MixedDtypeLM(TinyLM):
+    """A float64 gate after each block."""
 
     def __init__(self):
         super().__init__()
-        self.one = self.create_parameter(
-            [1], default_initializer=paddle.nn.initializer.Constant(1.0)
-        )
-        self.scalar = self.create_parameter(
-            [1, 1], default_initializer=paddle.nn.initializer.Constant(0.5)
-        )
-        self.odd = self.create_parameter(
-            [7], default_initializer=paddle.nn.initializer.Constant(0.1)
-        )
-        self.col = self.create_parameter(
-            [HIDDEN, 1], default_initializer=paddle.nn.initializer.Constant(0.2)
-        )
+        self.gates = paddle.nn.LayerList([Gate() for _ in self.blocks])
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block, gate in zip(self.blocks, self.gates):
+            x = gate(block(x))
+        return self.head(x)
+
+
+class OddSizesLM(TinyLM):
+    """One-element, odd-length and column parameters (no 0-d one: Paddle's
+    V1 partition fails on an empty shape; the unit tests cover 0-d slots)."""
+
+    def __init__(self):
+        super().__init__()
+        for name, shape, value in (
+            ("one", [1], 1.0),
+            ("scalar", [1, 1], 0.5),
+            ("odd", [7], 0.1),
+            ("col", [harness.HIDDEN, 1], 0.2),
+        ):
+            init = paddle.nn.initializer.Constant(value)
+            p = self.create_parameter(shape, default_initializer=init)
+            setattr(self, name, p)
 
     def forward(self, tokens):
         x = self.embed(tokens) * self.one * self.scalar
@@ -260,10 +267,8 @@ class OddSizesLM(TinyLM):
         return self.head(x)
 
 
-# ----------------------------------------------------------------------
-# cases
 def case_on_off_bitwise_with_buckets():
-    """Several windows (2 KB), one window (default cap), acc 2, minimize:
+    """Several windows (2 KB; also acc 2, minimize), one window (256 MB):
     bitwise equal to off; one broadcast per bucket, each read waited."""
     for cap, kwargs in (
         (2 * KB, {}),
@@ -271,15 +276,12 @@ def case_on_off_bitwise_with_buckets():
         (2 * KB, {"use_minimize": True}),
         (256, {}),
     ):
-        checker, model, opt, _ = compare_buckets(TinyLM, cap, **kwargs)
-        specs, params = buckets(opt), params_of(opt)
-        n = len(params)
-        assert specs and len(specs) < n, (len(specs), n)
-        # every parameter in a bucket: the units are the buckets
-        assert len(overlap_impl(opt).units) == len(specs)
+        checker, _, opt = compare_buckets(cap=cap, **kwargs)
+        specs = assert_launched_per_bucket(checker, opt)
+        params = harness.optimizer_parameters(opt)
+        n = len(params)  # every parameter in a bucket:
         assert sorted(i for s in specs for i in s.indices) == list(range(n))
-        # one bucket per (window, owner, dtype) holding parameters: each
-        # bucket's members lie in one window, have its owner and dtype
+        # one bucket per (window, owner, dtype) holding parameters
         windows = planned_windows(opt, cap)
         window_of = {i: w for w, ps in enumerate(windows) for i in ps}
         keys = []
@@ -293,55 +295,27 @@ def case_on_off_bitwise_with_buckets():
             for i, p in enumerate(params)
         }
         assert set(keys) == wanted, (keys, wanted)
-        # the launches were the buckets, nothing per parameter
-        assert checker.counts["launched"] == STEPS * len(specs), (
-            checker.counts,
-            len(specs),
-        )
-        assert_views_of_buffers(opt)
-        assert all_ranks_equal([s.length for s in specs])
-        if cap == 256:
-            assert len(windows) == 1, windows
-        else:
-            assert len(windows) > 1, windows
+        assert (len(windows) == 1) == (cap == 256), windows
 
 
 def case_checker_catches_a_pending_bucket():
     """Negative control: a layer whose wait is removed reads its pending
     bucket, and the checker reports it."""
-    model, opt = bucketed(TinyLM, 2 * KB)
-    with BroadcastWaitChecker() as checker:
-
-        def drop_head_wait(step, model, opt):
-            # remove the overlap's pre-hook of the head (every pre-hook of
-            # the head but the checker's): the head's forward no longer
-            # waits before the checker's hook looks
-            head = model._layers.head
-            hooks = head._forward_pre_hooks
-            mine = [h for h in hooks if not checker.owns_hook(head, h)]
-            assert len(mine) == (1 if step == 0 else 0), (step, mine)
-            for hook_id in mine:
-                del hooks[hook_id]
-
-        train(
-            model=model,
-            opt=opt,
-            steps=3,
-            checker=checker,
-            on_step=drop_head_wait,
-        )
+    violations = head_wait_sabotaged(2 * KB)
     assert any(
         w == "forward:head" or w.startswith("forward:") and "head" in w
-        for w, _ in checker.violations
-    ), checker.violations[:5]
+        for w, _ in violations
+    ), violations[:5]
 
 
 def case_tied_parameter_one_slot():
-    checker, model, opt, _ = compare_buckets(TiedLM, 2 * KB)
-    inner = model._layers
-    params, specs = params_of(opt), buckets(opt)
+    """A weight two layers share has one slot, in one bucket of its owner,
+    whose unit both layers wait for."""
+    _, on, opt = compare_buckets(models.TiedLM)
+    inner, specs, impl = on.model._layers, buckets(opt), impl_of(opt)
     tied = inner.mix_a.weight
     assert tied is inner.mix_b.weight
+    params = harness.optimizer_parameters(opt)
     position = [i for i, p in enumerate(params) if p is tied]
     assert len(position) == 1, position
     # one slot: in one bucket, once
@@ -350,147 +324,95 @@ def case_tied_parameter_one_slot():
     spec = specs[bucket_of(opt, tied)]
     assert sum(p is tied for p in spec.params) == 1
     assert spec.src == owner_rank(opt, tied)
-    assert_views_of_buffers(opt)
-    impl = overlap_impl(opt)
-    units_a = impl.units_of_layer(inner.mix_a)
-    units_b = impl.units_of_layer(inner.mix_b)
     (unit,) = [u for u in impl.units if position[0] in u.indices]
     assert unit is spec.unit
-    assert any(u is unit for u in units_a) and any(u is unit for u in units_b)
+    for layer in (inner.mix_a, inner.mix_b):
+        assert any(u is unit for u in impl.units_of_layer(layer))
 
 
 def case_frozen_and_trainable_share_windows_under_weight_decay():
-    """Frozen parameters between trainable ones get no slot and stay
-    bit-identical under weight decay; one frozen after planning stays in
-    its bucket and bit-identical too."""
+    """Frozen parameters get no slot and stay bit-identical under weight
+    decay; one frozen after planning keeps its slot and stays so too."""
 
     def decaying(params):
         return paddle.optimizer.AdamW(
             learning_rate=0.05, parameters=params, weight_decay=0.5
         )
 
+    def frozen(model):
+        return model.blocks[0].up.weight, model.blocks[1].norm.weight
+
     def freeze_later(step, model, opt):
         if step == 1:
-            model._layers.blocks[1].down.weight.stop_gradient = True
-            freeze_later.value = (
-                model._layers.blocks[1].down.weight.numpy().copy()
-            )
+            p = model._layers.blocks[1].down.weight
+            p.stop_gradient = True
+            freeze_later.value = p.numpy().copy()
 
-    initial = build_with_initial_state(FrozenInsideLM)
-    frozen_init = {
-        "up.w": initial.blocks[0].up.weight.numpy().copy(),
-        "norm.w": initial.blocks[1].norm.weight.numpy().copy(),
-    }
-    _, model, opt, _ = compare_buckets(
-        FrozenInsideLM,
-        2 * KB,
+    initial = harness.build_with_initial_state(frozen_inside_lm)
+    values = [p.numpy().copy() for p in frozen(initial)]
+    _, on, opt = compare_buckets(
+        frozen_inside_lm,
         make_optimizer=decaying,
         on_step=freeze_later,
         steps=4,
     )
-    inner = model._layers
-    for name, p in (
-        ("up.w", inner.blocks[0].up.weight),
-        ("norm.w", inner.blocks[1].norm.weight),
-    ):
-        assert p.numpy().tobytes() == frozen_init[name].tobytes(), name
-        assert bucket_of(opt, p) is None, name
-    later = inner.blocks[1].down.weight
-    assert later.numpy().tobytes() == freeze_later.value.tobytes()
-    assert bucket_of(opt, later) is not None
+    for p, value in zip(frozen(on.model._layers), values):
+        assert p.numpy().tobytes() == value.tobytes(), p.name
+        assert bucket_of(opt, p) is None, p.name
+    p = on.model._layers.blocks[1].down.weight
+    assert p.numpy().tobytes() == freeze_later.value.tobytes()
+    assert bucket_of(opt, p) is not None
 
 
 def case_mixed_dtypes_never_share_a_buffer():
     """float32 and float64 parameters (SGD: Paddle's CPU AdamW has no
-    float64-parameter path with a float32 learning rate, and no float16 or
-    bfloat16 kernel)."""
-
-    def sgd(params):
-        return paddle.optimizer.SGD(learning_rate=0.05, parameters=params)
-
-    _, model, opt, _ = compare_buckets(MixedDtypeLM, 2 * KB, make_optimizer=sgd)
-    dtypes = set()
-    for spec in buckets(opt):
-        for p in spec.params:
-            assert str(p.dtype) == str(spec.buffer.dtype), (
-                p.name,
-                spec.buffer.dtype,
-            )
-        dtypes.add(spec.dtype)
+    float64 path with a float32 learning rate, nor low-precision kernels)."""
+    _, on, opt = compare_buckets(MixedDtypeLM, make_optimizer=sgd)
+    specs = buckets(opt)
+    for s in specs:
+        for p in s.params:
+            assert str(p.dtype) == str(s.buffer.dtype), (p.name, s.dtype)
+    dtypes = {s.dtype for s in specs}
     assert dtypes == {"float32", "float64"}, dtypes
-    assert all(
-        str(g.scale.dtype).endswith("float64") for g in model._layers.gates
-    )
-    assert_views_of_buffers(opt)
+    gates = on.model._layers.gates
+    assert all(str(g.scale.dtype).endswith("float64") for g in gates)
 
 
 def case_odd_sizes_ranks_agree_on_lengths():
+    """One-element, odd-length and column parameters: valid slots, a layout
+    (owner, length, offsets, sizes) the ranks agree on, shapes kept."""
     for cap in (0.25 * KB, 2 * KB):
-        _, model, opt, _ = compare_buckets(OddSizesLM, cap)
-        assert_views_of_buffers(opt)
+        _, on, opt = compare_buckets(OddSizesLM, cap)
         layout = [
             v
             for s in buckets(opt)
             for v in (s.src, s.length, *s.offsets, *s.numels)
         ]
-        assert all_ranks_equal(layout), layout
-        inner = model._layers
-        assert (
-            inner.scalar.shape == [1, 1]
-            and inner.one.shape == [1]
-            and inner.col.shape == [HIDDEN, 1]
-        )
+        assert harness.all_ranks_equal(layout), layout
+        inner = on.model._layers
+        assert inner.scalar.shape == [1, 1] and inner.one.shape == [1]
+        assert inner.col.shape == [harness.HIDDEN, 1]
 
 
 def case_layer_spanning_two_buckets_waits_for_both():
-    """A cap of exactly the head's weight closes the window after it, so the
-    head's bias lands in the next window's bucket: the head waits for both
-    (and a sabotaged head that waits only for the first is caught)."""
-    head_weight_mb = (
-        HIDDEN * 32 * 4 / float(1 << 20)
-    )  # Linear(HIDDEN, VOCAB=32) float32
-    _, model, opt, _ = compare_buckets(TinyLM, head_weight_mb)
-    impl, head = overlap_impl(opt), model._layers.head
-    units = impl.units_of_layer(head)
+    """A cap of exactly the head's weight puts its bias in the next window's
+    bucket: the head waits for both (waiting for the first only is caught)."""
+    head_weight_mb = harness.HIDDEN * harness.VOCAB * 4 / (1 << 20)
+    _, on, opt = compare_buckets(cap=head_weight_mb)
+    head = on.model._layers.head
+    units = impl_of(opt).units_of_layer(head)
     assert len(units) == 2, units
     holding = {bucket_of(opt, p) for p in head.parameters()}
     assert len(holding) == 2 and None not in holding, holding
-    assert {id(buckets(opt)[k].unit) for k in holding} == {id(u) for u in units}
-
-    model2, opt2 = bucketed(TinyLM, head_weight_mb)
-    with BroadcastWaitChecker() as checker:
-
-        def first_only(step, model, opt):
-            # the head's pre-hook replaced by one that waits for its first
-            # unit only, ahead of the checker's hook
-            if step != 0:
-                return
-            impl, head = overlap_impl(opt), model._layers.head
-            hooks = head._forward_pre_hooks
-            mine = [h for h in hooks if not checker.owns_hook(head, h)]
-            assert len(mine) == 1, mine
-            del hooks[mine[0]]
-            first = impl.units_of_layer(head)[:1]
-
-            def wait_first(_layer, _inputs):
-                impl.wait(first, "waited_in_forward")
-
-            handle = head.register_forward_pre_hook(wait_first)
-            hooks.move_to_end(handle._hook_id, last=False)
-
-        train(
-            model=model2, opt=opt2, steps=3, checker=checker, on_step=first_only
-        )
-    assert any("head" in w for w, _ in checker.violations), checker.violations[
-        :5
-    ]
+    specs = buckets(opt)
+    assert {id(specs[k].unit) for k in holding} == {id(u) for u in units}
+    violations = head_wait_sabotaged(head_weight_mb, keep_first=True)
+    assert any("head" in w for w, _ in violations), violations[:5]
 
 
 def case_optimizer_state_and_decay_selection_on_views():
-    """AdamW moments keyed by name, a decay filter and per-parameter learning
-    rates work on views: the optimizer's state equals the off run's, key by
-    key (V1 refuses dict parameter groups upstream: 'Do not support
-    param_groups now')."""
+    """AdamW moments, a decay filter and per-parameter learning rates on
+    views: the state equals the off run's, key by key (V1: no dict groups)."""
 
     def make(params):
         return paddle.optimizer.AdamW(
@@ -505,430 +427,269 @@ def case_optimizer_state_and_decay_selection_on_views():
         model.head.weight.optimize_attr["learning_rate"] = 3.0
         return model
 
-    off_losses, off_params, off_info = train(
-        build, overlap=False, make_optimizer=make
-    )
-    model, opt = bucketed(build, 2 * KB, make_optimizer=make)
-    with BroadcastWaitChecker() as checker:
-        on_losses, on_params, _ = train(model=model, opt=opt, checker=checker)
-    assert_bitwise_equal(
-        (off_losses, off_params), (on_losses, on_params), "optimizer state"
-    )
-    assert checker.violations == []
-    rename = {
-        p.name: q.name
-        for p, q in zip(off_info["model"].parameters(), model.parameters())
-    }
-    off_state, on_state = off_info["opt"].state_dict(), opt.state_dict()
-    for key, value in off_state.items():
-        if not hasattr(value, "numpy"):
-            continue
-        owner = max(
-            (n for n in rename if key.startswith(n)), key=len, default=None
-        )
-        if owner is None:
-            continue
-        other = rename[owner] + key[len(owner) :]
-        assert other in on_state, other
-        assert value.numpy().tobytes() == on_state[other].numpy().tobytes(), key
-    assert_views_of_buffers(opt)
+    _, on, opt = compare_buckets(build, make_optimizer=make)
+    pairs = zip(on.off.model.parameters(), on.model.parameters())
+    rename = {p.name: q.name for p, q in pairs}
+    off_state, on_state = on.off.opt.state_dict(), opt.state_dict()
+    renamed = harness.rename_state_keys(off_state, rename).items()
+    # the parameters' state (renamed keys)
+    state = [(k, v) for k, v in renamed if k not in off_state]
+    assert any(hasattr(v, "numpy") for _, v in state), off_state.keys()
+    for key, value in state:
+        assert key in on_state, key
+        assert value.numpy().tobytes() == on_state[key].numpy().tobytes(), key
 
 
 def case_checkpoint_across_bucket_modes():
-    """Saved with buckets, loaded without (and the other way round): same
-    keys, shapes and values; training continues bitwise equal to an
-    uninterrupted run. Loads into bucketed parameters: set_state_dict copies
-    into the views; a load that hands new tensors (shares a fresh tensor's
-    memory into a parameter) is found at the next launch and the parameter
-    is put back into its slot there, locally, with no collective and no
-    warning (``stats["rebound"]``)."""
+    """Saved and loaded with or without buckets: bitwise equal to one run; a
+    load handing new memory is rebound locally (``stats["rebound"]``)."""
     total, cut = STEPS + 2, 2
-    base_losses, base_params, _ = train(TinyLM, overlap=False, steps=total)
-    states = {}
-    for saved_with, loaded_with in (
-        (2 * KB, None),
-        (None, 2 * KB),
-        (2 * KB, 2 * KB),
-    ):
-        if saved_with is None:
-            first_losses, _, info = train(TinyLM, overlap=False, steps=cut)
-            model, opt = info["model"], info["opt"]
-        else:
-            model, opt = bucketed(TinyLM, saved_with)
-            first_losses, _, _ = train(model=model, opt=opt, steps=cut)
-        with tempfile.TemporaryDirectory() as tmp:
-            mpath = os.path.join(tmp, f"m{rank()}.pdparams")
-            opath = os.path.join(tmp, f"o{rank()}.pdopt")
-            paddle.save(model._layers.state_dict(), mpath)
-            paddle.save(opt.state_dict(), opath)
-            model_state, opt_state = paddle.load(mpath), paddle.load(opath)
-        paddle.distributed.barrier()
-        states[saved_with] = {k: list(v.shape) for k, v in model_state.items()}
-        names = {k: p.name for k, p in model._layers.named_parameters()}
-        fresh = TinyLM()
-        fresh.set_state_dict(model_state)
-        fresh_opt = fleet.distributed_optimizer(adamw(fresh.parameters()))
-        renames = {names[k]: p.name for k, p in fresh.named_parameters()}
-        fresh_opt.set_state_dict(rename_state_keys(opt_state, renames))
-        fresh = fleet.distributed_model(fresh)
+    base, shapes = harness.train(steps=total), {}
+    for saved, loaded in ((2 * KB, None), (None, 2 * KB), (2 * KB, 2 * KB)):
+        first = harness.train(
+            overlap=saved is not None, bucket_mb=saved or 0, steps=cut
+        )
+        fresh, opt, state = harness.save_and_load_fresh(first.model, first.opt)
+        shapes[saved] = {k: list(v.shape) for k, v in state.items()}
         handed = []
 
         def loads(step, model, opt):
             inner = model._layers
             if step == cut:  # by copy, right after a launch
-                inner.set_state_dict(
-                    {k: v.clone() for k, v in inner.state_dict().items()}
-                )
+                state = inner.state_dict().items()
+                inner.set_state_dict({k: v.clone() for k, v in state})
             if step == cut + 1:  # by handing a new tensor
-                p = inner.blocks[0].up.weight
-                new = paddle.to_tensor(p.numpy())
-                p.get_tensor()._share_data_with(new.get_tensor())
-                handed.append(p)
+                handed.append(new_memory(model)[0])
 
-        if loaded_with is not None:
-            fresh_opt._set_broadcast_overlap(
-                True, layers=fresh, bucket_size_mb=loaded_with
-            )
-        with lost_overlap_warnings() as lost, BroadcastWaitChecker() as checker:
-            rest_losses, rest_params, _ = train(
-                model=fresh,
-                opt=fresh_opt,
-                steps=total - cut,
-                first_step=cut,
-                checker=checker,
-                on_step=loads if loaded_with is not None else None,
-            )
-        what = f"saved with {saved_with} MB, loaded with {loaded_with} MB"
+        if loaded is not None:
+            harness.enable_broadcast_overlap(opt, fresh, bucket_mb=loaded)
+        with harness.lost_overlap_warnings() as lost:
+            with BroadcastWaitChecker() as checker:
+                rest = harness.train(
+                    model=fresh,
+                    opt=opt,
+                    steps=total - cut,
+                    first_step=cut,
+                    checker=checker,
+                    on_step=loads if loaded is not None else None,
+                )
         assert checker.violations == [], checker.violations[:5]
-        assert_bitwise_equal(
-            (base_losses, base_params),
-            (first_losses + rest_losses, rest_params),
-            what,
+        harness.assert_bitwise_equal(
+            (base.losses, base.params),
+            (first.losses + rest.losses, rest.params),
+            f"saved with {saved} MB, loaded with {loaded} MB",
         )
-        if loaded_with is not None:
-            # the load by copy read every parameter right after a step (its
-            # state_dict()): said once; no other warning (run_cases)
-            assert_lost_overlap_warning(lost, "iteration")
-            impl = overlap_impl(fresh_opt)
-            # replaced on every rank: rebound into its slot once, at the
-            # next launch, and it lives in its bucket again
-            assert impl.stats["rebound"] == 1, impl.stats
-            assert bucket_of(fresh_opt, handed[0]) is not None
-            assert_views_of_buffers(fresh_opt)
-            assert all_ranks_equal([impl.stats["launched"], len(impl.units)])
-        else:
+        if loaded is None:
             assert lost == [], lost
-    assert states[2 * KB] == states[None]
+            continue
+        # the load by copy read every parameter right after a step: said once
+        harness.assert_lost_overlap_warning(lost, "iteration")
+        impl = impl_of(opt)
+        # replaced on every rank: rebound into its slot once, at the next
+        # launch, and it lives in its bucket again
+        assert impl.stats["rebound"] == 1, impl.stats
+        assert bucket_of(opt, handed[0]) is not None
+        assert_views_of_buffers(opt)
+        stats = [impl.stats["launched"], len(impl.units)]
+        assert harness.all_ranks_equal(stats), stats
+    assert shapes[2 * KB] == shapes[None]
 
 
 def case_bucket_size_zero_is_per_parameter():
-    checker, model, opt, _ = compare_buckets(TinyLM, 0)
-    assert per_parameter(opt) and buckets(opt) == []
-    n = sum(1 for p in params_of(opt) if not p.stop_gradient)
-    assert len(overlap_impl(opt).units) == len(params_of(opt))
-    assert checker.counts["launched"] == STEPS * n
+    """bucket_size_mb=0 is one broadcast per parameter."""
+    assert_per_parameter()
 
 
 def case_bad_bucket_size_raises_before_any_change():
+    """A negative, NaN, string or bool bucket_size_mb raises, naming it,
+    before an owner or a hook exists."""
     model = fleet.distributed_model(TinyLM())
-    opt = fleet.distributed_optimizer(adamw(model.parameters()))
-    hooks = sum(
-        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
-    )
+    opt = fleet.distributed_optimizer(harness.adamw(model.parameters()))
+    hooks = harness.total_forward_pre_hooks(model)
     for bad, error in (
         (-1, ValueError),
         (float("nan"), ValueError),
         ("256", TypeError),
         (True, TypeError),
     ):
-        try:
+        with harness.raises(error, "bucket_size_mb"):
             opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=bad)
-        except error as e:
-            assert "bucket_size_mb" in str(e), str(e)
-        else:
-            raise AssertionError(f"bucket_size_mb={bad!r} accepted")
-    assert overlap_impl(opt) is None
-    assert (
-        sum(
-            len(l._forward_pre_hooks)
-            for l in model.sublayers(include_self=True)
-        )
-        == hooks
-    )
-
-
-@contextlib.contextmanager
-def tensor_fusion():
-    """sharding_configs.tensor_fusion = True for the optimizers built inside,
-    with the TEST-ONLY CPU shim that lets Paddle build fused buffers here."""
-    config = fleet.fleet._user_defined_strategy.hybrid_configs[
-        "sharding_configs"
-    ]
-    config.tensor_fusion = True
-    try:
-        with cpu_tensor_fusion():
-            yield
-    finally:
-        config.tensor_fusion = False
+    assert impl_of(opt) is None
+    assert harness.total_forward_pre_hooks(model) == hooks
 
 
 def case_tensor_fusion_with_pp_sharding_comm_overlap_refused_as_paddle_does():
-    """Paddle itself cannot combine pp_configs.sharding_comm_overlap with
-    tensor fusion: it refuses when it builds the optimizer (a bare
-    AssertionError); if the strategy changes after the build, the overlay
-    refuses the same combination with a ValueError worded as Paddle's limit,
-    before anything changes."""
-    strategy = fleet.fleet._user_defined_strategy
-    pp = strategy.hybrid_configs["pp_configs"]
+    """Tensor fusion with pp sharding_comm_overlap: Paddle refuses it at the
+    build, the overlay (set after the build) before any change, as Paddle."""
     model = fleet.distributed_model(TinyLM())
+    limit = "Paddle cannot combine pp_configs.sharding_comm_overlap"
     with tensor_fusion():
-        pp.sharding_comm_overlap = True
-        try:
-            fleet.distributed_optimizer(adamw(model.parameters()))
-        except AssertionError as e:
-            assert "sharding_comm_overlap" in str(e), str(e)
-        else:
-            raise AssertionError(
-                "Paddle built tensor_fusion with pp sharding_comm_overlap"
-            )
-        finally:
-            pp.sharding_comm_overlap = False
-        opt = fleet.distributed_optimizer(adamw(model.parameters()))
-        pp.sharding_comm_overlap = True
-        try:
+        with pp_sharding_comm_overlap():
+            with harness.raises(AssertionError, "sharding_comm_overlap"):
+                fleet.distributed_optimizer(harness.adamw(model.parameters()))
+        opt = fleet.distributed_optimizer(harness.adamw(model.parameters()))
+        with pp_sharding_comm_overlap(), harness.raises(ValueError, limit):
             opt._set_broadcast_overlap(True, layers=model)
-        except ValueError as e:
-            assert (
-                "Paddle cannot combine pp_configs.sharding_comm_overlap"
-                in str(e)
-            ), str(
-                e
-            )
-        else:
-            raise AssertionError("the combination was not refused")
-        finally:
-            pp.sharding_comm_overlap = False
-    assert overlap_impl(opt) is None
-    assert (
-        sum(
-            len(l._forward_pre_hooks)
-            for l in model.sublayers(include_self=True)
-        )
-        == 0
-    )
+    assert impl_of(opt) is None
+    assert harness.total_forward_pre_hooks(model) == 0
 
 
 def case_tensor_fusion_slices_bitwise_equal():
-    """With tensor fusion the parameters already live in per-rank fused
-    buffers: each window sends slices of them (no buffer of ours), bitwise
-    equal to tensor fusion with overlap off; bucket_size_mb=0 sends one
-    broadcast per parameter as upstream does there."""
+    """With tensor fusion each window sends slices of Paddle's fused buffers,
+    bitwise equal to off; bucket_size_mb=0 sends one per parameter there."""
     with tensor_fusion():
         for cap in (2 * KB, 256):
-            checker, model, opt, _ = compare_buckets(TinyLM, cap)
-            inner = opt._inner_opt
+            checker, _, opt = compare_buckets(cap=cap)
+            inner = harness.sharding_optimizer(opt)
             assert inner.tensor_fusion and inner._rank2fused
-            fused = [t for ts in inner._rank2fused.values() for t in ts]
-            spans = [
-                (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
-                for t in fused
-            ]
-            specs = buckets(opt)
-            assert specs and len(specs) < len(params_of(opt))
-            assert len(overlap_impl(opt).units) == len(specs)
-            for spec in specs:  # slices of the fused buffers, nothing new
-                buf = spec.buffer
-                assert any(
-                    lo <= buf.data_ptr() < hi for lo, hi in spans
-                ), buf.data_ptr()
-                end = buf.data_ptr() + spec.length * buf.element_size()
+            spans = harness.fused_spans(opt)
+            specs = assert_launched_per_bucket(checker, opt)
+            for s in specs:  # slices of the fused buffers, nothing new
+                start = s.buffer.data_ptr()
+                end = start + s.length * s.buffer.element_size()
+                assert any(lo <= start < hi for lo, hi in spans), start
                 assert any(lo < end <= hi for lo, hi in spans), end
-            assert_views_of_buffers(opt)
-            assert checker.counts["launched"] == STEPS * len(
-                specs
-            ), checker.counts
-            assert all_ranks_equal(
-                [v for s in specs for v in (s.length, *s.offsets)]
-            )
-        checker, model, opt, _ = compare_buckets(TinyLM, 0)
-        assert per_parameter(opt) and buckets(opt) == []
-        assert checker.counts["launched"] == STEPS * len(params_of(opt))
+        assert_per_parameter()
 
 
 def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
-    """A bucketed parameter given new memory (same dtype and size, same
-    values) after a step, on rank 1 alone or on every rank: at the next
-    launch each rank that saw it puts the parameter back into its slot
-    locally (``stats["rebound"]``, no collective, no warning), so the ranks
-    keep issuing the same broadcasts (no hang, no mismatched collectives)
-    and training stays bitwise equal to overlap off."""
+    """New memory for a bucketed parameter, on rank 1 or on every rank: put
+    back into its slot locally (``stats["rebound"]``), bitwise equal."""
     for ranks in ({1}, {0, 1}):
         replaced = []
 
         def replace(step, model, opt, ranks=ranks, replaced=replaced):
             if step == 1 and rank() in ranks:
-                p = model._layers.blocks[0].up.weight
-                fresh = paddle.to_tensor(p.numpy())
-                p.get_tensor()._share_data_with(fresh.get_tensor())
+                p, fresh = new_memory(model)
                 assert p.data_ptr() == fresh.data_ptr()  # out of its slot
-                if overlap_impl(opt) is not None:  # (the off run too)
+                if impl_of(opt) is not None:  # (the off run too)
                     assert bucket_of(opt, p) is not None
                     replaced.append((p, fresh))  # keep the new memory alive
 
-        checker, model, opt, _ = compare_buckets(
-            TinyLM, 2 * KB, on_step=replace
-        )
-        impl = overlap_impl(opt)
-        assert impl.stats["rebound"] == (1 if rank() in ranks else 0), (
-            ranks,
-            impl.stats,
-        )
+        _, _, opt = compare_buckets(on_step=replace)
+        impl = impl_of(opt)
+        rebound = impl.stats["rebound"]
+        assert rebound == int(rank() in ranks), (ranks, impl.stats)
         if replaced:  # back in its slot: no longer the fresh memory
             p, fresh = replaced[0]
             assert p.data_ptr() != fresh.data_ptr()
-        assert all_ranks_equal([impl.stats["launched"], len(buckets(opt))])
-        assert impl.stats["launched"] == STEPS * len(impl.units), impl.stats
-        assert_views_of_buffers(opt)
+        stats = [impl.stats["launched"], len(buckets(opt))]
+        assert harness.all_ranks_equal(stats), stats
+        assert stats[0] == STEPS * len(impl.units), impl.stats
 
 
 def case_dtype_change_refused_on_every_rank_then_retrained():
-    """``model.to(dtype="float64")`` on every rank between steps (per
-    parameter and with buckets): the next step() raises ValueError on every
-    rank, naming a parameter and ``_set_broadcast_overlap(False)``, before
-    any broadcast is sent; then overlap off and on again plans from the
-    converted model and trains (ranks agree, every read waited). SGD: no
-    optimizer state of the old dtype."""
-
-    def sgd(params):
-        return paddle.optimizer.SGD(learning_rate=0.05, parameters=params)
-
+    """``model.to(dtype="float64")`` between steps: step() raises on every
+    rank before any broadcast; off and on again, it plans anew and trains."""
     for cap in (0, 2 * KB):
-        model, opt = bucketed(TinyLM, cap, make_optimizer=sgd)
-        with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
+        checker = BroadcastWaitChecker()
+        with checker, harness.lost_overlap_warnings() as lost:
             # (train() ends with model.state_dict(): every unit waited by
             # that read, so the next forward says the overlap was lost)
-            train(model=model, opt=opt, steps=2, checker=checker)
-            impl = overlap_impl(opt)
+            on = harness.train(
+                overlap=True,
+                bucket_mb=cap,
+                make_optimizer=sgd,
+                steps=2,
+                checker=checker,
+            )
+            model, opt, impl = on.model, on.opt, impl_of(on.opt)
             sent = checker.counts["launched"]
             assert sent == impl.stats["launched"] == 2 * len(impl.units) > 0
             model._layers.to(dtype="float64")
-            loss = lm_loss(model, 2)
-            loss.backward()
-            try:
+            harness.lm_loss(model, 2).backward()
+            texts = ("_set_broadcast_overlap(False)", "float32", "float64")
+            with harness.raises(ValueError, *texts) as refused:
                 opt.step()
-            except ValueError as e:
-                message = str(e)
-            else:
-                raise AssertionError(f"cap {cap}: the dtype change was sent")
             opt.clear_grad()
             assert checker.counts["launched"] == sent, checker.counts
-        assert_lost_overlap_warning(lost, "iteration")
-        assert "_set_broadcast_overlap(False)" in message, message
-        named = [p.name for p in params_of(opt) if f" {p.name} " in message]
-        assert len(named) == 1, (named, message)
-        assert "float32" in message and "float64" in message, message
+        harness.assert_lost_overlap_warning(lost, "iteration")
+        params = harness.optimizer_parameters(opt)
+        named = [p.name for p in params if f" {p.name} " in refused.message]
+        assert len(named) == 1, (named, refused.message)
         assert impl.stats["launched"] == 2 * len(impl.units), impl.stats
         assert impl.num_pending == 0
         # every rank refused it: the next collective still pairs up
-        assert all_ranks_equal([1])
+        assert harness.all_ranks_equal([1])
         opt._set_broadcast_overlap(False)
         opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=cap)
         with BroadcastWaitChecker() as checker:
-            _, params, _ = train(
+            run = harness.train(
                 model=model, opt=opt, steps=2, first_step=3, checker=checker
             )
         assert checker.violations == [], checker.violations[:5]
         assert checker.counts["launched"] > 0 and checker.num_unwaited() == 0
-        assert all(v.dtype == np.float64 for v in params.values()), {
-            k: v.dtype for k, v in params.items()
-        }
-        assert all(np.isfinite(v).all() for v in params.values())
-        assert all_ranks_equal(digest(params))
+        values = [v for _, v in sorted(run.params.items())]
+        dtypes = [v.dtype for v in values]
+        assert all(d == np.float64 for d in dtypes), dtypes
+        assert all(np.isfinite(v).all() for v in values)
+        digest = [zlib.crc32(v.tobytes()) for v in values]
+        assert harness.all_ranks_equal(digest)
         assert {s.dtype for s in buckets(opt)} <= {"float64"}
         assert_views_of_buffers(opt)
         opt._set_broadcast_overlap(False)
 
 
 def case_collected_optimizer_hooks_removed_by_another_optimizers_false():
-    """An optimizer garbage-collected with overlap on leaves its hooks (the
-    finalizer neither waits nor touches hooks); the next
-    _set_broadcast_overlap call of any optimizer, here False on another one
-    that never had overlap on, waits for its units and removes them."""
-    import gc
-
+    """An optimizer collected with overlap on leaves its hooks; the next
+    _set_broadcast_overlap call, False on another optimizer, removes them."""
     model = fleet.distributed_model(TinyLM())
-
-    def hooks():
-        return sum(
-            len(l._forward_pre_hooks)
-            for l in model.sublayers(include_self=True)
-        )
-
-    opt = fleet.distributed_optimizer(adamw(model.parameters()))
+    opt = fleet.distributed_optimizer(harness.adamw(model.parameters()))
     opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=2 * KB)
     model(paddle.zeros([2, 8], dtype="int64")).mean().backward()
     opt.step()  # units launched and pending
-    assert hooks() > 0
+    assert harness.total_forward_pre_hooks(model) > 0
     del opt
     gc.collect()
-    assert hooks() > 0  # nothing removed inside garbage collection
-    other = fleet.distributed_optimizer(adamw(model.parameters()))
+    # nothing removed inside garbage collection
+    assert harness.total_forward_pre_hooks(model) > 0
+    other = fleet.distributed_optimizer(harness.adamw(model.parameters()))
     other._set_broadcast_overlap(False)
-    assert hooks() == 0
-    assert (
-        type(model._layers.blocks[0].up._parameters).__name__ == "OrderedDict"
-    )
+    assert harness.total_forward_pre_hooks(model) == 0
+    up = model._layers.blocks[0].up
+    assert type(up._parameters).__name__ == "OrderedDict"
 
 
 def case_rank0_only_save_then_barrier():
-    """Rank 0 alone reads the whole model right after every step (the
-    README's save pattern), then every rank meets at a barrier: step()
-    started every bucket on every rank, reads only wait, so the barrier
-    pairs up (no hang) and rank 0 reads no stale value; rank 0's reads took
-    the overlap away from its next forward: said once, there only."""
-    saved = []
-    pending_after_step = []
+    """Rank 0 alone reads the model after every step, then a barrier: no
+    hang, no stale value, the lost overlap said once on rank 0 only."""
+    saved, pending_after_step = [], []
 
     def rank0_reads(step, model, opt):
-        impl = overlap_impl(opt)
+        impl = impl_of(opt)
         if impl is not None:
             # every unit in flight right after step(), nothing started since
             due = sum(u.needs_sync() for u in impl.units)
             pending_after_step.append((impl.num_pending, due))
         if rank() == 0:
-            saved.append(
-                {k: v.numpy().copy() for k, v in model.state_dict().items()}
-            )
+            state = model.state_dict().items()
+            saved.append({k: v.numpy().copy() for k, v in state})
         paddle.distributed.barrier()
 
-    with lost_overlap_warnings() as lost:
-        checker, model, opt, off = compare_buckets(
-            TinyLM, 2 * KB, on_step=rank0_reads
-        )
-    impl = overlap_impl(opt)
-    units = len(impl.units)
+    with harness.lost_overlap_warnings() as lost:
+        _, on, opt = compare_buckets(on_step=rank0_reads)
+    impl = impl_of(opt)
+    units, waited = len(impl.units), impl.stats["waited_on_read"]
     assert len(buckets(opt)) > 2  # several buckets in flight at once
     assert pending_after_step == [(units, units)] * STEPS, pending_after_step
     # reads and forwards started nothing: one launch of each unit per step
     assert impl.stats["launched"] == STEPS * units, impl.stats
-    assert all_ranks_equal([impl.stats["launched"]])
+    assert harness.all_ranks_equal([impl.stats["launched"]])
     if rank() == 0:
         # the off run reads too: 2 * STEPS reads on rank 0
-        assert (
-            len(saved) == 2 * STEPS and impl.stats["waited_on_read"] > 0
-        ), impl.stats
-        final = {k: v.numpy() for k, v in model.state_dict().items()}
+        assert len(saved) == 2 * STEPS and waited > 0, (len(saved), waited)
+        final = {k: v.numpy() for k, v in on.model.state_dict().items()}
         for k, v in saved[-1].items():
             assert v.tobytes() == final[k].tobytes(), k
-        assert_lost_overlap_warning(lost, "iteration", units, units)
+        harness.assert_lost_overlap_warning(lost, "iteration", units, units)
         # every unit of every step waited by rank 0's reads (the final
-        # state_dict() of train() found nothing pending)
+        # state_dict()s found nothing pending)
         assert impl.stats["waited_on_read"] == STEPS * units, impl.stats
     else:
         # only train()'s final state_dict() read here
-        assert impl.stats["waited_on_read"] == units, impl.stats
+        assert waited == units, impl.stats
         assert lost == [], lost
 
 
 if __name__ == "__main__":
-    sys.exit(run_cases(cases_of(globals())))
+    sys.exit(harness.run_cases(harness.cases_of(globals())))
