@@ -26,6 +26,7 @@ runs it). ``BROADCAST_OVERLAP_CASES``, ``..._EXPECTED_FAILURES``: see
 ``training.run_cases``.
 """
 
+import functools
 import os
 import sys
 import tempfile
@@ -68,22 +69,51 @@ BUFFER_MB = 1
 
 # ----------------------------------------------------------------------
 # models
+class CollectiveBlock(training.Block):
+    """Runs its own collective (MoE-like: an all-reduce over another group
+    object) between its matmuls."""
+
+    group = None
+
+    def forward(self, x):
+        h = F.gelu(self.up(self.norm(x)))
+        routed = h.detach().clone()
+        paddle.distributed.all_reduce(routed, group=CollectiveBlock.group)
+        return x + self.down(h + 0.5 * routed)
+
+
 class LM(training.TinyLM):
-    """TinyLM of 3 blocks at this size: about 3.2 MB of fp32, 4 buffers."""
+    """TinyLM of 3 blocks at this size (about 3.2 MB of fp32: 4 buffers);
+    ``tied``: the head reads the embedding's weight; ``adapter``: a layer
+    the optimizer does not hold (frozen adapter, teacher, ...) after the
+    embedding; ``collective``: block 1 is a CollectiveBlock."""
 
-    def __init__(self):
+    tied = False
+
+    def __init__(self, tied=False, adapter=False, collective=False):
         super().__init__(num_blocks=3, vocab=VOCAB, hidden=HIDDEN)
+        if tied:
+            self.tied = True
+            del self.head
+        if adapter:
+            self.adapter = nn.Linear(HIDDEN, HIDDEN)
+        if collective:
+            self.blocks[1] = CollectiveBlock(HIDDEN)
 
+    def forward(self, tokens):
+        x = self.embedded(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.logits(x)
 
-class TiedLM(LM):
-    """The head reads the embedding's weight."""
-
-    def __init__(self):
-        super().__init__()
-        del self.head
+    def embedded(self, tokens):
+        x = self.embed(tokens)
+        return x + self.adapter(x) if "adapter" in self._sub_layers else x
 
     def logits(self, x):
-        return paddle.matmul(x, self.embed.weight, transpose_y=True)
+        if self.tied:
+            return paddle.matmul(x, self.embed.weight, transpose_y=True)
+        return self.head(x)
 
 
 class RootParamLM(LM):
@@ -94,12 +124,9 @@ class RootParamLM(LM):
         self.pos_table = self.create_parameter([SEQ, HIDDEN])
         self.register_buffer("pos_onehot", paddle.eye(SEQ))
 
-    def forward(self, tokens):
+    def embedded(self, tokens):
         pos = paddle.matmul(self.pos_onehot, self.pos_table)  # root's read
-        x = self.embed(tokens) + pos
-        for block in self.blocks:
-            x = block(x)
-        return self.logits(x)
+        return self.embed(tokens) + pos
 
 
 class Tables(nn.Layer):
@@ -131,21 +158,6 @@ class EncodeLM(LM):
         return self.encoder(tokens).mean(axis=1)
 
 
-class NotHeldLM(LM):
-    """A layer the optimizer does not hold (frozen adapter, teacher, ...)."""
-
-    def __init__(self):
-        super().__init__()
-        self.adapter = nn.Linear(HIDDEN, HIDDEN)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        x = x + self.adapter(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.logits(x)
-
-
 class BF16Linear(nn.Layer):
     """Linear with bfloat16 weight and bias, computing in fp32 (the CPU has
     no bfloat16 matmul)."""
@@ -167,45 +179,16 @@ class BF16Linear(nn.Layer):
         return F.linear(x, w, b)
 
 
-class MixedBlock(training.Block):
-    """fp32 LayerNorm beside bfloat16 linears."""
-
-    def __init__(self, hidden=HIDDEN):
-        nn.Layer.__init__(self)
-        self.norm = nn.LayerNorm(hidden)
-        self.up = BF16Linear(hidden, 2 * hidden)
-        self.down = BF16Linear(2 * hidden, hidden)
-
-
 class MixedLM(LM):
-    """fp32 embedding and norms, bfloat16 linears: Paddle 3.x sorts each
-    buffer group by dtype name, so the fp32 embedding, used first, lands in
-    a later buffer."""
+    """fp32 embedding, norms and head beside bfloat16 linears: Paddle 3.x
+    sorts each buffer group by dtype name, so the fp32 embedding, used
+    first, lands in a later buffer."""
 
-    def __init__(self):
-        nn.Layer.__init__(self)
-        self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.blocks = nn.LayerList([MixedBlock() for _ in range(3)])
-        self.head = nn.Linear(HIDDEN, VOCAB)
-
-
-class CollectiveBlock(training.Block):
-    """Runs its own collective (MoE-like: an all-reduce over another group
-    object) between its matmuls."""
-
-    group = None
-
-    def forward(self, x):
-        h = F.gelu(self.up(self.norm(x)))
-        routed = h.detach().clone()
-        paddle.distributed.all_reduce(routed, group=CollectiveBlock.group)
-        return x + self.down(h + 0.5 * routed)
-
-
-class CollectiveLM(LM):
     def __init__(self):
         super().__init__()
-        self.blocks[1] = CollectiveBlock(HIDDEN)
+        for block in self.blocks:
+            block.up = BF16Linear(HIDDEN, 2 * HIDDEN)
+            block.down = BF16Linear(2 * HIDDEN, HIDDEN)
 
 
 # ----------------------------------------------------------------------
@@ -214,13 +197,9 @@ def batch(step, micro=0):
     return training.batch(step, micro, vocab=VOCAB)
 
 
-def lm_loss(model, step, micro=0):
-    tokens, labels = batch(step, micro)
-    return F.cross_entropy(model(tokens), labels).mean()
-
-
 def micro_step(model, step, micro, acc_steps):
-    loss = lm_loss(model, step, micro)
+    tokens, labels = batch(step, micro)
+    loss = F.cross_entropy(model(tokens), labels).mean()
     (loss / acc_steps).backward()
     return loss
 
@@ -348,7 +327,7 @@ COMPARES = {
     "layer_parameter_not_in_optimizer": (
         "Item 5: a layer of ``layers`` whose parameters the optimizer does "
         "not hold.",
-        dict(cls=NotHeldLM, parameters=not_held),
+        dict(cls=functools.partial(LM, adapter=True), parameters=not_held),
     ),
     "root_owned_parameter": (
         "Item 6: a parameter owned by the root layer, read before any "
@@ -360,7 +339,10 @@ COMPARES = {
         "it): the model is a sublayer.",
         dict(cls=RootParamLM),
     ),
-    "tied_embedding_head": ("Tied embedding and head.", dict(cls=TiedLM)),
+    "tied_embedding_head": (
+        "Tied embedding and head.",
+        dict(cls=functools.partial(LM, tied=True)),
+    ),
     "eval_between_steps": (
         "An eval forward under no_grad between steps.",
         dict(after_step=evaluate),
@@ -374,7 +356,7 @@ COMPARES = {
     "forward_with_own_collective": (
         "A block all-reduces over another group object in its forward while "
         "all-gathers may be in flight: one collective order on every rank.",
-        dict(cls=CollectiveLM),
+        dict(cls=functools.partial(LM, collective=True)),
     ),
 }
 
