@@ -31,6 +31,7 @@ import os
 import sys
 import tempfile
 import zlib
+from unittest import mock
 
 import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim
@@ -219,9 +220,29 @@ def snapshot(model):
 
 
 def init_fleet():
+    """fleet.init of V2, the collective blocks' group, the implementation
+    the launch asked for checked."""
     training.init_fleet(split_param=True, buffer_mb=BUFFER_MB)
     world = paddle.distributed.get_world_size()
     CollectiveBlock.group = paddle.distributed.new_group(list(range(world)))
+    if IMPL == "upstream":
+        overlay = sys.modules.get("paddle_overlay")
+        assert overlay is None or not overlay.is_applied(), (
+            "ALLGATHER_OVERLAP_IMPL=upstream but paddle_overlay is applied "
+            "(set PADDLE_OVERLAY=0)"
+        )
+        from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+            dygraph_sharding_optimizer as dso,
+        )
+
+        v2 = dso.DygraphShardingOptimizerV2
+        assert hasattr(v2, "_set_all_gather_overlap_forward"), (
+            f"Paddle {paddle.__version__} has no upstream "
+            "_set_all_gather_overlap_forward"
+        )
+    print(
+        f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, {world} ranks"
+    )
 
 
 def buffers(opt):
@@ -646,28 +667,23 @@ def case_every_gather_starts_inside_step():
     (of one parameter, then the whole model: said once) and the final
     state_dict() start none. The removed depth setting's environment
     variable (PADDLE_OVERLAY_MAX_IN_FLIGHT) changes nothing."""
-    saved = os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
-    try:
-        for env in (None, "1"):
+    for env in (None, "1"):
+        with mock.patch.dict(os.environ):  # restored after
+            os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
             if env is not None:
                 os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = env
             with BroadcastWaitChecker() as checker:
                 with lost_overlap_warnings() as lost:
-                    counted = gathers_per_step(checker)
-            run, inside, between, pending = counted
-            assert checker.violations == [], checker.violations[:8]
-            assert checker.num_unwaited() == 0, checker.num_unwaited()
-            units, n = len(overlap_impl(run.opt).units), len(buffers(run.opt))
-            assert_lost_overlap_warning(lost, "attribute", units, units)
-            assert units == n >= 3, (units, n)
-            assert inside == [n] * 3, (env, inside, n)
-            assert between == [0] * 4, (env, between)
-            assert pending == [(n, n)] * 3, (env, pending)
-            assert all_ranks_equal(inside + between), (inside, between)
-    finally:
-        os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
-        if saved is not None:
-            os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = saved
+                    run, inside, between, pending = gathers_per_step(checker)
+        assert checker.violations == [], checker.violations[:8]
+        assert checker.num_unwaited() == 0, checker.num_unwaited()
+        units, n = len(overlap_impl(run.opt).units), len(buffers(run.opt))
+        assert_lost_overlap_warning(lost, "attribute", units, units)
+        assert units == n >= 3, (units, n)
+        assert inside == [n] * 3, (env, inside, n)
+        assert between == [0] * 4, (env, between)
+        assert pending == [(n, n)] * 3, (env, pending)
+        assert all_ranks_equal(inside + between), (inside, between)
 
 
 def case_bad_arguments_refused_before_any_change():
@@ -702,32 +718,7 @@ def case_bad_arguments_refused_before_any_change():
     assert overlap_impl(opt) is None
 
 
-# ----------------------------------------------------------------------
-def init():
-    init_fleet()
-    if IMPL == "upstream":  # the implementation the launch asked for
-        overlay = sys.modules.get("paddle_overlay")
-        assert overlay is None or not overlay.is_applied(), (
-            "ALLGATHER_OVERLAP_IMPL=upstream but paddle_overlay is applied "
-            "(set PADDLE_OVERLAY=0)"
-        )
-        from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-            dygraph_sharding_optimizer as dso,
-        )
-
-        v2 = dso.DygraphShardingOptimizerV2
-        assert hasattr(v2, "_set_all_gather_overlap_forward"), (
-            f"Paddle {paddle.__version__} has no upstream "
-            "_set_all_gather_overlap_forward"
-        )
-    print(
-        f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, "
-        f"{paddle.distributed.get_world_size()} ranks",
-        flush=True,
-    )
-
-
 if __name__ == "__main__":
     # the product must not warn; Paddle's own overlap may
     allowed = PADDLE_NOTICES if IMPL == "product" else (".",)
-    sys.exit(training.run_cases(cases_of(globals()), init, allowed))
+    sys.exit(training.run_cases(cases_of(globals()), init_fleet, allowed))
