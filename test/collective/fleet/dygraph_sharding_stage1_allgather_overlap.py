@@ -194,8 +194,7 @@ class MixedLM(LM):
 
 # ----------------------------------------------------------------------
 # data, set-up, the on/off comparison
-def batch(step, micro=0):
-    return training.batch(step, micro, vocab=VOCAB)
+batch = functools.partial(training.batch, vocab=VOCAB)  # (step, micro=0)
 
 
 def micro_step(model, step, micro, acc_steps):
@@ -382,16 +381,9 @@ COMPARES = {
 }
 
 
-def compare_case(doc, kwargs):
-    def case():
-        compare(**kwargs)
-
-    case.__doc__ = doc
-    return case
-
-
 for _name, (_doc, _kwargs) in COMPARES.items():
-    globals()[f"case_{_name}"] = compare_case(_doc, _kwargs)
+    _case = globals()[f"case_{_name}"] = functools.partial(compare, **_kwargs)
+    _case.__doc__ = _doc
 
 
 # ----------------------------------------------------------------------

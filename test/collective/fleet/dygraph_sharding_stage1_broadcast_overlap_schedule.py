@@ -184,13 +184,6 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     return on, races
 
 
-def all_reduce_group():
-    """dp2_sharding2: the data-parallel group; else the world."""
-    if SETUP != "dp2_sharding2":
-        return None
-    return fleet.get_hybrid_communicate_group().get_data_parallel_group()
-
-
 # ----------------------------------------------------------------------
 # cases
 def rank0_save_then_barrier(split=one_list):
@@ -218,12 +211,15 @@ def case_rank0_forward_then_all_reduce():
     """P2: rank 0 alone runs a no-grad forward, then every rank all-reduces
     a loss (dp2_sharding2: over the data-parallel group)."""
 
+    hcg = fleet.get_hybrid_communicate_group()
+    group = hcg.get_data_parallel_group() if SETUP[:2] == "dp" else None
+
     def after_step(step, run):
         loss = paddle.zeros([1])
         if rank() == 0:
             with paddle.no_grad():
                 loss = training.lm_loss(run.model, 50 + step).reshape([1])
-        paddle.distributed.all_reduce(loss, group=all_reduce_group())
+        paddle.distributed.all_reduce(loss, group=group)
         return [loss]
 
     compare(after_step)
