@@ -11,49 +11,32 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Per-rank script: sharding stage 1 V2 (``split_param``) with the
-parameter all-gather overlapped with the next forward, against V2 without
-overlap.
+"""Per-rank script (2 ranks): sharding stage 1 V2 (``split_param``, comm
+buffers of BUFFER_MB MB: several per model) with the parameter all-gather
+overlapped with the next forward (``opt._set_all_gather_overlap_forward(
+True, model)``, as PaddleFormers calls it) against V2 without overlap:
+each case is :func:`compare` (``training.compare_on_off``) unless it says
+otherwise. The cases whose reads between steps wait for every gather
+assert the product's lost-overlap warning; the others must not see it.
 
-Run under ``python -m paddle.distributed.launch --nproc_per_node 2``. Each
-case trains the same model from the same initial weights and data twice,
-V2 without overlap and V2 with ``optimizer._set_all_gather_overlap_forward(
-True, model)`` (the call PaddleFormers makes), with comm buffers of
-:data:`BUFFER_MB` MB so every model has several, and asserts: bitwise-equal
-losses, values read between steps and final parameters; the final
-parameters equal on every rank; the wait checker saw no read or update of
-a parameter whose all-gather was pending. Several cases run in one launch.
-
-Environment:
-
-- ``BROADCAST_OVERLAP_CASES``: comma list of cases (all when unset).
-- ``ALLGATHER_OVERLAP_IMPL``: ``product`` (default: the overlay or a
-  patched Paddle provides ``_set_all_gather_overlap_forward``; checked) or
-  ``upstream`` (Paddle's own, the overlay not applied; checked: only
-  ``tools/v2_upstream_faults.py`` runs it, opt-in).
-- ``BROADCAST_OVERLAP_EXPECTED_FAILURES``: JSON ``{case: regex}``; each
-  named case must fail, with the regex found in the failing ranks' error
-  (``broadcast_overlap_training.run_named``: XFAIL, XPASS).
-
-The product says once per owner, at the first forward after a step, when
-reads between that step and the forward waited for most of its gathers
-(its lost-overlap warning): the cases that really read everything between
-steps assert it (product only); a case that reads less must not see it.
-
-Each rank prints ``CASE <name> PASS|FAIL|XFAIL|XPASS`` and exits non-zero
-on any FAIL or XPASS (the harness's one case runner).
+Env ``ALLGATHER_OVERLAP_IMPL``: ``product`` (default; the overlay or a
+patched Paddle provides the owner, checked) or ``upstream`` (Paddle's own,
+the overlay not applied, checked: only ``tools/v2_upstream_faults.py``
+runs it). ``BROADCAST_OVERLAP_CASES``, ``..._EXPECTED_FAILURES``: see
+``training.run_cases``.
 """
 
+import functools
 import os
 import sys
 import tempfile
 import zlib
+from unittest import mock
 
 import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
-    adamw,
     all_ranks_equal,
     assert_bitwise_equal,
     assert_lost_overlap_warning,
@@ -61,69 +44,90 @@ from broadcast_overlap_training import (
     lost_overlap_warnings,
     overlap_impl,
     rank,
+    sharding_optimizer,
     total_forward_pre_hooks,
 )
 
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
-from paddle.distributed import fleet
 
 IMPL = os.environ.get("ALLGATHER_OVERLAP_IMPL", "product")
 
-# Paddle's own notices for what these cases do on purpose, allowed by text
-# (any other warning fails a case, see run_cases):
+# Paddle's notices for what these cases do on purpose (see run_cases):
 PADDLE_NOTICES = (
-    # bf16 weights trained by SGD without multi_precision (the CPU has no
-    # bf16 AdamW kernel): the fp32-beside-bf16 and gather-order models
+    # bf16 weights trained by SGD without multi_precision (no CPU bf16 AdamW)
     r"^Accumulating with FP16/BF16 in optimizer",
-    # tracing a forward with paddle.jit.to_static (PIR) reads .place (the
-    # notice says Value on 3.2, Tensor on 3.3)
+    # paddle.jit.to_static (PIR) reads .place (Value on 3.2, Tensor on 3.3)
     r"^(Tensor|Value) do not have 'place' interface for pir graph mode",
 )
 VOCAB, HIDDEN, SEQ, BATCH = 64, 256, 6, 4
 STEPS = 3
-# comm buffer size: sharding_configs.comm_buffer_size_MB on Paddle 3.x (an
-# int, so 1 is the smallest), hybrid_parallel_cpu_shim item 9 on 2.6
+# comm_buffer_size_MB on Paddle 3.x (an int: 1 is the smallest), the CPU
+# shim's item 9 on 2.6
 BUFFER_MB = 1
 
 
 # ----------------------------------------------------------------------
-# models: the harness's TinyLM at this size (about 3.2 MB of fp32
-# parameters: 4 comm buffers of 1 MB)
+# models
+class CollectiveBlock(training.Block):
+    """Runs its own collective (MoE-like: an all-reduce over another group
+    object) between its matmuls."""
+
+    group = None
+
+    def forward(self, x):
+        h = F.gelu(self.up(self.norm(x)))
+        routed = h.detach().clone()
+        paddle.distributed.all_reduce(routed, group=CollectiveBlock.group)
+        return x + self.down(h + 0.5 * routed)
+
+
 class LM(training.TinyLM):
-    """Embedding -> 3 blocks -> head: [B, S] tokens -> [B, S, VOCAB]."""
+    """TinyLM of 3 blocks at this size (about 3.2 MB of fp32: 4 buffers);
+    ``tied``: the head reads the embedding's weight; ``adapter``: a layer
+    the optimizer does not hold (frozen adapter, teacher, ...) after the
+    embedding; ``collective``: block 1 is a CollectiveBlock."""
 
-    def __init__(self):
+    tied = False
+
+    def __init__(self, tied=False, adapter=False, collective=False):
         super().__init__(num_blocks=3, vocab=VOCAB, hidden=HIDDEN)
+        if tied:
+            self.tied = True
+            del self.head
+        if adapter:
+            self.adapter = nn.Linear(HIDDEN, HIDDEN)
+        if collective:
+            self.blocks[1] = CollectiveBlock(HIDDEN)
 
+    def forward(self, tokens):
+        x = self.embedded(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.logits(x)
 
-class TiedLM(LM):
-    """The head reads the embedding's weight (tied embedding and head)."""
-
-    def __init__(self):
-        super().__init__()
-        del self.head
+    def embedded(self, tokens):
+        x = self.embed(tokens)
+        return x + self.adapter(x) if "adapter" in self._sub_layers else x
 
     def logits(self, x):
-        return paddle.matmul(x, self.embed.weight, transpose_y=True)
+        if self.tied:
+            return paddle.matmul(x, self.embed.weight, transpose_y=True)
+        return self.head(x)
 
 
 class RootParamLM(LM):
-    """A positional table owned by the root layer, read before any
-    sublayer runs."""
+    """A positional table of the root layer, read before any sublayer."""
 
     def __init__(self):
         super().__init__()
         self.pos_table = self.create_parameter([SEQ, HIDDEN])
         self.register_buffer("pos_onehot", paddle.eye(SEQ))
 
-    def forward(self, tokens):
+    def embedded(self, tokens):
         pos = paddle.matmul(self.pos_onehot, self.pos_table)  # root's read
-        x = self.embed(tokens) + pos
-        for block in self.blocks:
-            x = block(x)
-        return self.logits(x)
+        return self.embed(tokens) + pos
 
 
 class Tables(nn.Layer):
@@ -140,14 +144,13 @@ class Tables(nn.Layer):
 
 
 class EncodeLM(LM):
-    """An ``encode()`` helper (retrieval-style) calls a sublayer outside
-    ``forward``, between steps; that sublayer's parameters span the first
-    6 buffers, of 1 MB each (equal sizes: ranks that gather them in
-    different orders mix data instead of aborting gloo)."""
+    """``encode()`` (retrieval-style) calls a sublayer outside ``forward``;
+    its parameters fill buffers 0 to 5, of equal sizes (ranks gathering
+    them in different orders mix data instead of aborting gloo)."""
 
     def __init__(self):
         nn.Layer.__init__(self)
-        self.encoder = Tables()  # first in parameters(): buffers 0 to 5
+        self.encoder = Tables()  # first in parameters()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
         self.blocks = nn.LayerList([training.Block(HIDDEN) for _ in range(3)])
         self.head = nn.Linear(HIDDEN, VOCAB)
@@ -156,103 +159,53 @@ class EncodeLM(LM):
         return self.encoder(tokens).mean(axis=1)
 
 
-class NotHeldLM(LM):
-    """A layer the optimizer does not hold (frozen adapter, teacher, ...)."""
-
-    def __init__(self):
-        super().__init__()
-        self.adapter = nn.Linear(HIDDEN, HIDDEN)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        x = x + self.adapter(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.logits(x)
-
-
 class BF16Linear(nn.Layer):
-    """Linear with bfloat16 weight and bias; computes in fp32 (the CPU has
+    """Linear with bfloat16 weight and bias, computing in fp32 (the CPU has
     no bfloat16 matmul)."""
 
     def __init__(self, n_in, n_out):
         super().__init__()
         ref = nn.Linear(n_in, n_out)
-        self.weight = self.create_parameter(
-            [n_in, n_out],
-            dtype="bfloat16",
-            default_initializer=nn.initializer.Assign(
-                ref.weight.astype("bfloat16")
-            ),
-        )
-        self.bias = self.create_parameter(
-            [n_out],
-            dtype="bfloat16",
-            default_initializer=nn.initializer.Assign(
-                ref.bias.astype("bfloat16")
-            ),
+        self.weight, self.bias = (
+            self.create_parameter(
+                v.shape,
+                dtype="bfloat16",
+                default_initializer=nn.initializer.Assign(v.astype("bfloat16")),
+            )
+            for v in (ref.weight, ref.bias)
         )
 
     def forward(self, x):
-        return F.linear(
-            x, self.weight.astype("float32"), self.bias.astype("float32")
-        )
-
-
-class MixedBlock(training.Block):
-    """fp32 LayerNorm beside bfloat16 linears."""
-
-    def __init__(self, hidden=HIDDEN):
-        nn.Layer.__init__(self)
-        self.norm = nn.LayerNorm(hidden)
-        self.up = BF16Linear(hidden, 2 * hidden)
-        self.down = BF16Linear(2 * hidden, hidden)
+        w, b = self.weight.astype("float32"), self.bias.astype("float32")
+        return F.linear(x, w, b)
 
 
 class MixedLM(LM):
-    """fp32 embedding and norms, bfloat16 linears: Paddle 3.x sorts each
-    buffer group by dtype name, so the bfloat16 buffers come first and the
-    fp32 embedding, used first, lands in a later buffer."""
+    """fp32 embedding, norms and head beside bfloat16 linears: Paddle 3.x
+    sorts each buffer group by dtype name, so the fp32 embedding, used
+    first, lands in a later buffer."""
 
-    def __init__(self):
-        nn.Layer.__init__(self)
-        self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.blocks = nn.LayerList([MixedBlock() for _ in range(3)])
-        self.head = nn.Linear(HIDDEN, VOCAB)
-
-
-class CollectiveBlock(training.Block):
-    """A block whose forward runs its own collective (MoE-like: an
-    all-reduce over another group object) between its matmuls."""
-
-    group = None
-
-    def forward(self, x):
-        h = F.gelu(self.up(self.norm(x)))
-        routed = h.detach().clone()
-        paddle.distributed.all_reduce(routed, group=CollectiveBlock.group)
-        return x + self.down(h + 0.5 * routed)
-
-
-class CollectiveLM(LM):
     def __init__(self):
         super().__init__()
-        self.blocks[1] = CollectiveBlock(HIDDEN)
+        for block in self.blocks:
+            block.up = BF16Linear(HIDDEN, 2 * HIDDEN)
+            block.down = BF16Linear(2 * HIDDEN, HIDDEN)
 
 
 # ----------------------------------------------------------------------
-# data, optimizers, set-up
-def batch(step, micro=0):
-    return training.batch(step, micro, vocab=VOCAB)
+# data, set-up, the on/off comparison
+batch = functools.partial(training.batch, vocab=VOCAB)  # (step, micro=0)
 
 
-def lm_loss(model, step, micro=0):
+def micro_step(model, step, micro, acc_steps):
     tokens, labels = batch(step, micro)
-    return F.cross_entropy(model(tokens), labels).mean()
+    loss = F.cross_entropy(model(tokens), labels).mean()
+    (loss / acc_steps).backward()
+    return loss
 
 
 def sgd(parameters):
-    """bfloat16 parameters: the CPU has no bfloat16 adamw kernel."""
+    """For bfloat16 parameters: the CPU has no bfloat16 adamw kernel."""
     return paddle.optimizer.SGD(learning_rate=0.05, parameters=parameters)
 
 
@@ -261,43 +214,40 @@ def build(cls):
     return cls()
 
 
+def snapshot(model):
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
 def init_fleet():
+    """fleet.init of V2, the collective blocks' group, the implementation
+    the launch asked for checked."""
     training.init_fleet(split_param=True, buffer_mb=BUFFER_MB)
     world = paddle.distributed.get_world_size()
     CollectiveBlock.group = paddle.distributed.new_group(list(range(world)))
-
-
-def check_implementation():
-    """The implementation under test is the one the launch asked for."""
-    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-        dygraph_sharding_optimizer as dso,
-    )
-
-    v2 = dso.DygraphShardingOptimizerV2
     if IMPL == "upstream":
         overlay = sys.modules.get("paddle_overlay")
         assert overlay is None or not overlay.is_applied(), (
             "ALLGATHER_OVERLAP_IMPL=upstream but paddle_overlay is applied "
             "(set PADDLE_OVERLAY=0)"
         )
+        from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+            dygraph_sharding_optimizer as dso,
+        )
+
+        v2 = dso.DygraphShardingOptimizerV2
         assert hasattr(v2, "_set_all_gather_overlap_forward"), (
             f"Paddle {paddle.__version__} has no upstream "
             "_set_all_gather_overlap_forward"
         )
-
-
-def inner_v2(opt):
-    """The DygraphShardingOptimizerV2 inside a fleet optimizer."""
-    inner = opt
-    while type(inner).__name__ != "DygraphShardingOptimizerV2":
-        inner = vars(inner)["_inner_opt"]
-    return inner
+    print(
+        f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, {world} ranks"
+    )
 
 
 def buffers(opt):
-    """[[parameter, ...] per comm buffer], in Paddle's buffer order (the
-    layout Paddle builds; never changed by the overlap)."""
-    return [list(b._params) for b in inner_v2(opt)._comm_buffer_list]
+    """[[parameter, ...] per comm buffer], in Paddle's buffer order (never
+    changed by the overlap)."""
+    return [list(b._params) for b in sharding_optimizer(opt)._comm_buffer_list]
 
 
 def buffer_of(opt):
@@ -306,8 +256,8 @@ def buffer_of(opt):
 
 
 def enable(opt, model):
-    """Turn the overlap on as PaddleFormers does (two positional
-    arguments)."""
+    """The overlap on as PaddleFormers turns it on (two positional
+    arguments); the product's owner checked."""
     opt._set_all_gather_overlap_forward(True, model)
     if IMPL == "product":
         assert overlap_impl(opt) is not None, (
@@ -316,29 +266,17 @@ def enable(opt, model):
         )
 
 
-def snapshot(model):
-    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
-
-
-def micro_step(model, step, micro, acc_steps):
-    loss = lm_loss(model, step, micro)
-    (loss / acc_steps).backward()
-    return loss
-
-
 def final_forward(run):
-    """One more forward before the final read: every implementation syncs
-    the buffers the forward uses (reads right after step() are the cases'
-    business)."""
+    """One more forward before the final read (every implementation syncs
+    what a forward uses; reads right after step() are the cases')."""
     with paddle.no_grad():
         run.model(batch(99)[0])
 
 
 def train(cls=LM, overlap=False, *, raw_layers=False, **kwargs):
-    """``training.train`` of V2 with comm buffers of BUFFER_MB, the
-    overlap turned on as PaddleFormers does; ``raw_layers`` passes the
-    user's layer, not fleet's wrapper of it (whose sublayer it is), as
-    ``layers``."""
+    """``training.train`` of V2, the overlap on as PaddleFormers turns it
+    on; ``raw_layers``: ``layers`` is the user's layer, not fleet's wrapper
+    of it."""
 
     def on(opt, model):
         enable(opt, model._layers if raw_layers else model)
@@ -356,12 +294,10 @@ def train(cls=LM, overlap=False, *, raw_layers=False, **kwargs):
 
 
 def compare(cls=LM, lost=None, **kwargs):
-    """``training.compare_on_off`` of V2 off and on (every rank's final
-    parameters equal), with >= 3 comm buffers; returns ``(checker, on)``.
-    ``lost``: the first read's path (``"iteration"``, ``"attribute"``) of
-    the product's lost-overlap warning the case expects on this rank (its
-    reads between steps wait for every gather of the step), None for
-    none."""
+    """``training.compare_on_off`` of :func:`train` (every rank's final
+    parameters equal), >= 3 comm buffers, some all-gather seen; returns
+    ``(checker, on)``. ``lost``: the first read's path of the product's
+    lost-overlap warning expected on this rank (None: no warning)."""
     with lost_overlap_warnings() as said:
         checker, on = training.compare_on_off(
             cls, run=train, replicas="world", **kwargs
@@ -376,54 +312,107 @@ def compare(cls=LM, lost=None, **kwargs):
     return checker, on
 
 
+def compile_forward(run):
+    run.raw.forward = paddle.jit.to_static(run.raw.forward, full_graph=True)
+
+
+def evaluate(step, run):
+    tokens, labels = batch(5)
+    run.model.eval()
+    with paddle.no_grad():
+        loss = F.cross_entropy(run.model(tokens), labels).mean()
+    run.model.train()
+    return [loss.numpy()]
+
+
+def not_held(raw):
+    return [
+        p for n, p in raw.named_parameters() if not n.startswith("adapter.")
+    ]
+
+
+# cases that are one compare(**kwargs): name -> (what it proves, kwargs)
+COMPARES = {
+    "equal_on_off": (
+        "Plain training: the baseline every implementation passes.",
+        {},
+    ),
+    "state_dict_right_after_step": (
+        "Item 2: state_dict() right after step(), before any forward.",
+        dict(
+            after_step=lambda s, run: snapshot(run.raw).values(),
+            lost="iteration",
+        ),
+    ),
+    "layer_parameter_not_in_optimizer": (
+        "Item 5: a layer of ``layers`` whose parameters the optimizer does "
+        "not hold.",
+        dict(cls=functools.partial(LM, adapter=True), parameters=not_held),
+    ),
+    "root_owned_parameter": (
+        "Item 6: a parameter owned by the root layer, read before any "
+        "sublayer runs; ``layers`` is the user's model.",
+        dict(cls=RootParamLM, raw_layers=True),
+    ),
+    "root_owned_parameter_wrapped_layers": (
+        "Item 6 with fleet's wrapper as ``layers`` (as PaddleFormers passes "
+        "it): the model is a sublayer.",
+        dict(cls=RootParamLM),
+    ),
+    "tied_embedding_head": (
+        "Tied embedding and head.",
+        dict(cls=functools.partial(LM, tied=True)),
+    ),
+    "eval_between_steps": (
+        "An eval forward under no_grad between steps.",
+        dict(after_step=evaluate),
+    ),
+    "gradient_accumulation": ("Two micro-batches per step.", dict(acc_steps=2)),
+    "to_static": (
+        "The forward compiled by paddle.jit.to_static (AST, full_graph): its "
+        "programs read the parameters without the sublayers' Python hooks.",
+        dict(prepare=compile_forward),
+    ),
+    "forward_with_own_collective": (
+        "A block all-reduces over another group object in its forward while "
+        "all-gathers may be in flight: one collective order on every rank.",
+        dict(cls=functools.partial(LM, collective=True)),
+    ),
+}
+
+
+for _name, (_doc, _kwargs) in COMPARES.items():
+    _case = globals()[f"case_{_name}"] = functools.partial(compare, **_kwargs)
+    _case.__doc__ = _doc
+
+
 # ----------------------------------------------------------------------
 # cases: issue 17's items 2-6
-def case_equal_on_off():
-    """Plain training: the baseline every implementation passes."""
-    compare(LM)
-
-
-def case_state_dict_right_after_step():
-    """Item 2: state_dict() right after step(), before any forward."""
-    compare(
-        LM,
-        after_step=lambda step, run: snapshot(run.raw).values(),
-        lost="iteration",
-    )
-
-
 def case_parameters_loop_ema_right_after_step():
     """Item 2: an EMA over parameters() right after step()."""
     ema = {}
 
     def update_ema(step, run):
-        values = []
         for i, p in enumerate(run.raw.parameters()):
             value = p.numpy().astype("float32")
             ema[i] = value if step == 0 else 0.9 * ema[i] + 0.1 * value
-            values.append(ema[i].copy())
-        return values
+        return [ema[i].copy() for i in range(len(ema))]
 
     compare(LM, after_step=update_ema, lost="iteration")
 
 
 def case_encode_helper_between_steps():
-    """Item 3: a helper calls a sublayer whose parameters span several
-    buffers, between steps (Paddle's own overlap started the first one
-    only). The helper's sublayer call waits in its pre-hook (a forward, not
-    a read: no lost-overlap warning)."""
-    tokens = batch(7)[0]
-    names = []
+    """Item 3: a helper calls, between steps, a sublayer whose parameters
+    span several buffers (Paddle's own overlap started the first one only);
+    the call waits in its pre-hook (a forward: no lost-overlap warning)."""
+    tokens, names = batch(7)[0], []
 
-    def encoder_names(run):
-        # read before training (nothing pending): the span check below
-        # reads no parameter between steps
+    def encoder_names(run):  # before training: the check reads no parameter
         names[:] = [p.name for p in run.raw.encoder.parameters()]
 
     def encode(step, run):
         if step == 0:
-            where = buffer_of(run.opt)
-            spans = {where[name] for name in names}
+            spans = {buffer_of(run.opt)[name] for name in names}
             assert spans == set(range(6)), spans
         return [run.raw.encode(tokens).numpy()]
 
@@ -431,9 +420,8 @@ def case_encode_helper_between_steps():
 
 
 def case_freeze_parameters_after_first_step():
-    """Item 4: progressive freezing: after the first step every parameter
-    of the buffer holding the embedding (a frozen-only buffer) and one
-    parameter of another buffer stop training."""
+    """Item 4: after the first step the buffer holding the embedding (then
+    frozen-only) and one parameter of another buffer stop training."""
 
     def freeze(step, run):
         if step == 0:
@@ -441,35 +429,10 @@ def case_freeze_parameters_after_first_step():
             first = buffer_of(run.opt)[run.raw.embed.weight.name]
             for p in groups[first]:
                 p.stop_gradient = True
-            other = groups[(first + 1) % len(groups)]
-            other[0].stop_gradient = True
+            groups[(first + 1) % len(groups)][0].stop_gradient = True
         return []
 
     compare(LM, after_step=freeze)
-
-
-def case_layer_parameter_not_in_optimizer():
-    """Item 5: a layer of ``layers`` whose parameters the optimizer does
-    not hold."""
-    compare(
-        NotHeldLM,
-        parameters=lambda raw: [
-            p
-            for name, p in raw.named_parameters()
-            if not name.startswith("adapter.")
-        ],
-    )
-
-
-def case_root_owned_parameter():
-    """Item 6: a parameter owned by the root layer, read before any
-    sublayer runs; ``layers`` is the user's model (with fleet's wrapper,
-    as PaddleFormers passes, the model is a sublayer: next case)."""
-    compare(RootParamLM, raw_layers=True)
-
-
-def case_root_owned_parameter_wrapped_layers():
-    compare(RootParamLM)
 
 
 def case_hooks_constant_and_removed():
@@ -499,15 +462,16 @@ def case_hooks_constant_and_removed():
     if IMPL == "product":
         impl = overlap_impl(on.opt)
         assert impl is None or (impl.num_hooks == 0 and impl.num_pending == 0)
-    # training continues without overlap, equal to off
-    for run in (off, on):
-        loss = lm_loss(run.model, 50)
-        loss.backward()
-        run.opt.step()
-        run.opt.clear_grad()
-        run.losses.append(loss.numpy())
-        with paddle.no_grad():
-            run.model(batch(99)[0])
+    for run in (off, on):  # one more step without overlap, equal to off
+        more = training.train(
+            model=run.model,
+            opt=run.opt,
+            first_step=50,
+            steps=1,
+            micro_step=micro_step,
+            final=final_forward,
+        )
+        run.losses += more.losses
         run.params = snapshot(run.raw)
     assert_bitwise_equal(
         (off.losses, off.params), (on.losses, on.params), "after False"
@@ -518,9 +482,8 @@ def case_hooks_constant_and_removed():
 # cases: order, layout, dtypes
 def case_gather_order_follows_forward():
     """Item 1: after each step the buffers are all-gathered in the order
-    forward first uses them (fp32 embedding and norms beside bfloat16
-    linears: on 3.x Paddle's buffer order is not the forward order), and
-    that order is the same on every rank."""
+    forward first uses them (MixedLM: on 3.x not Paddle's buffer order),
+    the same on every rank."""
     first_use = []
 
     def record_first_use(run):
@@ -541,15 +504,15 @@ def case_gather_order_follows_forward():
 
     checker, on = compare(MixedLM, make_optimizer=sgd, prepare=record_first_use)
     where = buffer_of(on.opt)
-    launched = []
-    for task in checker.gather_log:
-        launched.append(min(where[p.name] for p in task.params))
+    launched = [
+        min(where[p.name] for p in t.params) for t in checker.gather_log
+    ]
     same_on_ranks = all_ranks_equal(
         [len(launched), zlib.crc32(repr(launched).encode())]
     )
     n = len(first_use)
-    # the training loop's gathers: one per buffer per step (the last one
-    # may be cut short by the final forward); check each full step
+    # one gather per buffer per step (the last step's may be cut short by
+    # the final forward): check each full step
     per_step = [launched[i : i + n] for i in range(0, n * STEPS, n)]
     for i, order in enumerate(per_step):
         assert order == first_use, (
@@ -566,9 +529,7 @@ def case_layer_spanning_two_buffers():
     probe = paddle.ones([1, 2 * HIDDEN])
     linears = []
 
-    def find_linears(run):
-        # names read before training (nothing pending): finding the split
-        # layer below reads no parameter between steps
+    def find_linears(run):  # names before training: no read between steps
         linears[:] = [
             (layer, layer.weight.name, layer.bias.name)
             for layer in run.raw.sublayers()
@@ -577,25 +538,13 @@ def case_layer_spanning_two_buffers():
 
     def read_split_layer(step, run):
         where = buffer_of(run.opt)
-        split = [
-            layer
-            for layer, weight, bias in linears
-            if where[weight] != where[bias]
-        ]
+        split = [lin for lin, w, b in linears if where[w] != where[b]]
         assert split, "no Linear spans two buffers in this layout"
-        layer = split[-1]
-        # the helper reads the two buffers of its 4: not a lost overlap
-        return [
-            F.linear(
-                probe[:, : layer.weight.shape[0]], layer.weight, layer.bias
-            ).numpy()
-        ]
+        layer = split[-1]  # two buffers of its 4 read: not a lost overlap
+        x = probe[:, : layer.weight.shape[0]]
+        return [F.linear(x, layer.weight, layer.bias).numpy()]
 
     compare(LM, prepare=find_linears, after_step=read_split_layer)
-
-
-def case_tied_embedding_head():
-    compare(TiedLM)
 
 
 def case_fp32_norms_beside_bf16_weights():
@@ -608,11 +557,9 @@ def case_fp32_norms_beside_bf16_weights():
 
 def case_color_groups():
     """``param.color`` groups (Paddle 3.x builds each colour's buffers
-    apart, on the colour's group, as MoE experts do; Paddle 2.6 ignores
-    the attribute)."""
-    group = paddle.distributed.new_group(
-        list(range(paddle.distributed.get_world_size()))
-    )
+    apart, on the colour's group, as MoE experts do; 2.6 ignores it)."""
+    world = paddle.distributed.get_world_size()
+    group = paddle.distributed.new_group(list(range(world)))
 
     def colored(raw):
         for p in raw.blocks[1].parameters():
@@ -625,154 +572,105 @@ def case_color_groups():
 
 
 # ----------------------------------------------------------------------
-# cases: training loops and checkpoints
+# cases: checkpoints, the schedule, arguments
+def saving(folder, only_rank0=False):
+    """after_step: paddle.save(state_dict()) right after step() and load it
+    (into a fresh model, unless ``only_rank0``: rank 0 alone saves, then a
+    barrier on every rank)."""
+    counter = [0]
+
+    def after_step(step, run):
+        values = []
+        if rank() == 0 or not only_rank0:
+            counter[0] += 1
+            path = os.path.join(folder, f"model_{counter[0]}.pdparams")
+            paddle.save(run.raw.state_dict(), path)
+            loaded = paddle.load(path)
+            if only_rank0:
+                values = [v.numpy() for v in loaded.values()]
+            else:
+                fresh = build(LM)
+                fresh.set_state_dict(loaded)
+                values = list(snapshot(fresh).values())
+        if only_rank0:
+            paddle.distributed.barrier()
+        return values
+
+    return after_step
+
+
 def case_save_right_after_step_and_reload():
     """paddle.save(model.state_dict()) right after step(), with no
     synchronize, and reload into a fresh model: equal to overlap off."""
-    tmp = tempfile.TemporaryDirectory(prefix=f"allgather_overlap_r{rank()}_")
-    folder = tmp.name
-    counter = [0]
-
-    def save_and_reload(step, run):
-        counter[0] += 1
-        path = os.path.join(folder, f"model_{counter[0]}.pdparams")
-        paddle.save(run.raw.state_dict(), path)
-        fresh = build(LM)
-        fresh.set_state_dict(paddle.load(path))
-        return snapshot(fresh).values()
-
-    with tmp:
-        compare(LM, after_step=save_and_reload, lost="iteration")
-
-
-def case_eval_between_steps():
-    tokens, labels = batch(5)
-
-    def evaluate(step, run):
-        run.model.eval()
-        with paddle.no_grad():
-            loss = F.cross_entropy(run.model(tokens), labels).mean()
-        run.model.train()
-        return [loss.numpy()]
-
-    compare(LM, after_step=evaluate)
-
-
-def case_gradient_accumulation():
-    compare(LM, acc_steps=2)
-
-
-def case_to_static():
-    """The model's forward compiled with paddle.jit.to_static (AST,
-    full_graph): compiled programs read the parameters without running
-    the sublayers' Python hooks."""
-
-    def compile_forward(run):
-        run.raw.forward = paddle.jit.to_static(run.raw.forward, full_graph=True)
-
-    compare(LM, prepare=compile_forward)
+    prefix = f"allgather_overlap_r{rank()}_"
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        compare(LM, after_step=saving(folder), lost="iteration")
 
 
 def case_rank0_only_save():
     """``if rank == 0: paddle.save(net.state_dict())`` right after step(),
-    then a barrier on every rank (the other ranks go straight to it): no
-    hang (step() started every gather on every rank; reads only wait), and
-    rank 0's file equal to overlap off's; the product says on rank 0 alone
-    that its save took the overlap away from its next forward."""
-    tmp = tempfile.TemporaryDirectory(prefix=f"allgather_overlap_r{rank()}_")
-    folder = tmp.name
-    counter = [0]
+    then a barrier on every rank: no hang (step() started every gather on
+    every rank), rank 0's file equal to overlap off's; the lost-overlap
+    warning on rank 0 alone."""
+    prefix = f"allgather_overlap_r{rank()}_"
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        lost = "iteration" if rank() == 0 else None
+        compare(LM, after_step=saving(folder, only_rank0=True), lost=lost)
 
-    def save_on_rank0(step, run):
-        values = []
-        if rank() == 0:
-            counter[0] += 1
-            path = os.path.join(folder, f"model_{counter[0]}.pdparams")
-            paddle.save(run.raw.state_dict(), path)
-            values = [v.numpy() for v in paddle.load(path).values()]
-        paddle.distributed.barrier()
+
+def gathers_per_step(checker):
+    """Train LM with the overlap under ``checker``, counting the all-gathers
+    started inside each ``step()`` and between steps, and ``(num_pending,
+    units that need a sync)`` right after each step; reads between steps
+    one parameter, then (after step 0) the whole model."""
+    inside, between, pending, last = [], [], [], [0]
+
+    def count_step(run):
+        original = run.opt.step
+
+        def step():
+            before = checker.counts["gathers"]
+            between.append(before - last[0])
+            original()
+            last[0] = checker.counts["gathers"]
+            inside.append(last[0] - before)
+            impl = overlap_impl(run.opt)
+            due = sum(u.needs_sync() for u in impl.units)
+            pending.append((impl.num_pending, due))
+
+        run.opt.step = step
+
+    def read(step, run):
+        values = [run.raw.head.weight.numpy()]
+        if step == 0:  # waits for every gather: said once
+            values += list(snapshot(run.raw).values())
         return values
 
-    with tmp:
-        compare(
-            LM,
-            after_step=save_on_rank0,
-            lost="iteration" if rank() == 0 else None,
-        )
-
-
-def case_forward_with_own_collective():
-    """A block all-reduces over another group object inside its forward
-    (MoE-like) while all-gathers may be in flight: every rank runs the
-    collectives in one order (a mismatch hangs or mixes data)."""
-    compare(CollectiveLM)
-
-
-def schedule(env=None, steps=3):
-    """Train LM with the overlap under the wait checker, counting the
-    parameter all-gathers started inside each ``step()`` and between steps
-    (the next forward's hooks, a read of one parameter and one of the whole
-    model), and ``(num_pending, units that need a sync)`` right after each
-    step. ``env``: PADDLE_OVERLAY_MAX_IN_FLIGHT during the run."""
-    inside, between, pending = [], [], []
-    saved = os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
-    if env is not None:
-        os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = env
-    try:
-        with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
-            last = [0]
-
-            def count_step(run):
-                original = run.opt.step
-
-                def step():
-                    before = checker.counts["gathers"]
-                    between.append(before - last[0])
-                    original()
-                    last[0] = checker.counts["gathers"]
-                    inside.append(last[0] - before)
-                    impl = overlap_impl(run.opt)
-                    due = sum(u.needs_sync() for u in impl.units)
-                    pending.append((impl.num_pending, due))
-
-                run.opt.step = step
-
-            def read(step, run):
-                # a read of one parameter, then of the whole model, between
-                # steps (the second waits for every gather: said once)
-                values = [run.raw.head.weight.numpy()]
-                if step == 0:
-                    values += list(snapshot(run.raw).values())
-                return values
-
-            run = train(
-                LM,
-                overlap=True,
-                checker=checker,
-                steps=steps,
-                prepare=count_step,
-                after_step=read,
-            )
-            between.append(checker.counts["gathers"] - last[0])
-    finally:
-        os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
-        if saved is not None:
-            os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = saved
-    assert checker.violations == [], checker.violations[:8]
-    assert checker.num_unwaited() == 0, checker.num_unwaited()
-    units = len(overlap_impl(run.opt).units)
-    assert_lost_overlap_warning(lost, "attribute", units, units)
-    return inside, between, pending, units, len(buffers(run.opt))
+    run = train(
+        LM, overlap=True, checker=checker, prepare=count_step, after_step=read
+    )
+    between.append(checker.counts["gathers"] - last[0])
+    return run, inside, between, pending
 
 
 def case_every_gather_starts_inside_step():
     """Product only: ``step()`` starts the all-gather of every comm buffer
-    (every one needs a sync here) on every rank, all left in flight; the
-    next forward's pre-hooks, reads and the final state_dict() start none
-    (they only wait). The removed depth setting's environment variable
-    changes nothing."""
+    on every rank, all left in flight; the next forward's pre-hooks, reads
+    (of one parameter, then the whole model: said once) and the final
+    state_dict() start none. The removed depth setting's environment
+    variable (PADDLE_OVERLAY_MAX_IN_FLIGHT) changes nothing."""
     for env in (None, "1"):
-        inside, between, pending, units, n = schedule(env)
+        with mock.patch.dict(os.environ):  # restored after
+            os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
+            if env is not None:
+                os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = env
+            with BroadcastWaitChecker() as checker:
+                with lost_overlap_warnings() as lost:
+                    run, inside, between, pending = gathers_per_step(checker)
+        assert checker.violations == [], checker.violations[:8]
+        assert checker.num_unwaited() == 0, checker.num_unwaited()
+        units, n = len(overlap_impl(run.opt).units), len(buffers(run.opt))
+        assert_lost_overlap_warning(lost, "attribute", units, units)
         assert units == n >= 3, (units, n)
         assert inside == [n] * 3, (env, inside, n)
         assert between == [0] * 4, (env, between)
@@ -784,10 +682,8 @@ def case_bad_arguments_refused_before_any_change():
     """Product only: a bad flag, ``layers`` or ``strict``, or the removed
     ``max_in_flight`` keyword, raises TypeError/ValueError naming it and
     leaves no hook and no owner behind."""
-    raw = build(LM)
-    with hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB):
-        opt = fleet.distributed_optimizer(adamw(raw.parameters()))
-        model = fleet.distributed_model(raw)
+    run = train(LM, steps=0)
+    raw, opt, model = run.raw, run.opt, run.model
     base = total_forward_pre_hooks(raw)
     other = build(LM)
     method = "_set_all_gather_overlap_forward"
@@ -800,7 +696,7 @@ def case_bad_arguments_refused_before_any_change():
         ((True, model), {"strict": 1}, TypeError, "strict"),
         ((True, model), {"max_in_flight": 1}, TypeError, "max_in_flight"),
     ]
-    for target in (opt, inner_v2(opt)):
+    for target in (opt, sharding_optimizer(opt)):
         for args, kwargs, error, text in bad:
             try:
                 getattr(target, method)(*args, **kwargs)
@@ -814,18 +710,7 @@ def case_bad_arguments_refused_before_any_change():
     assert overlap_impl(opt) is None
 
 
-# ----------------------------------------------------------------------
-def init():
-    init_fleet()
-    check_implementation()
-    print(
-        f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, "
-        f"{paddle.distributed.get_world_size()} ranks",
-        flush=True,
-    )
-
-
 if __name__ == "__main__":
     # the product must not warn; Paddle's own overlap may
     allowed = PADDLE_NOTICES if IMPL == "product" else (".",)
-    sys.exit(training.run_cases(cases_of(globals()), init, allowed))
+    sys.exit(training.run_cases(cases_of(globals()), init_fleet, allowed))

@@ -16,31 +16,23 @@ flow between steps differs from the others'.
 
 Right after every ``optimizer.step()`` some ranks do what the others do
 not (save, an eval forward, read ``parameters()``, run a compiled program,
-evaluate longer), then every rank joins one collective. A sync unit left
-to start after ``step()`` would be started by the reading ranks alone: the
-ranks would issue different collectives and hang or mix data. Each case
-trains with the overlap off and on from the same weights and data and
-asserts bitwise-equal losses, values read between steps and final
-parameters, equal parameters on the ranks that hold the same ones, at
-least 3 sync units, and (with the race checker on, env
-``PADDLE_OVERLAY_CHECK``) no read of a parameter whose sync is pending but
-the EMA case's reads of the parameter list it keeps, which the checker
-must name. The test harness records every rank's collectives and checks
-after the launch that they form one schedule.
+evaluate longer), then every rank joins one collective: a sync unit left
+to start after ``step()`` would be started by the reading ranks alone
+(a hang or mixed data; the test harness checks after the launch that the
+ranks' collectives form one schedule). Each case is :func:`compare`.
 
 Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with
-``bucket_size_mb=0``), ``v2`` (2 ranks, ``split_param``,
-``_set_all_gather_overlap_forward``, comm buffers of 1 MB), and on 4 ranks
-with V1 and the hybrid script's set-up (``BROADCAST_OVERLAP_TOPOLOGY`` set
-to the same) ``dp2_sharding2`` and ``pp2_sharding2``.
-``BROADCAST_OVERLAP_CASES`` picks cases (default: every case of the
-set-up); the first case that fails ends the launch.
+``bucket_size_mb=0``), ``v2`` (2 ranks, the all-gather script's V2 set-up),
+and on 4 ranks with V1 and the hybrid script's set-up
+(``BROADCAST_OVERLAP_TOPOLOGY`` the same) ``dp2_sharding2`` and
+``pp2_sharding2``. ``BROADCAST_OVERLAP_CASES`` picks cases (default: the
+set-up's); the first case that fails ends the launch.
 """
 
+import contextlib
 import os
 import sys
 import tempfile
-import types
 import zlib
 
 import broadcast_overlap_training as training
@@ -52,10 +44,15 @@ import paddle
 from paddle.distributed import fleet
 
 SETUP = os.environ.get("SCHEDULE_SETUP", "v1")
+SETUP_MODULE = training  # the module whose init_fleet sets the launch up
 if SETUP in ("dp2_sharding2", "pp2_sharding2"):
     import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid
+
+    SETUP_MODULE = hybrid
 if SETUP == "v2":
     import dygraph_sharding_stage1_allgather_overlap as allgather
+
+    SETUP_MODULE = allgather
 
 
 def race_checker():
@@ -68,53 +65,25 @@ def race_checker():
     return checker
 
 
-def init_fleet():
-    if SETUP == "v2":
-        allgather.init_fleet()
-    elif SETUP == "v1":
-        training.init_fleet()
-    else:
-        hybrid.init_fleet()
-
-
-class Optimizers:
-    """Optimizers stepped one after the other as one (``training.train``
-    steps one)."""
-
-    def __init__(self, opts):
-        self.opts = opts
+class Optimizers(list):
+    """Optimizers stepped one after the other as one."""
 
     def step(self):
-        for opt in self.opts:
+        for opt in self:
             opt.step()
 
     def clear_grad(self):
-        for opt in self.opts:
+        for opt in self:
             opt.clear_grad()
 
 
-def build(overlap, split):
-    """This set-up's model and optimizers (one per list ``split(raw)``
-    returns), the overlap on each when ``overlap``."""
-    if SETUP == "v2":
-        raw = training.build_with_initial_state(allgather.LM)
-        with hybrid_parallel_cpu_shim.cpu_sharding_v2(allgather.BUFFER_MB):
-            opts = [fleet.distributed_optimizer(adamw(p)) for p in split(raw)]
-            model = fleet.distributed_model(raw)
-        for opt in opts if overlap else ():
-            opt._set_all_gather_overlap_forward(True, model)
-        return raw, model, opts
-    if SETUP == "v1":
-        raw = training.build_with_initial_state(training.TinyLM)
-    elif SETUP == "dp2_sharding2":
-        raw = hybrid.build_same(hybrid.flat_model)
-    else:
-        raw = hybrid.build_same(lambda: hybrid.pipeline_model(tied=False))
-    opts = [fleet.distributed_optimizer(adamw(p)) for p in split(raw)]
-    model = fleet.distributed_model(raw)
-    for opt in opts if overlap else ():
-        opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=0)
-    return raw, model, opts
+def build_model():
+    if SETUP in ("v1", "v2"):
+        cls = allgather.LM if SETUP == "v2" else training.TinyLM
+        return training.build_with_initial_state(cls)
+    if SETUP == "dp2_sharding2":
+        return hybrid.build_same(hybrid.flat_model)
+    return hybrid.build_same(lambda: hybrid.pipeline_model(tied=False))
 
 
 def one_list(raw):
@@ -122,16 +91,24 @@ def one_list(raw):
 
 
 def train(overlap, after_step, split=one_list, prepare=None):
-    """``training.train`` of this set-up; ``after_step(step, run)`` right
-    after each step returns the values it read (compared with overlap off);
-    ``prepare(run)`` before the first step. Returns ``run``."""
-    raw, model, opts = build(overlap, split)
-    run = types.SimpleNamespace(
-        raw=raw, model=model, opts=opts, overlap=overlap, reads=[]
-    )
-    run.params = [p for ps in split(raw) for p in ps]
-    if prepare is not None:
-        prepare(run)
+    """``training.train`` of this set-up's model with one optimizer per list
+    ``split(raw)`` returns (``run.held``: their parameters), the overlap on
+    each when ``overlap``; ``after_step(step, run)`` returns the values it
+    read (``run.extras``); ``prepare(run)`` before the first step."""
+    raw = build_model()
+    with contextlib.ExitStack() as stack:
+        if SETUP == "v2":
+            buffer_mb = allgather.BUFFER_MB
+            stack.enter_context(
+                hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb)
+            )
+        opts = [fleet.distributed_optimizer(adamw(p)) for p in split(raw)]
+        model = fleet.distributed_model(raw)
+    for opt in opts if overlap else ():
+        if SETUP == "v2":
+            allgather.enable(opt, model)
+        else:
+            opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=0)
     opt = opts[0] if len(opts) == 1 else Optimizers(opts)
     kwargs = {}
     if SETUP == "pp2_sharding2":  # train_batch runs the optimizer
@@ -141,45 +118,42 @@ def train(overlap, after_step, split=one_list, prepare=None):
 
         kwargs = dict(micro_step=micro_step, skip_update=lambda step: True)
 
-    def on_step(step, model, opt):
-        run.reads += [np.array(v).copy() for v in after_step(step, run)]
+    def set_up(run):
+        run.raw, run.opts = raw, opts
+        run.held = [p for ps in split(raw) for p in ps]
+        if prepare is not None:
+            prepare(run)
 
-    run.losses, run.state, _ = training.train(
-        model=model, opt=opt, on_step=on_step, **kwargs
+    return training.train(
+        model=model, opt=opt, prepare=set_up, after_step=after_step, **kwargs
     )
-    return run
 
 
-def replica_group():
-    """The ranks that hold the same parameters (None: every rank)."""
-    if SETUP != "pp2_sharding2":
-        return None
-    return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
-
-
-def compare(after_step, split=one_list, prepare=None, lost=None):
+def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     """Off, then on: bitwise-equal losses, reads and final parameters,
-    equal parameters on the replicas, >= 3 sync units, no racing read.
-    ``lost``: the first read's path (``"iteration"``, ``"compiled
-    program"``) of the product's lost-overlap warning on global rank 0,
-    whose reads alone wait for every sync of a step (every other rank: no
-    warning)."""
+    equal parameters on the replicas (pp2_sharding2: the sharding group),
+    >= 3 sync units, no racing read unless ``race`` (returns the races
+    seen). ``lost``: the first read's path of the product's lost-overlap
+    warning on global rank 0, whose reads alone wait for every sync of a
+    step (every other rank: no warning)."""
     checker = race_checker()
     before = checker.races() if checker else {}
     off = train(False, after_step, split, prepare)
     with training.lost_overlap_warnings() as said:
         on = train(True, after_step, split, prepare)
-    digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.state.items())]
-    if replica_group() is None:
-        replicas_equal = training.all_ranks_equal(digests)
-    else:
-        replicas_equal = hybrid.equal_in_group(digests, replica_group())
-    what = f"{SETUP} {sys._getframe(1).f_code.co_name}"  # the case
+    digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
+    hcg = fleet.get_hybrid_communicate_group()  # pp2: the sharding group
+    group = hcg.get_sharding_parallel_group() if SETUP[:2] == "pp" else None
+    replicas_equal = training.equal_in_group(digests, group)
+    frame = sys._getframe(1)
+    while not frame.f_code.co_name.startswith("case_"):
+        frame = frame.f_back
+    what = f"{SETUP} {frame.f_code.co_name}"  # the case
     training.assert_bitwise_equal(
-        (off.losses, off.state), (on.losses, on.state), what
+        (off.losses, off.params), (on.losses, on.params), what
     )
-    assert len(off.reads) == len(on.reads), (what, len(off.reads))
-    for i, (a, b) in enumerate(zip(off.reads, on.reads)):
+    assert len(off.extras) == len(on.extras), (what, len(off.extras))
+    for i, (a, b) in enumerate(zip(off.extras, on.extras)):
         assert (
             a.dtype == b.dtype and a.tobytes() == b.tobytes()
         ), f"{what}: value {i} read between steps differs from overlap off"
@@ -188,74 +162,67 @@ def compare(after_step, split=one_list, prepare=None, lost=None):
     assert units[0] >= 3, f"{what}: sync units {units}"
     if lost is None or rank() != 0:
         assert said == [], (what, said)
-    elif len(on.opts) == 1:
-        training.assert_lost_overlap_warning(said, lost, units[0], units[0])
-    else:  # once per owner, each naming its own count
-        assert len(said) == len(on.opts), (what, said)
-        assert all(f"(first: {lost} at " in m for m in said), (what, said)
-        for n in units:  # this owner's units, all waited by the reads
+    else:  # once per owner, each naming its own count, all read
+        assert len(said) == len(units), (what, said)
+        for message in said:
+            training.assert_lost_overlap_warning([message], lost)
+        for n in units:
             assert any(f"{n} of the {n} " in m for m in said), (what, said)
     races = {}
     if checker:
         races = {k: n - before.get(k, 0) for k, n in checker.races().items()}
         races = {k: n for k, n in races.items() if n}
     print(
-        f"rank {rank()} {what}: sync units {units}, {len(on.reads)} values "
+        f"rank {rank()} {what}: sync units {units}, {len(on.extras)} values "
         f"read, stats {overlap_impl(on.opts[0]).stats}, racing reads "
         f"{sum(races.values()) if checker else '(race check off)'}",
         flush=True,
     )
+    assert (
+        race or races == {}
+    ), f"reads of a parameter with a pending sync: {races}"
     return on, races
-
-
-def assert_no_race(races):
-    assert races == {}, f"reads of a parameter with a pending sync: {races}"
-
-
-def all_reduce_group():
-    """dp2_sharding2: the data-parallel group; else the world."""
-    if SETUP != "dp2_sharding2":
-        return None
-    return fleet.get_hybrid_communicate_group().get_data_parallel_group()
 
 
 # ----------------------------------------------------------------------
 # cases
-def save_on_rank0_then_barrier(folder):
-    def after_step(step, run):
-        values = []
-        if rank() == 0:
-            path = os.path.join(folder, "model.pdparams")
-            paddle.save(run.model.state_dict(), path)
-            values = list(paddle.load(path).values())
-        paddle.distributed.barrier()
-        return values
+def rank0_save_then_barrier(split=one_list):
+    with tempfile.TemporaryDirectory(prefix=f"schedule_r{rank()}_") as d:
 
-    return after_step
+        def after_step(step, run):
+            values = []
+            if rank() == 0:
+                path = os.path.join(d, "model.pdparams")
+                paddle.save(run.model.state_dict(), path)
+                values = list(paddle.load(path).values())
+            paddle.distributed.barrier()
+            return values
+
+        compare(after_step, split, lost="iteration")
 
 
 def case_rank0_save_then_barrier():
     """P1: ``if rank == 0: paddle.save(model.state_dict())``, then a
     barrier (the world)."""
-    with tempfile.TemporaryDirectory(prefix=f"schedule_r{rank()}_") as d:
-        assert_no_race(
-            compare(save_on_rank0_then_barrier(d), lost="iteration")[1]
-        )
+    rank0_save_then_barrier()
 
 
 def case_rank0_forward_then_all_reduce():
     """P2: rank 0 alone runs a no-grad forward, then every rank all-reduces
     a loss (dp2_sharding2: over the data-parallel group)."""
 
+    hcg = fleet.get_hybrid_communicate_group()
+    group = hcg.get_data_parallel_group() if SETUP[:2] == "dp" else None
+
     def after_step(step, run):
         loss = paddle.zeros([1])
         if rank() == 0:
             with paddle.no_grad():
                 loss = training.lm_loss(run.model, 50 + step).reshape([1])
-        paddle.distributed.all_reduce(loss, group=all_reduce_group())
+        paddle.distributed.all_reduce(loss, group=group)
         return [loss]
 
-    assert_no_race(compare(after_step)[1])
+    compare(after_step)
 
 
 def case_rank0_parameters_then_all_gather_object():
@@ -268,7 +235,7 @@ def case_rank0_parameters_then_all_gather_object():
         paddle.distributed.all_gather_object(gathered, [step, mine])
         return [np.frombuffer(repr(gathered).encode(), dtype=np.uint8)]
 
-    assert_no_race(compare(after_step, lost="iteration")[1])
+    compare(after_step, lost="iteration")
 
 
 def case_rank0_to_static_then_all_reduce():
@@ -288,9 +255,7 @@ def case_rank0_to_static_then_all_reduce():
         paddle.distributed.all_reduce(value)
         return [value]
 
-    assert_no_race(
-        compare(after_step, prepare=prepare, lost="compiled program")[1]
-    )
+    compare(after_step, prepare=prepare, lost="compiled program")
 
 
 def case_eval_lengths_differ_then_all_reduce():
@@ -307,7 +272,7 @@ def case_eval_lengths_differ_then_all_reduce():
         paddle.distributed.all_reduce(metric)
         return [metric]
 
-    assert_no_race(compare(after_step)[1])
+    compare(after_step)
 
 
 def case_two_optimizers_rank0_save_then_barrier():
@@ -320,10 +285,7 @@ def case_two_optimizers_rank0_save_then_barrier():
         ]
         return [body, raw.head.parameters()]
 
-    with tempfile.TemporaryDirectory(prefix=f"schedule_r{rank()}_") as d:
-        assert_no_race(
-            compare(save_on_rank0_then_barrier(d), split, lost="iteration")[1]
-        )
+    rank0_save_then_barrier(split)
 
 
 def case_ema_of_the_optimizers_parameters():
@@ -334,17 +296,17 @@ def case_ema_of_the_optimizers_parameters():
     the values are right: the collective has finished when it returns)."""
 
     def prepare(run):
-        run.ema = [p.clone() for p in run.params]
+        run.ema = [p.clone() for p in run.held]
 
     def after_step(step, run):
-        for e, p in zip(run.ema, run.params):
+        for e, p in zip(run.ema, run.held):
             e.set_value(e * 0.9 + p * 0.1)
         return [e.numpy() for e in run.ema]
 
-    on, races = compare(after_step, prepare=prepare)
+    on, races = compare(after_step, prepare=prepare, race=True)
     if race_checker() is None:
         return
-    names = {p.name for p in on.params}
+    names = {p.name for p in on.held}
     named = {name for name, _, _ in races}
     assert named <= names, f"racing reads beside the EMA's: {races}"
     assert named == names, f"EMA reads not named: {sorted(names - named)}"
@@ -368,30 +330,21 @@ def case_pipeline_of_sharding_rank0_eval_batch_then_barrier():
         paddle.distributed.barrier()
         return values
 
-    assert_no_race(compare(after_step)[1])
-
-
-CASES = {
-    "v1": "rank0_save_then_barrier,rank0_forward_then_all_reduce,"
-    "rank0_parameters_then_all_gather_object,"
-    "rank0_to_static_then_all_reduce,eval_lengths_differ_then_all_reduce,"
-    "two_optimizers_rank0_save_then_barrier,ema_of_the_optimizers_parameters",
-    "dp2_sharding2": "rank0_save_then_barrier,rank0_forward_then_all_reduce",
-    "pp2_sharding2": "pipeline_of_sharding_rank0_eval_batch_then_barrier",
-}
-CASES["v2"] = CASES["v1"]
+    compare(after_step)
 
 
 def launch_cases():
     cases = training.cases_of(globals())
-    return {n: cases[n] for n in CASES[SETUP].split(",")}
+    names = list(cases)  # the pipeline case last
+    pick = {"dp2_sharding2": names[:2], "pp2_sharding2": names[-1:]}
+    return {n: cases[n] for n in pick.get(SETUP, names[:-1])}
 
 
 def main():
     """Run the cases; stop at the first that fails (its ranks are out of
     step: later cases would only add collectives after the one that broke,
     and each rank's last collective would not show where)."""
-    init_fleet()
+    SETUP_MODULE.init_fleet()
     cases = launch_cases()
     wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
     names = [n for n in wanted.split(",") if n] or list(cases)
