@@ -420,7 +420,9 @@ def sharding_configs(optional=(), **fields):
         "sharding_configs"
     ]
     fields = {
-        k: v for k, v in fields.items() if k not in optional or hasattr(config, k)
+        k: v
+        for k, v in fields.items()
+        if k not in optional or hasattr(config, k)
     }
     saved = {k: getattr(config, k) for k in fields}
     for k, v in fields.items():
@@ -438,7 +440,9 @@ def sharding_v2(buffer_mb):
     Paddle 3.x, ``comm_buffer_size_MB`` (both restored on exit); the CPU
     shim's items 8 and 9 (a no-op on GPUs)."""
     optional = ("comm_buffer_size_MB",)
-    with sharding_configs(optional, split_param=True, comm_buffer_size_MB=buffer_mb):
+    with sharding_configs(
+        optional, split_param=True, comm_buffer_size_MB=buffer_mb
+    ):
         with hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb):
             yield
 
@@ -561,6 +565,12 @@ def expected_warning(w):
 
 
 # ---- shared helpers added by consolidation E (merged and this line removed after) ----
+
+
+def digests(params):
+    """crc32 per array of the dict ``params``, in key order (to compare
+    parameters across ranks with ``equal_in_group``)."""
+    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
 
 
 def run_cases(cases, init=None, notices=()):
