@@ -13,34 +13,21 @@
 # limitations under the License.
 
 """Counts host synchronisations and collectives inside chosen regions (e.g.
-an optimizer's ``step()``), per name. Test and benchmark helper; Paddle,
-numpy and the standard library only.
-
-While a :class:`BlockingCallCounter` is entered it wraps, and counts only
-inside a :meth:`~BlockingCallCounter.counting` region:
-
-* host synchronisations: the ``paddle.Tensor`` methods of
-  :data:`TENSOR_HOST_SYNC_METHODS` (on the class and every subclass that
-  defines its own), ``paddle.device.synchronize``,
-  ``paddle.device.cuda.synchronize``, ``core._device_synchronize`` and the
-  communication task's ``synchronize``; only the outermost of nested ones
-  counts (``tolist`` calls ``numpy``: one).
-* collectives at two levels (compare like with like): ``dist.<name>``, the
-  functions of ``paddle.distributed`` (:data:`DIST_FUNCTIONS`) and
-  ``paddle.distributed.stream`` (``dist.stream.<name>``), replaced in every
-  loaded module holding a reference (``from paddle.distributed import
-  broadcast`` callers are seen), the outermost only; ``pg.<name>``, every
-  collective method of this release's ``ProcessGroup`` classes (all public
-  methods but the collective recorder's ``NOT_COLLECTIVES``; one not
-  matching :data:`PG_COLLECTIVE` fails ``__enter__``, so a new release's
-  collective is never missed silently). Each is a :class:`Collective`:
-  ``sync`` (``sync_op`` as passed or defaulted; ``*_on_calc_stream``
-  synchronous; a method without the flag, e.g. the two-tensor
-  ``all_gather(in, out)`` of Paddle's ``FusedCommBuffer``, asynchronous),
-  ``waited`` (its task waited in the same region), the innermost
-  :meth:`~BlockingCallCounter.phase` label.
-* ``task.wait`` of every communication task, kept apart from the host
-  synchronisations (on a GPU a wait is a stream dependency).
+an optimizer's ``step()``), per name; test and benchmark helper. While a
+:class:`BlockingCallCounter` is entered it wraps, and counts only inside a
+:meth:`~BlockingCallCounter.counting` region: host synchronisations (the
+``paddle.Tensor`` methods of :data:`TENSOR_HOST_SYNC_METHODS` on every
+subclass defining its own, the device synchronisations, the task's
+``synchronize``; the outermost of nested ones); collectives at two levels,
+``dist.<name>`` (the functions of ``paddle.distributed``,
+:data:`DIST_FUNCTIONS`, and of its ``stream``, in every module holding a
+reference; the outermost) and ``pg.<name>`` (every public method of the
+``ProcessGroup`` classes but the collective recorder's ``NOT_COLLECTIVES``;
+one not matching :data:`PG_COLLECTIVE` fails ``__enter__``), each a
+:class:`Collective` (``sync``: ``sync_op`` as passed or defaulted,
+``*_on_calc_stream`` synchronous, a method without the flag such as
+``FusedCommBuffer``'s ``all_gather(in, out)`` asynchronous); and
+``task.wait``, apart from the host synchronisations.
 
 Example::
 
@@ -91,12 +78,8 @@ PG_COLLECTIVE = re.compile(
     r"reduce|scatter|gather)"
 )
 TASK_SYNC, TASK_WAIT = "task.synchronize", "task.wait"
-HOST_SYNC_PREFIXES = (
-    "tensor.",
-    "device.",
-    "core._device_synchronize",
-    TASK_SYNC,
-)
+HOST_SYNC_PREFIXES = ("tensor.", "device.", "core._device_synchronize")
+HOST_SYNC_PREFIXES += (TASK_SYNC,)
 
 
 def is_host_sync(key):

@@ -13,7 +13,7 @@
 # limitations under the License.
 """Per-rank script (2 ranks): the parameter-sync overlap adds no host
 synchronisation and no blocking collective to the steady-state step, in
-every mode of :data:`MODES` (one case each).
+every mode (one case each).
 
 Each mode trains the same model from the same weights and data overlap off
 (Paddle's blocking sync; the overlay applied) and on for :data:`STEPS`
@@ -45,6 +45,7 @@ from broadcast_overlap_training import (
     TinyLM,
     all_ranks_equal,
     assert_bitwise_equal,
+    cases_of,
     digests,
     lm_loss,
     optimizer_parameters,
@@ -61,53 +62,7 @@ KB = 1 / 1024  # in MB
 BUFFER_MB = 1  # V2 comm buffers (comm_buffer_size_MB, shim item 9 on 2.6)
 PARAM_SYNC = "param_sync"
 
-# units(n, off, on): the mode's own check of the owner's n units
-Mode = collections.namedtuple("Mode", "v2 bucket_mb tensor_fusion units")
-MODES = {
-    # one broadcast per parameter (bucket_size_mb=0): a unit per parameter
-    "v1_per_parameter": Mode(
-        False,
-        0,
-        False,
-        lambda n, off, on: n == len(optimizer_parameters(on.opt)),
-    ),
-    # default buckets (256 MB): one per owner rank
-    "v1_buckets_default": Mode(False, None, False, lambda n, off, on: n == 2),
-    # 2 KB buckets: several, fewer than the parameters
-    "v1_buckets_small": Mode(
-        False,
-        2 * KB,
-        False,
-        lambda n, off, on: 2 < n < len(optimizer_parameters(off.opt)),
-    ),
-    # sharding_configs.tensor_fusion (shim's cpu_tensor_fusion), default cap:
-    # a unit per Paddle fused buffer
-    "v1_fused_slices_default": Mode(
-        False,
-        None,
-        True,
-        lambda n, off, on: off.inner.tensor_fusion
-        and bool(off.inner._rank2fused)
-        and n == off.paddle,
-    ),
-    # fused slices, 2 KB cap: more units than Paddle's fused buffers
-    "v1_fused_slices_small": Mode(
-        False,
-        2 * KB,
-        True,
-        lambda n, off, on: off.inner.tensor_fusion and n > off.paddle,
-    ),
-    # V2 (split_param, 1 MB comm buffers: 4 for WideLM; shim items 7 to 9):
-    # a unit per comm buffer
-    "v2_comm_buffers": Mode(
-        True,
-        None,
-        False,
-        lambda n, off, on: type(on.inner).__name__
-        == "DygraphShardingOptimizerV2"
-        and n == off.paddle >= 3,
-    ),
-}
+Mode = collections.namedtuple("Mode", "v2 bucket_mb tensor_fusion")
 
 
 def WideLM():
@@ -132,13 +87,10 @@ def enable(mode):
         if mode.v2:
             opt._set_all_gather_overlap_forward(True, model)
         else:
-            kwargs = {"bucket_size_mb": mode.bucket_mb}
-            if mode.bucket_mb is None:
-                kwargs = {}
+            mb = mode.bucket_mb  # None: the default
+            kwargs = {} if mb is None else {"bucket_size_mb": mb}
             opt._set_broadcast_overlap(True, layers=model, **kwargs)
-        assert (
-            overlap_impl(opt) is not None
-        ), "no overlap owner: not the product"
+        assert overlap_impl(opt) is not None, "no overlap owner"
 
     return on
 
@@ -162,7 +114,9 @@ def train(mode, overlap):
             split_param=True,
             comm_buffer_size_MB=BUFFER_MB,
         )
-        around = functools.partial(hybrid_parallel_cpu_shim.cpu_sharding_v2, BUFFER_MB)
+        around = functools.partial(
+            hybrid_parallel_cpu_shim.cpu_sharding_v2, BUFFER_MB
+        )
     else:
         settings = training.sharding_configs(tensor_fusion=mode.tensor_fusion)
         around = hybrid_parallel_cpu_shim.cpu_tensor_fusion  # item 6
@@ -216,12 +170,8 @@ def outside_phase(region):
 
 def diff(on, off):
     """``on - off`` per key, the non-zero ones."""
-    keys = set(on) | set(off)
-    return {
-        k: on.get(k, 0) - off.get(k, 0)
-        for k in keys
-        if on.get(k, 0) - off.get(k, 0)
-    }
+    d = {k: on.get(k, 0) - off.get(k, 0) for k in set(on) | set(off)}
+    return {k: v for k, v in d.items() if v}
 
 
 def check_steady_step(name, s, mode, off, on):
@@ -328,10 +278,10 @@ def table(name, off, on):
     print("\n".join(lines), flush=True)
 
 
-def check_mode(name):
-    """Mode ``name`` of MODES: the checks of the module docstring, then the
-    mode's own check of its unit count."""
-    mode = MODES[name]
+def check_mode(name, *mode):
+    """The checks of the module docstring for ``Mode(*mode)``; returns
+    ``(off, on, the owner's number of units)``."""
+    mode = Mode(*mode)
     off = train(mode, overlap=False)
     on = train(mode, overlap=True)
     same_on_ranks = all_ranks_equal(digests(on.params))
@@ -341,8 +291,48 @@ def check_mode(name):
     for s in range(1, STEPS):
         check_steady_step(name, s, mode, off, on)
     check_first_step(name, mode, off, on)
-    units = len(on.owner.units)
-    assert mode.units(units, off, on), (name, units, off.paddle)
+    return off, on, len(on.owner.units)
+
+
+def case_v1_per_parameter():
+    """V1, one broadcast per parameter (bucket_size_mb=0): a unit each."""
+    off, on, units = check_mode("v1_per_parameter", False, 0, False)
+    assert units == len(optimizer_parameters(on.opt)), units
+
+
+def case_v1_buckets_default():
+    """V1, default buckets (256 MB): one per owner rank."""
+    off, on, units = check_mode("v1_buckets_default", False, None, False)
+    assert units == 2, units
+
+
+def case_v1_buckets_small():
+    """V1, 2 KB buckets: several, fewer than the parameters."""
+    off, on, units = check_mode("v1_buckets_small", False, 2 * KB, False)
+    assert 2 < units < len(optimizer_parameters(off.opt)), units
+
+
+def case_v1_fused_slices_default():
+    """V1 fused slices (``tensor_fusion``, shim's ``cpu_tensor_fusion``),
+    default cap: a unit per Paddle fused buffer."""
+    off, on, units = check_mode("v1_fused_slices_default", False, None, True)
+    assert off.inner.tensor_fusion and off.inner._rank2fused
+    assert units == off.paddle, (units, off.paddle)
+
+
+def case_v1_fused_slices_small():
+    """V1 fused slices, 2 KB cap: more units than Paddle's fused buffers."""
+    off, on, units = check_mode("v1_fused_slices_small", False, 2 * KB, True)
+    assert off.inner.tensor_fusion
+    assert units > off.paddle, (units, off.paddle)
+
+
+def case_v2_comm_buffers():
+    """V2 (``split_param``, 1 MB comm buffers: 4 for WideLM; shim items 7 to
+    9): a unit per comm buffer."""
+    off, on, units = check_mode("v2_comm_buffers", True, None, False)
+    assert type(on.inner).__name__ == "DygraphShardingOptimizerV2"
+    assert units == off.paddle >= 3, (units, off.paddle)
 
 
 # ----------------------------------------------------------------------
@@ -428,9 +418,10 @@ def case_counter_sees_every_name():
 
 
 def launch_cases():
-    """The counter's own case first, then one case per mode."""
-    modes = {name: functools.partial(check_mode, name) for name in MODES}
-    return {"counter_sees_every_name": case_counter_sees_every_name, **modes}
+    """The counter's own case first."""
+    cases = cases_of(globals())
+    first = {"counter_sees_every_name": cases.pop("counter_sees_every_name")}
+    return {**first, **cases}
 
 
 if __name__ == "__main__":

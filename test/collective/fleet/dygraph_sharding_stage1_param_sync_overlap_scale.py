@@ -181,11 +181,22 @@ def train(build, overlap=False, *, freeze, turn_on, data=batch, **kwargs):
     )
 
 
-def assert_unchanged(on, names):
-    """The parameters ``names`` of run ``on`` ended as they started."""
+def compare_frozen(build, **kwargs):
+    """``training.compare_on_off`` of :func:`train`, the final parameters
+    equal across the sharding group; off and on froze the same, the frozen
+    parameters ended as they started, each unit needing a sync launched
+    once per step. Returns (checker, on run, owner, units needing a sync)."""
+    checker, on = training.compare_on_off(
+        build, run=train, replicas=sharding_group(), **kwargs
+    )
+    assert (on.layout, on.frozen) == (on.off.layout, on.off.frozen)
     final = snapshot(on.raw)
-    for name in names:
+    for name in on.layout[on.frozen]:
         assert final[name].tobytes() == on.initial[name].tobytes(), name
+    impl = overlap_impl(on.opt)
+    due = [u for u in impl.units if u.needs_sync()]
+    assert impl.stats["launched"] == STEPS * len(due), (impl.stats, len(due))
+    return checker, on, impl, due
 
 
 # ----------------------------------------------------------------------
@@ -211,31 +222,23 @@ def freeze_rank(raw, inner):
 
 
 def compare_v1(bucket_mb):
-    group = sharding_group()
-
     def turn_on(opt, model):
         training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
 
-    checker, on = training.compare_on_off(
-        UnevenLM, run=train, replicas=group, freeze=freeze_rank, turn_on=turn_on
+    checker, on, impl, due = compare_frozen(
+        UnevenLM, freeze=freeze_rank, turn_on=turn_on
     )
-    layout, frozen = on.layout, on.frozen
-    assert (layout, frozen) == (on.off.layout, on.off.frozen)
+    group, layout, frozen = sharding_group(), on.layout, on.frozen
     assert len(layout) == paddle.distributed.get_world_size(), layout
     # very different loads: one rank holds the embedding alone, another
     # holds many small parameters
     assert ["embed.weight"] in layout.values(), layout
     assert max(len(ns) for ns in layout.values()) >= 10, layout
-    # the frozen rank's parameters never changed, and no broadcast of the
-    # overlap came from it
-    assert_unchanged(on, layout[frozen])
-    impl = overlap_impl(on.opt)
-    due = [u for u in impl.units if u.needs_sync()]
+    # no broadcast of the overlap came from the frozen rank
     src_of_frozen = group.ranks[frozen]
     assert due and all(u.src != src_of_frozen for u in due), [
         (u.label, u.src) for u in due
     ]
-    assert impl.stats["launched"] == STEPS * len(due), (impl.stats, len(due))
     sources = {u.src for u in due}
     assert sources == set(group.ranks) - {src_of_frozen}, sources
     if bucket_mb:
@@ -246,11 +249,10 @@ def compare_v1(bucket_mb):
         trainable = sum(not p.stop_gradient for p in on.raw.parameters())
         assert len(due) == trainable, (len(due), trainable)
     print(
-        f"rank {rank()} sharding8 V1 bucket_size_mb={bucket_mb}: {len(due)} "
-        f"broadcasts per step from {len(sources)} owners, frozen rank "
-        f"{frozen} {layout[frozen]}, params per rank "
-        f"{[len(layout[r]) for r in sorted(layout)]}, checker "
-        f"{checker.counts}, stats {impl.stats}",
+        f"rank {rank()} V1 bucket_size_mb={bucket_mb}: {len(due)} broadcasts "
+        f"from {len(sources)} owners, frozen rank {frozen} {layout[frozen]}, "
+        f"params per rank {[len(layout[r]) for r in sorted(layout)]}, "
+        f"checker {checker.counts}, stats {impl.stats}",
         flush=True,
     )
 
@@ -305,10 +307,8 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
         opt._set_all_gather_overlap_forward(True, model)  # as PaddleFormers
         assert overlap_impl(opt) is not None, "no overlap owner on V2"
 
-    checker, on = training.compare_on_off(
+    checker, on, impl, due = compare_frozen(
         V2LM,
-        run=train,
-        replicas=sharding_group(),
         freeze=freeze_buffer,
         turn_on=turn_on,
         data=lambda step: batch(step, V2_VOCAB, V2_VOCAB),
@@ -317,26 +317,21 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
     )
     buffers = sharding_optimizer(on.opt)._comm_buffer_list
     layout, frozen = on.layout, on.frozen
-    assert (layout, frozen) == (on.off.layout, on.off.frozen)
     assert len(buffers) >= 3, f"{len(buffers)} comm buffers: {layout}"
     sizes = {n: p.size for n, p in on.params.items()}
     assert min(sizes.values()) < 8, sizes
     assert any(s % 8 for s in sizes.values()), sizes
-    # the frozen buffer: its parameters never changed, it was never gathered
-    assert_unchanged(on, layout[frozen])
+    # the frozen buffer was never gathered
     gathered = {id(p) for task in checker.gather_log for p in task.params}
     assert not any(
         id(p) in gathered for p in buffers[frozen]._params
     ), f"frozen comm buffer {frozen} was gathered"
-    impl = overlap_impl(on.opt)
-    due = [u for u in impl.units if u.needs_sync()]
     assert len(due) == len(buffers) - 1, (len(due), len(buffers))
-    assert impl.stats["launched"] == STEPS * len(due), impl.stats
     # each rank's shards hold a different share of padding
     assert len({tuple(p) for p in on.padding}) > 1, on.padding
     print(
-        f"rank {rank()} sharding8 V2: {len(buffers)} comm buffers (frozen: "
-        f"{frozen}), padding per rank and buffer {on.padding}, checker "
+        f"rank {rank()} V2: {len(buffers)} comm buffers (frozen: {frozen}), "
+        f"padding per rank and buffer {on.padding}, checker "
         f"{checker.counts}, stats {impl.stats}",
         flush=True,
     )
