@@ -136,12 +136,9 @@ def _recorder():
     rank hook in every launched rank; elsewhere (a benchmark) from the
     project's tools/collective."""
     if "collective_recorder" not in sys.modules:
-        root = os.path.abspath(__file__)
-        for _ in range(4):  # test/collective/fleet/<file> -> the project
-            root = os.path.dirname(root)
-        path = os.path.join(
-            root, "tools", "collective", "collective_recorder.py"
-        )
+        here = os.path.dirname(os.path.abspath(__file__))
+        tools = os.path.join(here, *[".."] * 3, "tools")
+        path = os.path.join(tools, "collective", "collective_recorder.py")
         spec = importlib.util.spec_from_file_location(
             "collective_recorder", path
         )

@@ -241,40 +241,26 @@ def check_first_step(name, mode, off, on):
 
 
 def table(name, off, on):
-    """Rank 0 prints per region and key: off and on at step 0 and in the
-    steady state (the same at every steady step, else the per-step list)."""
+    """Rank 0 prints per region and key the counts off/on at each step."""
     if rank() != 0:
         return
     lines = [
         f"TABLE {name}: {len(on.owner.units)} units ({on.owner.collective}), "
-        f"Paddle's blocking sync {off.paddle} collectives, per step; steady "
-        f"= steps 1-{STEPS - 1}",
-        f"  {'region':<18}{'name':<36}{'off s0':>7}{'on s0':>7}"
-        f"{'off':>6}{'on':>6}{'on-off':>8}",
+        f"Paddle's blocking sync {off.paddle} collectives; off/on per step"
     ]
     for label, regions, phase in (
         ("step()", "steps", any),
         ("step() param_sync", "steps", PARAM_SYNC),
         ("fwd+bwd", "fwd_bwd", any),
     ):
-        runs = [
-            [dict(r.counts(phase)) for r in getattr(x, regions)]
-            for x in (off, on)
+        counts = [
+            [r.counts(phase) for r in getattr(x, regions)] for x in (off, on)
         ]
-        first = [c[0] for c in runs]
-        rest = [c[1] if all(x == c[1] for x in c[1:]) else c[1:] for c in runs]
-        keys = set().union(*first, *[r for r in rest if isinstance(r, dict)])
-        for key in sorted(keys):
-            if phase is PARAM_SYNC and (
-                is_host_sync(key) or key.startswith("task.")
-            ):
+        for key in sorted(set().union(*counts[0], *counts[1])):
+            if phase == PARAM_SYNC and (is_host_sync(key) or "task." in key):
                 continue
-            o0, n0 = (f.get(key, 0) for f in first)
-            o, n = (r.get(key, 0) if isinstance(r, dict) else r for r in rest)
-            d = n - o if isinstance(n, int) and isinstance(o, int) else "?"
-            lines.append(
-                f"  {label:<18}{key:<36}{o0:>7}{n0:>7}{o!s:>6}{n!s:>6}{d!s:>8}"
-            )
+            cells = "".join(f"{a[key]:>5}/{b[key]:<4}" for a, b in zip(*counts))
+            lines.append(f"  {label:<18}{key:<36}{cells}".rstrip())
     print("\n".join(lines), flush=True)
 
 
