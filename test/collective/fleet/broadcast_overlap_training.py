@@ -420,9 +420,7 @@ def sharding_configs(optional=(), **fields):
         "sharding_configs"
     ]
     fields = {
-        k: v
-        for k, v in fields.items()
-        if k not in optional or hasattr(config, k)
+        k: v for k, v in fields.items() if k not in optional or hasattr(config, k)
     }
     saved = {k: getattr(config, k) for k in fields}
     for k, v in fields.items():
@@ -440,9 +438,7 @@ def sharding_v2(buffer_mb):
     Paddle 3.x, ``comm_buffer_size_MB`` (both restored on exit); the CPU
     shim's items 8 and 9 (a no-op on GPUs)."""
     optional = ("comm_buffer_size_MB",)
-    with sharding_configs(
-        optional, split_param=True, comm_buffer_size_MB=buffer_mb
-    ):
+    with sharding_configs(optional, split_param=True, comm_buffer_size_MB=buffer_mb):
         with hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb):
             yield
 
