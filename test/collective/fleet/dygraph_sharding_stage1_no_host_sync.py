@@ -329,35 +329,33 @@ def case_counter_sees_every_name():
     count once; a function imported by name is seen; waits mark their
     collective blocking."""
     group = paddle.distributed.collective._get_default_group()
-    expected = collections.Counter()
     originals = (paddle.distributed.all_reduce, vars(paddle.Tensor)["numpy"])
+    x, i, t = paddle.to_tensor(1.5), paddle.to_tensor(2), paddle.ones([4])
+    full, shard = paddle.zeros([4]), paddle.ones([2])
+    calls = {  # each host-sync method of this release, by what calls it
+        "numpy": lambda: x.numpy(),
+        "item": lambda: x.item(),
+        "tolist": lambda: x.tolist(),
+        "__array__": lambda: np.asarray(x),
+        "__bool__": lambda: bool(x),
+        "__float__": lambda: float(x),
+        "__int__": lambda: int(i),
+        "__index__": lambda: operator.index(i),
+        "__complex__": lambda: complex(x),
+        "cpu": lambda: x.cpu(),
+        "__repr__": lambda: repr(x),
+        "__str__": lambda: str(x),
+        "__format__": lambda: format(x, ""),
+    }
+    calls = {m: c for m, c in calls.items() if m in vars(paddle.Tensor)}
     with BlockingCallCounter() as counter:
-        x = paddle.to_tensor(1.5)
-        i = paddle.to_tensor(2)
         x.numpy()  # outside any region: not counted
         with counter.counting("probe") as region:
-            calls = {
-                "numpy": lambda: x.numpy(),
-                "item": lambda: x.item(),
-                "tolist": lambda: x.tolist(),
-                "__array__": lambda: np.asarray(x),
-                "__bool__": lambda: bool(x),
-                "__float__": lambda: float(x),
-                "__int__": lambda: int(i),
-                "__index__": lambda: operator.index(i),
-                "__complex__": lambda: complex(x),
-                "cpu": lambda: x.cpu(),
-                "__repr__": lambda: repr(x),
-                "__str__": lambda: str(x),
-                "__format__": lambda: format(x, ""),
-            }
-            for method, call in calls.items():
-                if method in vars(paddle.Tensor):
-                    call()
-                    expected[f"tensor.{method}"] += 1
-            for key, sync in (
-                ("device.synchronize", paddle.device.synchronize),
-                ("device.cuda.synchronize", paddle.device.cuda.synchronize),
+            for call in calls.values():
+                call()
+            for sync in (
+                paddle.device.synchronize,
+                paddle.device.cuda.synchronize,
             ):
                 try:
                     with warnings.catch_warnings():  # cuda's is deprecated
@@ -365,29 +363,22 @@ def case_counter_sees_every_name():
                         sync()
                 except Exception:  # the CPU build refuses; still counted
                     pass
-                expected[key] += 1
-            t = paddle.ones([4])
-            paddle.distributed.all_reduce(t)
+            paddle.distributed.all_reduce(t)  # sync_op=True: Paddle waits
             all_reduce_imported_by_name(t)
-            expected["dist.all_reduce blocking"] += 2
-            expected["pg.all_reduce blocking"] += 2
-            expected["task.wait"] += 2  # sync_op=True: Paddle waits its task
-            task = paddle.distributed.broadcast(t, src=0, sync_op=False)
-            task.wait()
-            expected["dist.broadcast blocking"] += 1  # waited in the region
-            expected["pg.broadcast blocking"] += 1
-            expected["task.wait"] += 1
+            # waited in the region: blocking
+            paddle.distributed.broadcast(t, src=0, sync_op=False).wait()
             late = paddle.distributed.broadcast(t, src=0, sync_op=False)
-            expected["dist.broadcast async"] += 1
-            expected["pg.broadcast async"] += 1
-            full = paddle.zeros([4])
-            shard = paddle.ones([2])
             gather = group.process_group.all_gather(shard, full)
-            expected["pg.all_gather async"] += 1
         late.wait()
         gather.wait()
         with counter.counting("barrier") as barrier:
             paddle.distributed.barrier()
+    expected = collections.Counter(f"tensor.{m}" for m in calls)
+    expected.update(["device.synchronize", "device.cuda.synchronize"])
+    expected.update(["dist.all_reduce blocking", "pg.all_reduce blocking"] * 2)
+    expected.update(["dist.broadcast blocking", "pg.broadcast blocking"])
+    expected.update(["dist.broadcast async", "pg.broadcast async"])
+    expected.update(["pg.all_gather async"] + ["task.wait"] * 3)
     got = region.counts()
     assert got == expected, diff(got, expected)
     assert counter.regions["probe"] == [region]
