@@ -13,47 +13,21 @@
 # limitations under the License.
 
 """Counts host synchronisations and collectives inside chosen regions (e.g.
-an optimizer's ``step()``), per name. Test and benchmark helper; Paddle,
-numpy and the standard library only.
-
-While a :class:`BlockingCallCounter` is entered it wraps, and counts only
-inside a :meth:`~BlockingCallCounter.counting` region:
-
-* host synchronisations (:data:`HOST_SYNC`): the ``paddle.Tensor`` methods
-  of :data:`TENSOR_HOST_SYNC_METHODS` (``numpy``, ``item``, ``tolist``,
-  ``__array__``, ``__bool__``, ``__float__``, ``__int__``, ``__index__``,
-  ...; on the class and every subclass that defines its own),
-  ``paddle.device.synchronize``, ``paddle.device.cuda.synchronize``,
-  ``core._device_synchronize`` and the communication task's
-  ``synchronize``. Only the outermost of nested host synchronisations
-  counts (``tolist`` calls ``numpy``: one).
-* collectives at two levels, one collective each (compare like with like):
-
-  - ``dist.<name>``: every collective function of ``paddle.distributed``
-    (:data:`DIST_FUNCTIONS`) and of ``paddle.distributed.stream``
-    (``dist.stream.<name>``), replaced in every loaded module that holds a
-    reference to it, so ``from paddle.distributed import broadcast``
-    callers are seen too. Only the outermost counts
-    (``paddle.distributed.all_reduce`` calls ``stream.all_reduce``: one).
-  - ``pg.<name>``: every collective method of the ``ProcessGroup`` class
-    of this release (``paddle.base.core``, or ``paddle.fluid.core``) and of
-    each subclass that defines its own, found by name
-    (:data:`PG_COLLECTIVE`; the non-collectives are the collective
-    recorder's one list, ``collective_recorder.NOT_COLLECTIVES``); a public
-    method that is neither a known non-collective nor matched fails
-    :meth:`BlockingCallCounter.__enter__`,
-    so a new release's collective is never missed silently.
-
-  Each collective is recorded as a :class:`Collective` with its ``sync``
-  flag (``sync_op`` as passed or defaulted; the ``*_on_calc_stream``
-  methods count as synchronous; a method without the flag, such as the
-  two-tensor ``all_gather(in, out)`` Paddle's ``FusedCommBuffer`` uses
-  (Paddle: "default sync_op is False"), as asynchronous), whether its task
-  was waited inside the same region (``waited``), and the innermost
-  :meth:`~BlockingCallCounter.phase` label. ``blocking``: ``sync`` or
-  ``waited``.
-* ``task.wait`` of every communication task (``core.task``), kept apart
-  from the host synchronisations: on a GPU a wait is a stream dependency.
+an optimizer's ``step()``), per name; test and benchmark helper. While a
+:class:`BlockingCallCounter` is entered it wraps, and counts only inside a
+:meth:`~BlockingCallCounter.counting` region: host synchronisations (the
+``paddle.Tensor`` methods of :data:`TENSOR_HOST_SYNC_METHODS` on every
+subclass defining its own, the device synchronisations, the task's
+``synchronize``; the outermost of nested ones); collectives at two levels,
+``dist.<name>`` (the functions of ``paddle.distributed``,
+:data:`DIST_FUNCTIONS`, and of its ``stream``, in every module holding a
+reference; the outermost) and ``pg.<name>`` (every public method of the
+``ProcessGroup`` classes but the collective recorder's ``NOT_COLLECTIVES``;
+one not matching :data:`PG_COLLECTIVE` fails ``__enter__``), each a
+:class:`Collective` (``sync``: ``sync_op`` as passed or defaulted,
+``*_on_calc_stream`` synchronous, a method without the flag such as
+``FusedCommBuffer``'s ``all_gather(in, out)`` asynchronous); and
+``task.wait``, apart from the host synchronisations.
 
 Example::
 
@@ -85,70 +59,27 @@ __all__ = ["BlockingCallCounter", "Collective", "Region"]
 
 _MISSING = object()  # no instance attribute before ours
 
-TENSOR_HOST_SYNC_METHODS = (
-    "numpy",
-    "item",
-    "tolist",
-    "__array__",
-    "__bool__",
-    "__float__",
-    "__int__",
-    "__index__",
-    "__complex__",
-    "__nonzero__",
-    "cpu",
-    "__repr__",
-    "__str__",
-    "__format__",
+TENSOR_HOST_SYNC_METHODS = tuple(
+    "numpy item tolist __array__ __bool__ __float__ __int__ __index__ "
+    "__complex__ __nonzero__ cpu __repr__ __str__ __format__".split()
 )
-
 # paddle.distributed functions that communicate (each release's subset)
-DIST_FUNCTIONS = (
-    "all_reduce",
-    "broadcast",
-    "all_gather",
-    "all_gather_object",
-    "barrier",
-    "reduce",
-    "scatter",
-    "scatter_object_list",
-    "gather",
-    "send",
-    "recv",
-    "isend",
-    "irecv",
-    "send_object_list",
-    "recv_object_list",
-    "batch_isend_irecv",
-    "alltoall",
-    "alltoall_single",
-    "reduce_scatter",
-    "broadcast_object_list",
-    "wait",
-    "gloo_barrier",
+DIST_FUNCTIONS = tuple(
+    "all_reduce broadcast all_gather all_gather_object barrier reduce scatter "
+    "scatter_object_list gather send recv isend irecv send_object_list "
+    "recv_object_list batch_isend_irecv alltoall alltoall_single "
+    "reduce_scatter broadcast_object_list wait gloo_barrier".split()
 )
 # no sync_op argument: asynchronous by their API (they return tasks)
 _ASYNC_BY_API = ("isend", "irecv", "batch_isend_irecv")
-
-# what every collective method's name starts with: a method the recorder
-# takes for one (collective_recorder.collective_methods, the one list of
-# Paddle's non-collective ProcessGroup methods) that does not match fails
-# BlockingCallCounter.__enter__
+# what every collective method's name starts with
 PG_COLLECTIVE = re.compile(
     r"^(all_?gather|all_?reduce|all_?to_?all|broadcast|barrier|send|recv|"
     r"reduce|scatter|gather)"
 )
-
-# names of the host-synchronisation counts
-DEVICE_SYNC = ("device.synchronize", "device.cuda.synchronize")
-TASK_SYNC = "task.synchronize"
-TASK_WAIT = "task.wait"
-HOST_SYNC_PREFIXES = (
-    "tensor.",
-    "device.",
-    "core._device_synchronize",
-    TASK_SYNC,
-)
+TASK_SYNC, TASK_WAIT = "task.synchronize", "task.wait"
+HOST_SYNC_PREFIXES = ("tensor.", "device.", "core._device_synchronize")
+HOST_SYNC_PREFIXES += (TASK_SYNC,)
 
 
 def is_host_sync(key):
@@ -170,13 +101,10 @@ Collective.key = property(
 
 
 class Region:
-    """What one counted region (one ``step()`` call, say) did.
-
-    ``host_syncs``: Counter of host synchronisations by name
-    (``tensor.numpy``, ``device.synchronize``, ...); ``collectives``: list
-    of :class:`Collective` in call order; ``waits``: Counter,
-    ``task.wait`` (tasks started in this region) and
-    ``task.wait earlier`` (tasks started before it)."""
+    """What one counted region did: ``host_syncs`` (Counter by name),
+    ``collectives`` (:class:`Collective` list in call order), ``waits``
+    (Counter: ``task.wait`` of tasks started in the region, ``task.wait
+    earlier`` of tasks started before it)."""
 
     def __init__(self, label):
         self.label = label
@@ -186,17 +114,12 @@ class Region:
         self._tasks = {}  # id(task) -> (task, [indices in collectives])
 
     def counts(self, phase=any, level=any):
-        """Counter of everything: host-sync names, ``<level>.<name>
-        blocking|async`` for collectives (of ``phase`` / ``level`` when
-        given; ``phase=None``: outside every phase label) and the waits."""
+        """Counter of everything: host-sync names, the waits, and
+        ``<level>.<name> blocking|async`` of the collectives of ``phase`` /
+        ``level`` when given (``phase=None``: outside every phase label)."""
         out = collections.Counter(self.host_syncs)
         out.update(self.waits)
-        out.update(
-            c.key
-            for c in self.collectives
-            if (phase is any or c.phase == phase)
-            and (level is any or c.level == level)
-        )
+        out.update(c.key for c in self.collectives_of(phase, level))
         return out
 
     def collectives_of(self, phase=any, level=any):
@@ -207,21 +130,15 @@ class Region:
             and (level is any or c.level == level)
         ]
 
-    def _close(self):
-        self._tasks.clear()  # no task outlives its region here
-
 
 def _recorder():
     """tools/collective/collective_recorder.py: loaded by the harness's
     rank hook in every launched rank; elsewhere (a benchmark) from the
     project's tools/collective."""
     if "collective_recorder" not in sys.modules:
-        root = os.path.dirname(os.path.abspath(__file__))
-        for _ in range(3):  # test/collective/fleet -> the project
-            root = os.path.dirname(root)
-        path = os.path.join(
-            root, "tools", "collective", "collective_recorder.py"
-        )
+        here = os.path.dirname(os.path.abspath(__file__))
+        tools = os.path.join(here, *[".."] * 3, "tools")
+        path = os.path.join(tools, "collective", "collective_recorder.py")
         spec = importlib.util.spec_from_file_location(
             "collective_recorder", path
         )
@@ -256,9 +173,8 @@ def _pg_sync_flag(name, args, kwargs):
         return bool(kwargs["sync_op"])
     if args and isinstance(args[-1], bool):
         return args[-1]
-    if name.endswith("_on_calc_stream"):
-        return True
-    return False  # the task-returning bindings without the flag
+    # *_on_calc_stream: synchronous; the bindings without the flag: async
+    return name.endswith("_on_calc_stream")
 
 
 class BlockingCallCounter:
@@ -288,7 +204,7 @@ class BlockingCallCounter:
             yield region
         finally:
             self._region = None
-            region._close()
+            region._tasks.clear()  # no task outlives its region here
             self.regions[label].append(region)
 
     @contextlib.contextmanager
@@ -303,32 +219,24 @@ class BlockingCallCounter:
     def count_calls_of(self, obj, method, label=None):
         """Every call of ``obj.method`` (an instance attribute wrapping the
         bound method) is a region ``label`` (default: ``method``)."""
-        original = getattr(obj, method)
-        label = label or method
-
-        @functools.wraps(original)
-        def counted(*args, **kwargs):
-            with self.counting(label):
-                return original(*args, **kwargs)
-
-        self._set_instance_attribute(obj, method, counted)
-        return counted
+        return self._inside(obj, method, self.counting, label or method)
 
     def tag_phase(self, obj, method, label):
         """Collectives issued inside ``obj.method`` carry ``phase=label``."""
-        original = getattr(obj, method)
+        self._inside(obj, method, self.phase, label)
+
+    def _inside(self, obj, name, context, label):
+        """``obj.name`` (an instance attribute) runs inside ``context(label)``."""
+        original = getattr(obj, name)
 
         @functools.wraps(original)
-        def tagged(*args, **kwargs):
-            with self.phase(label):
+        def wrapped(*args, **kwargs):
+            with context(label):
                 return original(*args, **kwargs)
 
-        self._set_instance_attribute(obj, method, tagged)
-
-    def _set_instance_attribute(self, obj, name, value):
-        before = vars(obj).get(name, _MISSING)
-        vars(obj)[name] = value
-        self._restore.append((obj, name, before))
+        self._restore.append((obj, name, vars(obj).get(name, _MISSING)))
+        vars(obj)[name] = wrapped
+        return wrapped
 
     # -- install / restore ------------------------------------------------
     def __enter__(self):
@@ -336,7 +244,11 @@ class BlockingCallCounter:
             raise RuntimeError("BlockingCallCounter entered twice")
         self._entered = True
         try:
-            self._wrap_tensor_methods()
+            for cls in _subclasses(paddle.Tensor):
+                own = [n for n in TENSOR_HOST_SYNC_METHODS if n in vars(cls)]
+                for name in own:
+                    sync = self._host_sync(f"tensor.{name}", getattr(cls, name))
+                    self._patch_class(cls, name, sync)
             self._wrap_process_groups()
             self._wrap_task()
             self._wrap_functions()
@@ -363,15 +275,6 @@ class BlockingCallCounter:
     def _patch_class(self, cls, name, wrapper):
         self._restore.append((cls, name, vars(cls)[name]))
         setattr(cls, name, wrapper)
-
-    def _wrap_tensor_methods(self):
-        for cls in _subclasses(paddle.Tensor):
-            for name in TENSOR_HOST_SYNC_METHODS:
-                if name in vars(cls):
-                    original = getattr(cls, name)
-                    self._patch_class(
-                        cls, name, self._host_sync(f"tensor.{name}", original)
-                    )
 
     def _host_sync(self, key, original):
         counter = self
@@ -401,16 +304,10 @@ class BlockingCallCounter:
 
                 def collective(pg, *args, _name=name, _original=original, **kw):
                     region = counter._region
-                    if region is None:
-                        return _original(pg, *args, **kw)
                     task = _original(pg, *args, **kw)
-                    counter._record(
-                        region,
-                        "pg",
-                        _name,
-                        _pg_sync_flag(_name, args, kw),
-                        task,
-                    )
+                    if region is not None:
+                        sync = _pg_sync_flag(_name, args, kw)
+                        counter._record(region, "pg", _name, sync, task)
                     return task
 
                 functools.update_wrapper(collective, original)
@@ -451,50 +348,38 @@ class BlockingCallCounter:
         functools.update_wrapper(wait, original_wait)
         self._patch_class(core.task, "wait", wait)
         if "synchronize" in vars(core.task):
-            self._patch_class(
-                core.task,
-                "synchronize",
-                self._host_sync(TASK_SYNC, core.task.synchronize),
-            )
+            sync = self._host_sync(TASK_SYNC, core.task.synchronize)
+            self._patch_class(core.task, "synchronize", sync)
 
-    def _targets(self):
-        """[(key, level, function)] of the functions to wrap."""
-        found = []
-        dist = paddle.distributed
+    def _wrap_functions(self):
+        """The paddle.distributed (and stream) collectives and the device
+        synchronisations, in every module attribute that is one of them."""
+        dist, wrappers = paddle.distributed, {}
+
+        def add(fn, make):
+            if callable(fn) and id(fn) not in wrappers:  # two names: once
+                wrappers[id(fn)] = (fn, make())
+
         for name in DIST_FUNCTIONS:
             fn = getattr(dist, name, None)
-            if callable(fn):
-                found.append((f"dist.{name}", "dist", name, fn))
+            add(fn, lambda: self._dist_function("dist", name, fn))
         stream = getattr(dist, "stream", None)
         for name in sorted(vars(stream) if stream is not None else ()):
             fn = getattr(stream, name)
             if name.startswith("_") or not inspect.isfunction(fn):
                 continue
             if PG_COLLECTIVE.match(name):
-                found.append((f"dist.stream.{name}", "dist.stream", name, fn))
-        device = paddle.device
-        for key, module in (
-            ("device.synchronize", device),
-            ("device.cuda.synchronize", getattr(device, "cuda", None)),
+                add(fn, lambda: self._dist_function("dist.stream", name, fn))
+        cuda = getattr(paddle.device, "cuda", None)
+        for key, fn in (
+            ("device.synchronize", getattr(paddle.device, "synchronize", None)),
+            ("device.cuda.synchronize", getattr(cuda, "synchronize", None)),
+            (
+                "core._device_synchronize",
+                getattr(core, "_device_synchronize", None),
+            ),
         ):
-            fn = getattr(module, "synchronize", None)
-            if callable(fn):
-                found.append((key, None, None, fn))
-        fn = getattr(core, "_device_synchronize", None)
-        if callable(fn):
-            found.append(("core._device_synchronize", None, None, fn))
-        return found
-
-    def _wrap_functions(self):
-        wrappers = {}
-        for key, level, name, fn in self._targets():
-            if id(fn) in wrappers:
-                continue  # one function under two names: counted once
-            if level is None:
-                wrapper = self._host_sync(key, fn)
-            else:
-                wrapper = self._dist_function(level, name, fn)
-            wrappers[id(fn)] = (fn, wrapper)
+            add(fn, lambda: self._host_sync(key, fn))
         # every module attribute that is one of them (callers that imported
         # the function by name)
         for module in list(sys.modules.values()):

@@ -635,6 +635,12 @@ def expected_warning(w):
 # ---- shared helpers added by consolidation E (merged and this line removed after) ----
 
 
+def digests(params):
+    """crc32 per array of the dict ``params``, in key order (to compare
+    parameters across ranks with ``equal_in_group``)."""
+    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
+
+
 def run_cases(cases, init=None, notices=()):
     """Per-rank main: ``init()`` (default ``init_fleet``), then the cases
     named in env BROADCAST_OVERLAP_CASES (all when unset); returns the exit

@@ -13,56 +13,28 @@
 # limitations under the License.
 """Per-rank script: the parameter sync overlap on 8 ranks.
 
-Env ``PARAM_SYNC_SCALE_TOPOLOGY`` picks the launch's topology
-(``fleet.init`` runs once per process):
-
-- ``sharding8`` (sharding degree 8):
-
-  * V1 (broadcast) with small buckets and one broadcast per parameter
-    (``bucket_size_mb=0``), on a model whose owners carry very different
-    loads (Paddle's greedy partition gives one rank the one big embedding
-    and one rank every tiny parameter, 17 of them) and with a rank that
-    owns only frozen parameters (those ``optimizer._rank2params`` assigns
-    to it, frozen after the optimizer is built);
-  * V2 (``split_param``, comm buffers of 1 MB) on a model with a parameter
-    of 5 elements, ones whose sizes are not divisible by 8, a comm buffer
-    whose parameters are all frozen (before the first step) and per-rank
-    padding that differs (each parameter is padded to a multiple of
-    8 x 64 elements, and each rank's shard of a buffer holds a different
-    share of real elements);
-
-- ``pp2_sharding4``: V1 with small buckets in a pipeline of two stages,
-  each stage a sharding group of 4, with a tied embedding/head
-  (``SharedLayerDesc``; the last stage's head reads the shared weight
-  without calling the shared layer).
-
-Every case trains with the overlap off and on from the same initial weights
-and data and checks bitwise-equal losses and final parameters, equal
-parameters on every rank of each sharding group, and that the wait checker
-(``broadcast_overlap_checker``) saw no read or update of a parameter whose
-broadcast or all-gather was pending and every task waited. Cases are
-chosen with env ``BROADCAST_OVERLAP_CASES`` (all of the topology when unset).
-Each rank prints ``CASE <name> PASS|FAIL`` and a summary line; the exit
-code is non-zero on any failure.
+Env ``PARAM_SYNC_SCALE_TOPOLOGY`` picks the launch's topology (``fleet.init``
+runs once per process): ``sharding8`` (sharding degree 8: the V1 and V2
+cases) or ``pp2_sharding4`` (two pipeline stages, each a sharding group of
+4: the pipeline case). Every case is ``training.compare_on_off`` (bitwise
+equal off and on, the waits checked) with the final parameters equal on
+every rank of the sharding group, then the case's own checks.
 """
 
-import contextlib
 import os
 import sys
-import time
-import zlib
 
 import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
 import numpy as np
-from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
-    adamw,
-    assert_bitwise_equal,
+    Block,
     cases_of,
+    digests,
     equal_in_group,
     overlap_impl,
     rank,
+    sharding_optimizer,
 )
 
 import paddle
@@ -84,6 +56,9 @@ SMALL_BUCKET_MB = 0.004
 # comm buffer size: sharding_configs.comm_buffer_size_MB on Paddle 3.x (an
 # int: 1 is the smallest), hybrid_parallel_cpu_shim item 9 on 2.6
 V2_BUFFER_MB = 1
+HIDDEN, VOCAB, CLASSES = 32, 512, 16  # V1
+V2_HIDDEN, V2_VOCAB = 256, 64  # about 3.3 MB of fp32: 4 comm buffers
+PP_VOCAB, PP_HIDDEN = 32, 16
 
 
 def init_fleet():
@@ -92,78 +67,43 @@ def init_fleet():
     training.init_fleet(DEGREES[TOPOLOGY], micro_batch=BATCH // 2)
 
 
-# ----------------------------------------------------------------------
-# helpers
-def snapshot(raw):
-    return {k: v.numpy().copy() for k, v in raw.state_dict().items()}
-
-
-def digests(params):
-    return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
-
-
-def gather_ints(values, group):
-    """The int list ``values`` of every rank of ``group`` (same length on
-    each), in group rank order; every rank of the group must call it."""
-    if group.nranks < 2:
-        return [list(values)]
-    gathered = []
-    mine = paddle.to_tensor(list(values), dtype="int64")
-    paddle.distributed.all_gather(gathered, mine, group=group)
-    return [g.numpy().tolist() for g in gathered]
-
-
-build_same = training.build_with_initial_state  # the same on every rank
-
-
-def inner_of(opt, class_name):
-    inner = opt
-    while type(inner).__name__ != class_name:
-        inner = vars(inner)["_inner_opt"]
-    return inner
+def snapshot(layer):
+    return {k: v.numpy().copy() for k, v in layer.state_dict().items()}
 
 
 def names_of(raw):
     return {id(p): n for n, p in raw.named_parameters()}
 
 
-def check_waits(checker):
-    assert checker.violations == [], (
-        "reads or updates of a parameter whose sync is pending: "
-        f"{checker.violations[:8]}"
-    )
-    assert checker.counts["launched"] > 0, checker.counts
-    assert checker.num_unwaited() == 0, checker.num_unwaited()
+def sharding_group():
+    return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
+
+
+def gather_ints(values, group):
+    """The int list ``values`` of every rank of ``group`` (same length on
+    each), in group rank order; every rank of the group must call it."""
+    gathered = []
+    mine = paddle.to_tensor(list(values), dtype="int64")
+    paddle.distributed.all_gather(gathered, mine, group=group)
+    return [g.numpy().tolist() for g in gathered]
 
 
 # ----------------------------------------------------------------------
-# V1 on sharding8: very different loads, a rank owning only frozen ones
-HIDDEN, VOCAB, CLASSES = 32, 512, 16
-
-
-class Block(nn.Layer):
-    def __init__(self, hidden=HIDDEN):
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden)
-        self.up = nn.Linear(hidden, 2 * hidden)
-        self.down = nn.Linear(2 * hidden, hidden)
-
-    def forward(self, x):
-        return x + self.down(F.gelu(self.up(self.norm(x))))
-
-
+# sharding8 models: uneven owners (V1), tiny and odd sizes (V2)
 class Tiny(nn.Layer):
-    """Parameters of 5, 13 and 1 elements (sizes not divisible by 8)."""
+    """Parameters of 5 and ``odd`` elements and, with ``one``, of 1 (sizes
+    not divisible by 8)."""
 
-    def __init__(self):
+    def __init__(self, odd=(13,), one=True):
         super().__init__()
         self.gate = self.create_parameter([5])
-        self.odd = self.create_parameter([13])
-        self.one = self.create_parameter([1])
+        self.odd = self.create_parameter(list(odd))
+        self.one = self.create_parameter([1]) if one else None
 
     def forward(self, x):
         scale = 1.0 + 0.1 * paddle.tanh(self.gate).mean()
-        return x * scale + 0.1 * self.odd.mean() + self.one
+        x = x * scale + 0.1 * self.odd.mean()
+        return x if self.one is None else x + self.one
 
 
 class UnevenLM(nn.Layer):
@@ -186,6 +126,11 @@ class UnevenLM(nn.Layer):
         return self.head(x)
 
 
+def V2LM():
+    """Parameters of 5 and 201 (= 3 x 67) elements among 1 MB buffers."""
+    return UnevenLM(V2_VOCAB, V2_HIDDEN, V2_VOCAB, lambda: Tiny((3, 67), False))
+
+
 def batch(step, vocab=VOCAB, classes=CLASSES):
     rng = np.random.RandomState(1000 * step + rank())
     tokens = rng.randint(0, vocab, size=(BATCH, SEQ)).astype("int64")
@@ -193,84 +138,107 @@ def batch(step, vocab=VOCAB, classes=CLASSES):
     return paddle.to_tensor(tokens), paddle.to_tensor(labels)
 
 
-def owners(raw, inner):
-    """{sharding rank: [structured names]} of Paddle's partition."""
+def train(build, overlap=False, *, freeze, turn_on, data=batch, **kwargs):
+    """``training.train`` of STEPS steps on ``data(step)``; ``freeze(raw,
+    inner)`` freezes parameters after the optimizer is built, before
+    ``turn_on(opt, model)`` (overlap on), and returns ``(layout, frozen)``,
+    kept on the run with ``initial`` (the weights then)."""
+    state = {}
+
+    def frozen(opt):
+        if "layout" not in state:
+            inner = sharding_optimizer(opt)
+            state["layout"], state["frozen"] = freeze(state["raw"], inner)
+            state["initial"] = snapshot(state["raw"])
+
+    def wrap_model(raw):
+        state["raw"] = raw
+        return raw
+
+    def enable(opt, model):
+        frozen(opt)
+        turn_on(opt, model)
+
+    def prepare(run):
+        frozen(run.opt)
+        vars(run).update(state)
+
+    def micro_step(model, step, micro, acc_steps):
+        tokens, labels = data(step)
+        loss = F.cross_entropy(model(tokens), labels).mean()
+        loss.backward()
+        return loss
+
+    return training.train(
+        build,
+        overlap,
+        steps=STEPS,
+        wrap_model=wrap_model,
+        enable=enable,
+        prepare=prepare,
+        micro_step=micro_step,
+        **kwargs,
+    )
+
+
+def compare_frozen(build, **kwargs):
+    """``training.compare_on_off`` of :func:`train`, the final parameters
+    equal across the sharding group; off and on froze the same, the frozen
+    parameters ended as they started, each unit needing a sync launched
+    once per step. Returns (checker, on run, owner, units needing a sync)."""
+    checker, on = training.compare_on_off(
+        build, run=train, replicas=sharding_group(), **kwargs
+    )
+    assert (on.layout, on.frozen) == (on.off.layout, on.off.frozen)
+    final = snapshot(on.raw)
+    for name in on.layout[on.frozen]:
+        assert final[name].tobytes() == on.initial[name].tobytes(), name
+    impl = overlap_impl(on.opt)
+    due = [u for u in impl.units if u.needs_sync()]
+    assert impl.stats["launched"] == STEPS * len(due), (impl.stats, len(due))
+    return checker, on, impl, due
+
+
+# ----------------------------------------------------------------------
+# V1 on sharding8: very different loads, a rank owning only frozen ones
+def freeze_rank(raw, inner):
+    """Freezes the parameters of the first rank (from the middle of the
+    group) that owns neither the biggest parameter nor the most; returns
+    ({sharding rank: [structured names]} of Paddle's partition, that rank)."""
     name = names_of(raw)
-    return {
+    layout = {
         r: [name[id(p)] for p in ps] for r, ps in inner._rank2params.items()
     }
-
-
-def frozen_rank(layout):
-    """The rank whose parameters are frozen: the first one (from the
-    middle of the group) that owns neither the biggest parameter nor the
-    most parameters."""
     counts = {r: len(ns) for r, ns in layout.items()}
     busiest = max(counts, key=counts.get)
     biggest = next(r for r, ns in layout.items() if "embed.weight" in ns)
     n = len(layout)
     for r in [(n // 2 + k) % n for k in range(n)]:
         if r not in (busiest, biggest) and counts[r] > 0:
-            return r
+            for p in inner._rank2params[r]:
+                p.stop_gradient = True
+            return layout, r
     raise AssertionError(f"no rank to freeze in {layout}")
 
 
-def train_v1(overlap, bucket_mb, checker=None):
-    raw = build_same(UnevenLM)
-    opt = fleet.distributed_optimizer(adamw(raw.parameters()))
-    model = fleet.distributed_model(raw)
-    inner = inner_of(opt, "DygraphShardingOptimizer")
-    layout = owners(raw, inner)
-    frozen = frozen_rank(layout)
-    for p in inner._rank2params[frozen]:
-        p.stop_gradient = True
-    initial = snapshot(raw)
-    if overlap:
-        opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=bucket_mb)
-    if checker is not None:
-        checker.watch(model, opt)
-    losses = []
-    for step in range(STEPS):
-        tokens, labels = batch(step)
-        loss = F.cross_entropy(model(tokens), labels).mean()
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        losses.append(loss.numpy().copy())
-    info = dict(raw=raw, opt=opt, inner=inner, layout=layout, frozen=frozen)
-    return (losses, snapshot(raw)), initial, info
-
-
 def compare_v1(bucket_mb):
-    start = time.monotonic()
-    off, _, off_info = train_v1(False, bucket_mb)
-    with BroadcastWaitChecker() as checker:
-        on, initial, info = train_v1(True, bucket_mb, checker)
-    world = paddle.distributed.get_world_size()
-    # collectives first, on every rank, then the assertions
-    group = info["inner"]._hcg.get_sharding_parallel_group()
-    ranks_equal = equal_in_group(digests(on[1]), group)
-    assert_bitwise_equal(off, on, f"sharding8 V1 bucket_size_mb={bucket_mb}")
-    check_waits(checker)
-    assert ranks_equal, "parameters differ across the sharding group"
-    layout, frozen = info["layout"], info["frozen"]
-    assert layout == off_info["layout"] and frozen == off_info["frozen"]
-    assert len(layout) == world, layout
+    def turn_on(opt, model):
+        training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
+
+    checker, on, impl, due = compare_frozen(
+        UnevenLM, freeze=freeze_rank, turn_on=turn_on
+    )
+    group, layout, frozen = sharding_group(), on.layout, on.frozen
+    assert len(layout) == paddle.distributed.get_world_size(), layout
     # very different loads: one rank holds the embedding alone, another
     # holds many small parameters
     assert ["embed.weight"] in layout.values(), layout
     assert max(len(ns) for ns in layout.values()) >= 10, layout
-    # the frozen rank's parameters never changed, and no broadcast of the
-    # overlap came from it
-    for name in layout[frozen]:
-        assert on[1][name].tobytes() == initial[name].tobytes(), name
-    impl = overlap_impl(info["opt"])
-    due = [u for u in impl.units if u.needs_sync()]
+    # no broadcast of the overlap came from the frozen rank
     src_of_frozen = group.ranks[frozen]
     assert due and all(u.src != src_of_frozen for u in due), [
         (u.label, u.src) for u in due
     ]
-    assert impl.stats["launched"] == STEPS * len(due), (impl.stats, len(due))
     sources = {u.src for u in due}
     assert sources == set(group.ranks) - {src_of_frozen}, sources
     if bucket_mb:
@@ -278,163 +246,99 @@ def compare_v1(bucket_mb):
         assert max(len(u.params) for u in due) >= 2, due
     else:
         assert all(len(u.params) == 1 for u in due), due
-        trainable = sum(not p.stop_gradient for p in info["raw"].parameters())
+        trainable = sum(not p.stop_gradient for p in on.raw.parameters())
         assert len(due) == trainable, (len(due), trainable)
     print(
-        f"rank {rank()} sharding8 V1 bucket_size_mb={bucket_mb}: "
-        f"{len(due)} broadcasts per step from {len(sources)} owners, "
-        f"frozen rank {frozen} {layout[frozen]}, params per rank "
-        f"{[len(layout[r]) for r in sorted(layout)]}, checker "
-        f"{checker.counts}, stats {impl.stats}, "
-        f"{time.monotonic() - start:.1f} s",
+        f"rank {rank()} V1 bucket_size_mb={bucket_mb}: {len(due)} broadcasts "
+        f"from {len(sources)} owners, frozen rank {frozen} {layout[frozen]}, "
+        f"params per rank {[len(layout[r]) for r in sorted(layout)]}, "
+        f"checker {checker.counts}, stats {impl.stats}",
         flush=True,
     )
 
 
 def case_v1_buckets_uneven_owners_frozen_rank():
+    """V1, 4 KB buckets: uneven owners and a rank owning only frozen ones."""
     compare_v1(SMALL_BUCKET_MB)
 
 
 def case_v1_per_parameter_uneven_owners_frozen_rank():
+    """V1, one broadcast per parameter: the same model and frozen rank."""
     compare_v1(0)
 
 
 # ----------------------------------------------------------------------
 # V2 on sharding8: tiny and odd sizes, a frozen comm buffer, padding
-V2_HIDDEN, V2_VOCAB = 256, 64
-
-
-class V2Tiny(nn.Layer):
-    """Parameters of 5 and 201 elements (201 = 3 x 67)."""
-
-    def __init__(self):
-        super().__init__()
-        self.gate = self.create_parameter([5])
-        self.odd = self.create_parameter([3, 67])
-
-    def forward(self, x):
-        scale = 1.0 + 0.1 * paddle.tanh(self.gate).mean()
-        return x * scale + 0.1 * self.odd.mean()
-
-
-def V2LM():
-    """About 3.3 MB of fp32 parameters: 4 comm buffers of 1 MB."""
-    return UnevenLM(V2_VOCAB, V2_HIDDEN, V2_VOCAB, V2Tiny)
-
-
-def v2_batch(step):
-    return batch(step, V2_VOCAB, V2_VOCAB)
-
-
-def buffer_layout(raw, inner):
-    """[[structured names] per comm buffer], in Paddle's buffer order."""
+def freeze_buffer(raw, inner):
+    """Freezes the last comm buffer holding neither the embedding nor a tiny
+    parameter; returns ([[structured names] per buffer], that buffer)."""
     name = names_of(raw)
-    return [[name[id(p)] for p in b._params] for b in inner._comm_buffer_list]
-
-
-def frozen_buffer(layout):
-    """The last buffer holding neither the embedding nor a tiny parameter
-    (it is frozen whole)."""
+    buffers = inner._comm_buffer_list
+    layout = [[name[id(p)] for p in b._params] for b in buffers]
     for b in reversed(range(len(layout))):
         if not any(n.startswith(("embed.", "tiny.")) for n in layout[b]):
-            return b
+            for p in buffers[b]._params:
+                p.stop_gradient = True
+            return layout, b
     raise AssertionError(f"no buffer to freeze in {layout}")
 
 
-def shard_fill(buffer, group):
-    """(real elements, padding) of this rank's shard of ``buffer``."""
-    total = int(buffer.param_storage._numel())
-    shard = total // group.nranks
-    begin = shard * max(group.rank, 0)
-    end = begin + shard
-    real = 0
-    for p in buffer._params:
-        start = buffer._sharding_param_grad_view[p.name]._index
-        stop = start + int(p._numel())
-        real += max(0, min(stop, end) - max(start, begin))
-    return real, shard - real
-
-
-def train_v2(overlap, checker=None):
-    raw = build_same(V2LM)
-    with training.sharding_v2(V2_BUFFER_MB):
-        opt = fleet.distributed_optimizer(adamw(raw.parameters()))
-        model = fleet.distributed_model(raw)
-    inner = inner_of(opt, "DygraphShardingOptimizerV2")
-    layout = buffer_layout(raw, inner)
-    frozen = frozen_buffer(layout)
-    for p in inner._comm_buffer_list[frozen]._params:
-        p.stop_gradient = True
-    initial = snapshot(raw)
-    if overlap:
-        # as PaddleFormers calls it (two arguments)
-        opt._set_all_gather_overlap_forward(True, model)
-        assert overlap_impl(opt) is not None, "no overlap owner on V2"
-    if checker is not None:
-        checker.watch(model, opt)
-    losses = []
-    for step in range(STEPS):
-        tokens, labels = v2_batch(step)
-        loss = F.cross_entropy(model(tokens), labels).mean()
-        loss.backward()
-        opt.step()
-        opt.clear_grad()
-        if checker is not None:
-            checker.hooks_last()
-        losses.append(loss.numpy().copy())
-    info = dict(raw=raw, opt=opt, inner=inner, layout=layout, frozen=frozen)
-    return (losses, snapshot(raw)), initial, info
+def padding_per_rank(run):
+    """Each group rank's padding per comm buffer (every rank calls it)."""
+    group = sharding_group()
+    pads = []
+    for buffer in sharding_optimizer(run.opt)._comm_buffer_list:
+        shard = int(buffer.param_storage._numel()) // group.nranks
+        begin = shard * max(group.rank, 0)
+        real = 0
+        for p in buffer._params:
+            start = buffer._sharding_param_grad_view[p.name]._index
+            stop = start + int(p._numel())
+            real += max(0, min(stop, begin + shard) - max(start, begin))
+        pads.append(shard - real)
+    run.padding = gather_ints(pads, group)
 
 
 def case_v2_odd_sizes_frozen_buffer_uneven_padding():
-    start = time.monotonic()
-    off, _, off_info = train_v2(False)
-    with BroadcastWaitChecker() as checker:
-        on, initial, info = train_v2(True, checker)
-    inner = info["inner"]
-    group = inner._hcg.get_sharding_parallel_group()
-    buffers = inner._comm_buffer_list
-    fills = [shard_fill(b, group) for b in buffers]
-    # collectives first, on every rank, then the assertions
-    ranks_equal = equal_in_group(digests(on[1]), group)
-    padding_by_rank = gather_ints([pad for _, pad in fills], group)
-    assert_bitwise_equal(off, on, "sharding8 V2")
-    check_waits(checker)
-    assert ranks_equal, "parameters differ across the sharding group"
-    layout, frozen = info["layout"], info["frozen"]
-    assert layout == off_info["layout"] and frozen == off_info["frozen"]
+    """V2 (1 MB comm buffers): parameters of 5 and 201 elements, a frozen
+    buffer never gathered, per-rank padding that differs."""
+
+    def turn_on(opt, model):
+        opt._set_all_gather_overlap_forward(True, model)  # as PaddleFormers
+        assert overlap_impl(opt) is not None, "no overlap owner on V2"
+
+    checker, on, impl, due = compare_frozen(
+        V2LM,
+        freeze=freeze_buffer,
+        turn_on=turn_on,
+        data=lambda step: batch(step, V2_VOCAB, V2_VOCAB),
+        around=lambda: training.sharding_v2(V2_BUFFER_MB),
+        final=padding_per_rank,
+    )
+    buffers = sharding_optimizer(on.opt)._comm_buffer_list
+    layout, frozen = on.layout, on.frozen
     assert len(buffers) >= 3, f"{len(buffers)} comm buffers: {layout}"
-    sizes = {n: p.size for n, p in on[1].items()}
+    sizes = {n: p.size for n, p in on.params.items()}
     assert min(sizes.values()) < 8, sizes
     assert any(s % 8 for s in sizes.values()), sizes
-    # the frozen buffer: its parameters never changed, it was never gathered
-    frozen_names = set(layout[frozen])
-    for name in frozen_names:
-        assert on[1][name].tobytes() == initial[name].tobytes(), name
+    # the frozen buffer was never gathered
     gathered = {id(p) for task in checker.gather_log for p in task.params}
     assert not any(
         id(p) in gathered for p in buffers[frozen]._params
     ), f"frozen comm buffer {frozen} was gathered"
-    impl = overlap_impl(info["opt"])
-    due = [u for u in impl.units if u.needs_sync()]
     assert len(due) == len(buffers) - 1, (len(due), len(buffers))
-    assert impl.stats["launched"] == STEPS * len(due), impl.stats
     # each rank's shards hold a different share of padding
-    assert len({tuple(p) for p in padding_by_rank}) > 1, padding_by_rank
+    assert len({tuple(p) for p in on.padding}) > 1, on.padding
     print(
-        f"rank {rank()} sharding8 V2: {len(buffers)} comm buffers "
-        f"(frozen: {frozen}), padding per rank and buffer "
-        f"{padding_by_rank}, checker {checker.counts}, stats {impl.stats}, "
-        f"{time.monotonic() - start:.1f} s",
+        f"rank {rank()} V2: {len(buffers)} comm buffers (frozen: {frozen}), "
+        f"padding per rank and buffer {on.padding}, checker "
+        f"{checker.counts}, stats {impl.stats}",
         flush=True,
     )
 
 
 # ----------------------------------------------------------------------
 # pp2_sharding4: a pipeline with a tied embedding/head, V1 buckets
-PP_VOCAB, PP_HIDDEN = 32, 16
-
-
 class EmbPipe(nn.Layer):
     def __init__(self):
         super().__init__()
@@ -470,24 +374,15 @@ def pipeline_model():
         SharedLayerDesc,
     )
 
-    descs = [
-        SharedLayerDesc("embed", EmbPipe, shared_weight_attr="embedding_weight")
-    ]
+    shared = dict(shared_weight_attr="embedding_weight")
+    descs = [SharedLayerDesc("embed", EmbPipe, **shared)]
     descs += [LayerDesc(BlockPipe) for _ in range(4)]
     descs.append(
-        SharedLayerDesc(
-            "embed",
-            EmbPipe,
-            forward_func=tied_head,
-            shared_weight_attr="embedding_weight",
-        )
+        SharedLayerDesc("embed", EmbPipe, forward_func=tied_head, **shared)
     )
     hcg = fleet.get_hybrid_communicate_group()
-    paddle.seed(2026 + hcg.get_stage_id())
+    paddle.seed(2026 + hcg.get_stage_id())  # every build: the same weights
     return PipelineLayer(layers=descs, topology=hcg.topology(), loss_fn=pp_loss)
-
-
-_PP_INITIAL = {}
 
 
 def pp_data(step):
@@ -498,52 +393,43 @@ def pp_data(step):
     )
     tokens = rng.randint(0, PP_VOCAB, size=(BATCH, SEQ)).astype("int64")
     labels = rng.randint(0, PP_VOCAB, size=(BATCH, SEQ, 1)).astype("int64")
-    return paddle.to_tensor(tokens), paddle.to_tensor(labels)
-
-
-def train_pp(overlap, checker=None):
-    raw = pipeline_model()
-    if not _PP_INITIAL:
-        _PP_INITIAL.update(snapshot(raw))
-    else:  # the first build's weights: off and on start equal
-        raw.set_state_dict(
-            {k: paddle.to_tensor(v) for k, v in _PP_INITIAL.items()}
-        )
-    opt = fleet.distributed_optimizer(adamw(raw.parameters()))
-    model = fleet.distributed_model(raw)
-    if overlap:
-        opt._set_broadcast_overlap(
-            True, layers=model, bucket_size_mb=SMALL_BUCKET_MB / 8
-        )
-    if checker is not None:
-        checker.watch(model, opt)
-    losses = []
-    for step in range(STEPS):
-        loss = model.train_batch(list(pp_data(step)), opt)
-        losses.append(np.array(loss.numpy()).copy())
-    return (losses, snapshot(raw)), dict(raw=raw, opt=opt)
+    return [paddle.to_tensor(tokens), paddle.to_tensor(labels)]
 
 
 def case_pipeline_tied_embedding_head_buckets():
-    start = time.monotonic()
-    off, _ = train_pp(False)
-    with BroadcastWaitChecker() as checker:
-        on, info = train_pp(True, checker)
+    """pp2 x sharding4, V1 buckets, a tied embedding/head: the tied weight
+    equal on both stages; the last stage's head waited on the attribute."""
     hcg = fleet.get_hybrid_communicate_group()
-    # collectives first, on every rank, then the assertions
-    sharding_equal = equal_in_group(
-        digests(on[1]), hcg.get_sharding_parallel_group()
+    runs = []
+
+    def micro_step(model, step, micro, acc_steps):
+        return model.train_batch(pp_data(step), runs[-1].opt)
+
+    def tied_equal(run):  # collectives before compare_on_off's assertions
+        params = snapshot(run.model)
+        run.tied = {
+            k: v for k, v in params.items() if k.endswith("embedding_weight")
+        }
+        group = hcg.get_pipe_parallel_group()
+        run.tied_equal = equal_in_group(digests(run.tied), group)
+
+    def enable(opt, model):
+        bucket_mb = SMALL_BUCKET_MB / 8
+        training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
+
+    checker, on = training.compare_on_off(
+        pipeline_model,
+        replicas=sharding_group(),
+        steps=STEPS,
+        micro_step=micro_step,
+        skip_update=lambda step: True,  # train_batch runs the update
+        prepare=runs.append,
+        enable=enable,
+        final=tied_equal,
     )
-    tied = [k for k in on[1] if k.endswith("embedding_weight")]
-    assert len(tied) == 1, sorted(on[1])
-    tied_equal = equal_in_group(
-        digests({k: on[1][k] for k in tied}), hcg.get_pipe_parallel_group()
-    )
-    assert_bitwise_equal(off, on, "pp2_sharding4 V1 tied")
-    check_waits(checker)
-    assert sharding_equal, "parameters differ across the sharding group"
-    assert tied_equal, "the tied weight differs between the two stages"
-    impl = overlap_impl(info["opt"])
+    assert len(on.tied) == 1, sorted(on.params)
+    assert on.tied_equal, "the tied weight differs between the two stages"
+    impl = overlap_impl(on.opt)
     due = [u for u in impl.units if u.needs_sync()]
     assert len({u.src for u in due}) == 4, [(u.label, u.src) for u in due]
     if hcg.is_last_stage:
@@ -553,8 +439,7 @@ def case_pipeline_tied_embedding_head_buckets():
     print(
         f"rank {rank()} pp2_sharding4 stage {hcg.get_stage_id()}: "
         f"{len(due)} broadcasts per step, checker {checker.counts}, "
-        f"stats {impl.stats}, read paths {dict(impl.read_paths)}, "
-        f"{time.monotonic() - start:.1f} s",
+        f"stats {impl.stats}, read paths {dict(impl.read_paths)}",
         flush=True,
     )
 
