@@ -17,16 +17,16 @@
 Collectives must be issued in the same order on every rank; these loops make
 ranks (or steps) differ in forward order and count, run forwards without
 backward, recompute, replace weights between steps, read parameters without
-calling their layer, and change trainability. Each case checks the agreed
-order is identical on every rank, overlap on vs off bitwise equal, and the
-wait checker sees no parameter used while its broadcast is pending.
+calling their layer, and change trainability. Each case checks (besides its
+own) overlap on vs off bitwise equal and no parameter read while its
+broadcast is pending; most, that every rank agreed on one order.
 """
 
-import functools
+import copy
+import gc
 import sys
 import warnings
 
-import broadcast_overlap_training as training
 from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
@@ -43,34 +43,30 @@ from broadcast_overlap_training import (
     lm_loss,
     lost_overlap_warnings,
     optimizer_parameters,
-    order_warnings,
     overlap_impl,
     rank,
     run_cases,
     sync_registry_module,
     total_forward_pre_hooks,
 )
+from dygraph_sharding_stage1_broadcast_overlap_models import (
+    LM,
+    assert_order_agreed,
+    check_order_warned_per_parameter,
+    compare_on_off,
+    step_aware_micro_step,
+    train,
+    train_checking_reads,
+)
 
 import paddle
 from paddle.distributed import fleet
-
-# 2 KB buckets: several windows per model, so bucket boundaries fall inside
-# layers (the default 256 MB puts these small models in one window); cases
-# whose assertions hold per parameter also run with 0
-BUCKET_MB = 0.002
-compare_on_off = functools.partial(training.compare_on_off, bucket_mb=BUCKET_MB)
-train = functools.partial(training.train, bucket_mb=BUCKET_MB)
 from paddle.distributed.fleet.utils import recompute
 
 
-def assert_order_agreed(info):
-    impl = overlap_impl(info["opt"])
-    assert impl.order is not None and all_ranks_equal(impl.order)
-
-
 # ----------------------------------------------------------------------
-# models
-class RankOrderLM(TinyLM):
+# models (on the shared LM base)
+class RankOrderLM(LM):
     """Two parallel branches whose call order depends on rank and step
     (the sum is the same either way)."""
 
@@ -78,23 +74,18 @@ class RankOrderLM(TinyLM):
         super().__init__()
         self.branch_a = paddle.nn.Linear(HIDDEN, HIDDEN)
         self.branch_b = paddle.nn.Linear(HIDDEN, HIDDEN)
-        self.step = 0
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
+    def front(self, x):
         if (rank() + self.step) % 2 == 0:
             a = self.branch_a(x)
             b = self.branch_b(x)
         else:
             b = self.branch_b(x)
             a = self.branch_a(x)
-        x = x + a + b
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+        return x + a + b
 
 
-class ExpertLM(TinyLM):
+class ExpertLM(LM):
     """Three experts; from step 1 on, each rank leaves a different expert
     unused (rank- and step-dependent routing)."""
 
@@ -103,120 +94,114 @@ class ExpertLM(TinyLM):
         self.experts = paddle.nn.LayerList(
             [paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)]
         )
-        self.step = 0
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
+    def front(self, x):
         unused = (self.step + rank()) % 3 if self.step > 0 else None
         for i, expert in enumerate(self.experts):
             if i != unused:
                 x = x + expert(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+        return x
 
 
-def step_aware_micro_step(model, step, micro, acc_steps):
-    model._layers.step = step
-    return default_micro_step(model, step, micro, acc_steps)
-
-
-class RecomputeLM(TinyLM):
+class RecomputeLM(LM):
     use_reentrant = True
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            # no dropout here; Paddle 2.6 cannot preserve RNG state on the CPU
-            x = recompute(
-                block,
-                x,
-                use_reentrant=self.use_reentrant,
-                preserve_rng_state=False,
-            )
-        return self.head(x)
+    def run_block(self, i, x):
+        # no dropout here; Paddle 2.6 cannot preserve RNG state on the CPU
+        return recompute(
+            self.blocks[i],
+            x,
+            use_reentrant=self.use_reentrant,
+            preserve_rng_state=False,
+        )
 
 
-class ReuseLM(TinyLM):
+class ReuseLM(LM):
     """One block called twice in one forward."""
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        x = self.blocks[0](self.blocks[0](x))
-        x = self.blocks[1](x)
-        return self.head(x)
+    def run_block(self, i, x):
+        return (
+            self.blocks[0](self.blocks[0](x))
+            if i == 0
+            else super().run_block(i, x)
+        )
 
 
-# Called with (parameters, where) right before a parent reads a child's
-# parameters without calling the child; set by the case.
-class DirectReadLM(TinyLM):
+class DirectReadLM(LM):
     """Reads parameters without their owner's __call__: ``proj.forward(x)``
     and ``F.linear(x, head.weight, head.bias)``."""
 
     def __init__(self, read_check=None):
-        super().__init__()
+        super().__init__(read_check)
         self.proj = paddle.nn.Linear(HIDDEN, HIDDEN)
-        # called with the parameters read next (a case passes the wait
-        # checker's check)
-        self.read_check = read_check
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        if self.read_check is not None:
-            self.read_check(self.proj.parameters() + self.head.parameters())
-        x = self.proj.forward(x)
-        for block in self.blocks:
-            x = block(x)
+    def front(self, x):
+        self.read_check(self.proj.parameters() + self.head.parameters())
+        return self.proj.forward(x)
+
+    def logits(self, x):
         return paddle.nn.functional.linear(x, self.head.weight, self.head.bias)
 
 
 # ----------------------------------------------------------------------
 # cases
 def case_forward_order_differs_between_ranks_and_steps():
-    for mb in (BUCKET_MB, 0):
-        with order_warnings() as order:
-            _, info = compare_on_off(
-                RankOrderLM, bucket_mb=mb, micro_step=step_aware_micro_step
-            )
-        assert_order_agreed(info)
-        assert len(order) <= 1, order  # shown once
-        if mb == 0:  # (buckets may hold both branches)
-            # rank 0 recorded branch_a first; whoever runs branch_b first
-            # waits for a task launched after a pending one, and is told
-            stats = overlap_impl(info["opt"]).stats
-            assert stats["waited_out_of_order"] > 0, stats
-            assert len(order) == 1, order
+    """Rank 0 recorded branch_a first; whoever runs branch_b first waits
+    for a task launched after a pending one, and is told once."""
+    check_order_warned_per_parameter(
+        RankOrderLM, "waited_out_of_order", micro_step=step_aware_micro_step
+    )
 
 
 def case_expert_routing_leaves_experts_unused():
-    for mb in (BUCKET_MB, 0):
-        with order_warnings() as order:
-            _, info = compare_on_off(
-                ExpertLM,
-                bucket_mb=mb,
-                steps=6,
-                micro_step=step_aware_micro_step,
-            )
+    """The unused expert's tasks wait for the next update; the layer after
+    it needs its own while they are pending (told once)."""
+    check_order_warned_per_parameter(
+        ExpertLM,
+        "waited_before_update",
+        steps=6,
+        micro_step=step_aware_micro_step,
+    )
+
+
+def agreed_order_case(doc, **kwargs):
+    """A case: ``compare_on_off(**kwargs)``, every rank agreed on one
+    order."""
+
+    def case():
+        _, info = compare_on_off(**kwargs)
         assert_order_agreed(info)
-        assert len(order) <= 1, order  # shown once
-        if mb == 0:  # (a bucket shared with a layer that ran is waited in
-            # forward) the unused expert's tasks wait for the next update;
-            # the layer after it needs its own while they are pending
-            stats = overlap_impl(info["opt"]).stats
-            assert stats["waited_before_update"] > 0, stats
-            assert len(order) == 1, order
+
+    case.__doc__ = doc
+    return case
 
 
-def case_ranks_run_different_forward_counts():
-    def on_step(step, model, opt):
-        # evaluation and a few "generation" forwards on rank 0 only
-        if rank() == 0:
-            with paddle.no_grad():
-                for i in range(1 + step % 3):
-                    model(batch(200 + i)[0])
+def generation_on_rank0(step, model, opt):
+    # evaluation and a few "generation" forwards on rank 0 only
+    if rank() == 0:
+        with paddle.no_grad():
+            for i in range(1 + step % 3):
+                model(batch(200 + i)[0])
 
-    _, info = compare_on_off(steps=5, on_step=on_step)
-    assert_order_agreed(info)
+
+def freeze_block0_at_1_thaw_at_3(step, model, opt):
+    if step in (1, 3):
+        for p in model._layers.blocks[0].parameters():
+            p.stop_gradient = step == 1
+
+
+def toggle_off_on_again(step, model, opt):
+    if step == 1:
+        opt._set_broadcast_overlap(False)
+    elif step in (2, 3):  # at 3 again: replaces
+        opt._set_broadcast_overlap(True, layers=model)
+
+
+case_ranks_run_different_forward_counts = agreed_order_case(
+    "Eval and generation forwards on rank 0 only.",
+    steps=5,
+    on_step=generation_on_rank0,
+)
 
 
 def case_forwards_without_backward_tables_bounded():
@@ -225,6 +210,7 @@ def case_forwards_without_backward_tables_bounded():
     over 10 steps: internal tables keep their size (they would grow by a
     fixed amount every step if anything leaked)."""
     sizes = []
+    registry = sync_registry_module()
 
     def extra_forwards(model):
         model.eval()
@@ -240,8 +226,6 @@ def case_forwards_without_backward_tables_bounded():
         if step == 0 and micro == 0:
             extra_forwards(model)  # before the first step
         return default_micro_step(model, step, micro, acc_steps)
-
-    registry = sync_registry_module()
 
     def on_step(step, model, opt):
         extra_forwards(model)
@@ -270,12 +254,14 @@ def case_forwards_without_backward_tables_bounded():
 
 
 def case_recompute_reentrant_and_not():
+    """Blocks under recompute, reentrant and not."""
     for reentrant in (True, False):
         RecomputeLM.use_reentrant = reentrant
         compare_on_off(RecomputeLM)
 
 
 def case_layer_called_twice_and_two_forwards_per_backward():
+    """One block called twice per forward; two forwards per backward."""
     compare_on_off(ReuseLM)
 
     def two_forwards(model, step, micro, acc_steps):
@@ -288,9 +274,11 @@ def case_layer_called_twice_and_two_forwards_per_backward():
     compare_on_off(micro_step=two_forwards, acc_steps=2)
 
 
-def case_skipped_steps_first_included():
-    _, info = compare_on_off(steps=6, skip_update=lambda s: s in (0, 3))
-    assert_order_agreed(info)
+case_skipped_steps_first_included = agreed_order_case(
+    "Steps without an update (the first among them).",
+    steps=6,
+    skip_update=lambda s: s in (0, 3),
+)
 
 
 def case_weights_replaced_between_steps():
@@ -370,24 +358,14 @@ def case_parameters_read_without_call():
         reads = [v for v in checker.violations if v[0].startswith("read:")]
         assert reads == [], reads
         assert checker.counts["checked"] > 0, checker.counts
-
-    with BroadcastWaitChecker() as checker:
-        build = functools.partial(
-            DirectReadLM,
-            read_check=lambda ps: checker.check(ps, "direct read"),
-        )
-        train(build, overlap=True, checker=checker)
-    assert checker.violations == [], checker.violations[:5]
+    train_checking_reads("direct read", DirectReadLM)
 
 
-def case_trainability_changed_mid_training():
-    def on_step(step, model, opt):
-        if step in (1, 3):
-            for p in model._layers.blocks[0].parameters():
-                p.stop_gradient = step == 1
-
-    checker, info = compare_on_off(steps=5, on_step=on_step)
-    assert_order_agreed(info)
+case_trainability_changed_mid_training = agreed_order_case(
+    "Block 0 frozen after step 1, trainable again after step 3.",
+    steps=5,
+    on_step=freeze_block0_at_1_thaw_at_3,
+)
 
 
 def case_two_optimizers_share_one_model():
@@ -434,25 +412,18 @@ def case_two_optimizers_share_one_model():
         assert_bitwise_equal(off, run(True, order), f"two optimizers {order}")
 
 
-def case_toggle_on_off_on_mid_training():
-    def on_step(step, model, opt):
-        if step == 1:
-            opt._set_broadcast_overlap(False)
-        elif step == 2:
-            opt._set_broadcast_overlap(True, layers=model)
-        elif step == 3:
-            opt._set_broadcast_overlap(True, layers=model)  # again: replaces
-
-    checker, info = compare_on_off(steps=6, on_step=on_step)
-    assert_order_agreed(info)
+case_toggle_on_off_on_mid_training = agreed_order_case(
+    "Overlap turned off, on, and on again (replacing) between steps.",
+    steps=6,
+    on_step=toggle_off_on_again,
+)
 
 
 def case_deepcopy_loads_copy_and_collected_optimizer_closed():
-    import copy
-
+    """A deepcopy loads into itself with no-op hooks; an optimizer deleted
+    with overlap on is closed (silent hooks, removed at the next call)."""
     _, _, info = train(TinyLM, overlap=True, steps=2)
     model, opt = info["model"], info["opt"]
-
     # a deepcopy (e.g. for EMA) loads into itself, not into the original
     twin = copy.deepcopy(model._layers)
     zeros = {k: paddle.zeros_like(v) for k, v in twin.state_dict().items()}
@@ -468,9 +439,6 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     ]
     assert twin_hooks and all(h.__name__ == "_noop_hook" for h in twin_hooks)
 
-    # an optimizer deleted with overlap on takes its hooks with it
-    import gc
-
     _, _, other = train(TinyLM, overlap=True, steps=1)
     other_model = other["model"]
     hooked = total_forward_pre_hooks(other_model)
@@ -480,8 +448,8 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     # its hooks are no-ops until the next explicit call removes them
     assert hooked > 0 and total_forward_pre_hooks(other_model) == hooked
     # (train() ended with model.state_dict(), a read of every parameter
-    # after the last step: an open owner would say at this forward that the
-    # overlap was lost; a closed one says nothing)
+    # after the last step: an open owner would warn at this forward that
+    # the overlap was lost; a closed one says nothing)
     with lost_overlap_warnings() as lost, paddle.no_grad():
         other_model(batch(0)[0])
     assert lost == [], f"a collected optimizer's no-op hooks warned: {lost}"
@@ -523,8 +491,7 @@ def case_error_after_update_is_refused_at_the_next_step():
         # next forward overlapped nothing (said once)
         with lost_overlap_warnings() as lost:
             for step in range(1, 4):
-                loss = lm_loss(model, step)
-                loss.backward()
+                lm_loss(model, step).backward()
                 try:
                     opt.step()
                 except RuntimeError as e:
@@ -541,9 +508,11 @@ def case_error_after_update_is_refused_at_the_next_step():
         assert "injected" in errors[0], errors
         if overlap:
             assert len(errors) == 2, errors
-            assert "stopped after its update and before its parameter " in (
-                errors[1]
-            ) and "_set_broadcast_overlap(False)" in errors[1], errors[1]
+            assert (
+                "stopped after its update and before its parameter "
+                in (errors[1])
+                and "_set_broadcast_overlap(False)" in errors[1]
+            ), errors[1]
         else:
             assert len(errors) == 1, errors
         assert all_ranks_equal([len(errors)])

@@ -14,14 +14,16 @@
 
 """Per-rank script: the kinds of model and state handling users have.
 
-Each case: overlap on vs off bitwise equal (numpy copies), and the wait
-checker sees no parameter used while its broadcast is pending. Cases run by
-env ``BROADCAST_OVERLAP_CASES`` (all by default) under
-``python -m paddle.distributed.launch --nproc_per_node 2``.
+Each case: overlap on vs off bitwise equal, no parameter read while its
+broadcast is pending (``compare_on_off``). Cases run by env
+``BROADCAST_OVERLAP_CASES`` (all by default) under
+``python -m paddle.distributed.launch --nproc_per_node 2``. The model base
+``LM`` and the helpers below are shared with ``..._loops.py``.
 """
 
 import functools
 import inspect
+import itertools
 import os
 import sys
 import tempfile
@@ -39,17 +41,20 @@ from broadcast_overlap_training import (
     Block,
     TinyLM,
     adamw,
+    all_ranks_equal,
     assert_bitwise_equal,
     assert_lost_overlap_warning,
     batch,
     cases_of,
     default_micro_step,
+    lm_loss,
     lost_overlap_warnings,
     optimizer_parameters,
     order_warnings,
     overlap_impl,
     rank,
     run_cases,
+    total_forward_pre_hooks,
 )
 
 import paddle
@@ -64,8 +69,78 @@ train = functools.partial(training.train, bucket_mb=BUCKET_MB)
 
 
 # ----------------------------------------------------------------------
-# models
-class RootParamLM(TinyLM):
+# models and helpers (shared with ..._loops.py)
+class LM(TinyLM):
+    """TinyLM whose forward runs ``front(x)`` on the embedding's output and
+    ``run_block(i, x)`` per block (the variants override them);
+    ``read_check(params)``, if given, is called right before a variant
+    reads ``params`` outside their layer's call (a case passes the wait
+    checker's check); ``step`` is set by ``step_aware_micro_step``."""
+
+    step = 0
+
+    def __init__(self, read_check=None):
+        super().__init__()
+        self.read_check = read_check or (lambda params: None)
+
+    def forward(self, tokens):
+        x = self.front(self.embed(tokens))
+        for i in range(len(self.blocks)):
+            x = self.run_block(i, x)
+        return self.logits(x)
+
+    def front(self, x):
+        return x
+
+    def run_block(self, i, x):
+        return self.blocks[i](x)
+
+
+def step_aware_micro_step(model, step, micro, acc_steps):
+    model._layers.step = step
+    return default_micro_step(model, step, micro, acc_steps)
+
+
+def assert_order_agreed(info):
+    impl = overlap_impl(info["opt"])
+    assert impl.order is not None and all_ranks_equal(impl.order)
+
+
+def check_order_warned_per_parameter(build, stat, **kwargs):
+    """With 2 KB buckets and per parameter: the order agreed on every rank,
+    the order warning shown at most once; per parameter (buckets may join
+    the layers involved) the ``stat`` wait happened and warned once."""
+    for mb in (BUCKET_MB, 0):
+        with order_warnings() as order:
+            _, info = compare_on_off(build, bucket_mb=mb, **kwargs)
+        assert_order_agreed(info)
+        assert len(order) <= 1, order  # shown once
+        if mb == 0:
+            stats = overlap_impl(info["opt"]).stats
+            assert stats[stat] > 0, stats
+            assert len(order) == 1, order
+
+
+def train_checking_reads(what, build=None, **kwargs):
+    """An overlap-on run whose ``build`` (taking ``read_check``) or
+    ``kwargs["wrap_model"](check)`` calls ``check(params)`` right before
+    reading ``params``: none of them pending then."""
+    with BroadcastWaitChecker() as checker:
+
+        def check(params):
+            checker.check(params, what)
+
+        if build is not None:
+            kwargs["build"] = functools.partial(build, read_check=check)
+        if "wrap_model" in kwargs:
+            kwargs["wrap_model"] = kwargs["wrap_model"](check)
+        train(overlap=True, checker=checker, **kwargs)
+    assert (
+        checker.counts["launched"] > 0 and checker.violations == []
+    ), checker.violations[:5]
+
+
+class RootParamLM(LM):
     """A position-embedding parameter owned by the root (which also has
     sublayers), added in its forward."""
 
@@ -73,14 +148,11 @@ class RootParamLM(TinyLM):
         super().__init__()
         self.pos = self.create_parameter([SEQ, HIDDEN])
 
-    def forward(self, tokens):
-        x = self.embed(tokens) + self.pos
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+    def front(self, x):
+        return x + self.pos
 
 
-class TiedLM(TinyLM):
+class TiedLM(LM):
     """Two Linear layers sharing one weight object, both called."""
 
     def __init__(self):
@@ -89,11 +161,8 @@ class TiedLM(TinyLM):
         self.mix_b = paddle.nn.Linear(HIDDEN, HIDDEN)
         self.mix_b.weight = self.mix_a.weight
 
-    def forward(self, tokens):
-        x = self.mix_b(self.mix_a(self.embed(tokens)))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+    def front(self, x):
+        return self.mix_b(self.mix_a(x))
 
 
 class BuiltOutOfOrderLM(paddle.nn.Layer):
@@ -102,16 +171,14 @@ class BuiltOutOfOrderLM(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        self.head = paddle.nn.Linear(HIDDEN, VOCAB)
-        self.late = Block()
-        self.early = Block()
-        self.embed = paddle.nn.Embedding(VOCAB, HIDDEN)
+        self.head, self.late = paddle.nn.Linear(HIDDEN, VOCAB), Block()
+        self.early, self.embed = Block(), paddle.nn.Embedding(VOCAB, HIDDEN)
 
     def forward(self, tokens):
         return self.head(self.late(self.early(self.embed(tokens))))
 
 
-_custom_name_builds = [0]
+_custom_name_builds = itertools.count(1)
 
 
 class CustomNamesLM(paddle.nn.Layer):
@@ -119,38 +186,32 @@ class CustomNamesLM(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        _custom_name_builds[0] += 1
-        tag = f"v{_custom_name_builds[0]}r"
+        tag = f"v{next(_custom_name_builds)}r"
 
         def attr(name):
             return paddle.ParamAttr(name=f"custom_{name}_{tag}")
 
+        def wb(name):
+            return dict(
+                weight_attr=attr(f"{name}_w"), bias_attr=attr(f"{name}_b")
+            )
+
         self.embed = paddle.nn.Embedding(VOCAB, HIDDEN, weight_attr=attr("emb"))
-        self.proj = paddle.nn.Linear(
-            HIDDEN, HIDDEN, weight_attr=attr("proj_w"), bias_attr=attr("proj_b")
-        )
-        self.norm = paddle.nn.LayerNorm(
-            HIDDEN, weight_attr=attr("ln_w"), bias_attr=attr("ln_b")
-        )
-        self.head = paddle.nn.Linear(
-            HIDDEN, VOCAB, weight_attr=attr("head_w"), bias_attr=attr("head_b")
-        )
+        self.proj = paddle.nn.Linear(HIDDEN, HIDDEN, **wb("proj"))
+        self.norm = paddle.nn.LayerNorm(HIDDEN, **wb("ln"))
+        self.head = paddle.nn.Linear(HIDDEN, VOCAB, **wb("head"))
 
     def forward(self, tokens):
         return self.head(self.norm(self.proj(self.embed(tokens))))
 
 
-class SometimesSkipLM(TinyLM):
+class SometimesSkipLM(LM):
     """Block 1 does not run on odd steps (deterministic, same on all ranks)."""
 
     skip = False
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for i, block in enumerate(self.blocks):
-            if not (self.skip and i == 1):
-                x = block(x)
-        return self.head(x)
+    def run_block(self, i, x):
+        return x if self.skip and i == 1 else self.blocks[i](x)
 
 
 class WeightNormLM(TinyLM):
@@ -162,65 +223,66 @@ class WeightNormLM(TinyLM):
         paddle.nn.utils.weight_norm(self.head)
 
 
-class ParameterListLM(TinyLM):
+class ParameterListLM(LM):
     """Extra parameters in a ParameterList, read by the parent's forward
     (a ParameterList has no forward of its own)."""
 
     def __init__(self, read_check=None):
-        super().__init__()
+        super().__init__(read_check)
         self.scales = paddle.nn.ParameterList(
             [self.create_parameter([HIDDEN]) for _ in range(2)]
         )
-        # called with the parameters a forward is about to read (a case
-        # passes the wait checker's check)
-        self.read_check = read_check
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for i, block in enumerate(self.blocks):
-            if self.read_check is not None:
-                self.read_check([self.scales[i]])
-            x = block(x) * self.scales[i]
-        return self.head(x)
+    def run_block(self, i, x):
+        self.read_check([self.scales[i]])
+        return self.blocks[i](x) * self.scales[i]
 
 
 # ----------------------------------------------------------------------
-# cases: models
-def case_root_owned_parameter():
-    checker, info = compare_on_off(RootParamLM)
-    model = info["model"]
-    impl = overlap_impl(info["opt"])
+# cases
+def check_order_ends(build, first, last=None):
+    """The agreed order starts with ``first(layer)`` and, if given, ends
+    with one of ``last(layer)``."""
+    _, info = compare_on_off(build)
+    impl, inner = overlap_impl(info["opt"]), info["model"]._layers
     params = optimizer_parameters(info["opt"])
-    # the root-owned parameter is waited at the root's pre-hook, first
-    assert params[impl.order[0]] is model._layers.pos
-    assert impl.index_of(model._layers.pos) == impl.order[0]
+    head, tail = params[impl.order[0]], params[impl.order[-1]]
+    assert head is first(inner), head.name
+    assert impl.index_of(first(inner)) == impl.order[0]
+    if last is not None:
+        assert any(tail is p for p in last(inner)), tail.name
+
+
+def case_root_owned_parameter():
+    """The root-owned parameter is waited at the root's pre-hook, first."""
+    check_order_ends(RootParamLM, lambda m: m.pos)
 
 
 def case_tied_weights():
+    """One weight object in two called layers, with and without
+    accumulation."""
     compare_on_off(TiedLM)
     compare_on_off(TiedLM, acc_steps=2)
 
 
 def case_built_out_of_forward_order():
-    _, info = compare_on_off(BuiltOutOfOrderLM)
-    impl = overlap_impl(info["opt"])
-    inner = info["model"]._layers
-    params = optimizer_parameters(info["opt"])
-    first = params[impl.order[0]]
-    last = params[impl.order[-1]]
-    assert first is inner.embed.weight, first.name
-    assert any(last is p for p in inner.head.parameters()), last.name
+    """The order is the forward's (embedding first, head last), not the
+    creation order."""
+    check_order_ends(
+        BuiltOutOfOrderLM,
+        lambda m: m.embed.weight,
+        lambda m: m.head.parameters(),
+    )
 
 
 def case_custom_parameter_names():
-    _, info = compare_on_off(CustomNamesLM)
-    impl = overlap_impl(info["opt"])
-    inner = info["model"]._layers
-    params = optimizer_parameters(info["opt"])
-    assert params[impl.order[0]] is inner.embed.weight
+    """Names without an integer suffix do not decide the order."""
+    check_order_ends(CustomNamesLM, lambda m: m.embed.weight)
 
 
 def case_unreachable_parameters_waited_and_named():
+    """A parameter no layer owns is waited (every step) and named once in a
+    warning."""
     extra_holder = {}
 
     def parameters(model):
@@ -231,10 +293,7 @@ def case_unreachable_parameters_waited_and_named():
         return list(model.parameters()) + [extra]
 
     def micro_step(model, step, micro, acc_steps):
-        tokens, labels = batch(step, micro)
-        logits = model(tokens)
-        loss = paddle.nn.functional.cross_entropy(logits, labels).mean()
-        loss = loss + (extra_holder["p"] ** 2).mean()
+        loss = lm_loss(model, step, micro) + (extra_holder["p"] ** 2).mean()
         (loss / acc_steps).backward()
         return loss
 
@@ -253,12 +312,15 @@ def case_unreachable_parameters_waited_and_named():
 
 
 def case_layer_not_run_and_eval_between_steps():
+    """A block skipped on odd steps, eval forwards before the others: its
+    pending tasks are waited before the next update (and warned once)."""
+
     def micro_step(model, step, micro, acc_steps):
         model._layers.skip = step % 2 == 1
         return default_micro_step(model, step, micro, acc_steps)
 
     def on_step(step, model, opt):
-        # evaluate only before the steps that run every block, so block 1's
+        # eval only before the steps that run every block, so block 1's
         # broadcasts stay pending across the steps that skip it
         if step % 2 == 1:
             model.eval()
@@ -266,58 +328,23 @@ def case_layer_not_run_and_eval_between_steps():
                 model(batch(100 + step)[0])
             model.train()
 
-    for mb in (BUCKET_MB, 0):
-        with order_warnings() as order:
-            _, info = compare_on_off(
-                SometimesSkipLM,
-                bucket_mb=mb,
-                steps=5,
-                micro_step=micro_step,
-                on_step=on_step,
-            )
-        assert len(order) <= 1, order  # shown once
-        if mb == 0:  # (a bucket shared with a layer that ran is waited in
-            # forward) block 1's tasks of the odd steps were waited before
-            # the next update; the head needs its own while they are pending
-            stats = overlap_impl(info["opt"]).stats
-            assert stats["waited_before_update"] > 0, stats
-            assert len(order) == 1, order
+    check_order_warned_per_parameter(
+        SometimesSkipLM,
+        "waited_before_update",
+        steps=5,
+        micro_step=micro_step,
+        on_step=on_step,
+    )
 
 
 def case_state_dict_and_save_without_synchronize():
     """model.state_dict(), paddle.save and the optimizer's state_dict()
     right after step(): every task waited by them, not by the user."""
     saved = {}
-
-    def on_step(step, model, opt, checker=None):
-        if checker is None:
-            return
-        assert checker.num_unwaited() > 0  # launched, not yet waited
-        state = model.state_dict()
-        checker.check(list(state.values()), "model.state_dict")
-        assert checker.num_unwaited() == 0
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, f"model_rank{rank()}.pdparams")
-            paddle.save(state, path)
-            saved[step] = paddle.load(path)
-        opt_state = opt.state_dict()
-        assert len(opt_state) > 0
-        # Paddle 3.x state_dict(keep_vars=False) returns detached copies:
-        # it must wait all the same
-        impl_params = inspect.signature(
-            paddle.nn.Layer._state_dict_impl
-        ).parameters
-        impl = overlap_impl(opt)
-        if "keep_vars" in impl_params:
-            relaunch(impl)
-            assert checker.num_unwaited() > 0
-            model._layers.state_dict(keep_vars=False)
-            assert checker.num_unwaited() == 0
-        # the optimizer's state_dict() waits too (launch again to check)
-        relaunch(impl)
-        assert checker.num_unwaited() > 0
-        opt.state_dict()
-        assert checker.num_unwaited() == 0
+    # Paddle 3.x state_dict(keep_vars=False) returns detached copies
+    keep_vars = "keep_vars" in (
+        inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
+    )
 
     def relaunch(impl):
         # what step() does around its update: wait, then launch every unit
@@ -326,18 +353,32 @@ def case_state_dict_and_save_without_synchronize():
         impl.launch()
         assert impl.num_pending == len(impl.units), impl.num_pending
 
+    def on_step(step, model, opt):
+        assert checker.num_unwaited() > 0  # launched, not yet waited
+        state = model.state_dict()
+        checker.check(list(state.values()), "model.state_dict")
+        assert checker.num_unwaited() == 0
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, f"model_rank{rank()}.pdparams")
+            paddle.save(state, path)
+            saved[step] = paddle.load(path)
+        assert len(opt.state_dict()) > 0
+        impl = overlap_impl(opt)
+        waits = [lambda: opt.state_dict()]  # the optimizer's waits too
+        if keep_vars:
+            waits.insert(0, lambda: model._layers.state_dict(keep_vars=False))
+        for wait in waits:
+            relaunch(impl)
+            assert checker.num_unwaited() > 0
+            wait()
+            assert checker.num_unwaited() == 0
+
     off = train(TinyLM, overlap=False)
     with BroadcastWaitChecker() as checker:
-        # (no lost-overlap warning although model.state_dict() reads every
-        # parameter: the relaunch above starts a new count, and the last
-        # wait before the next forward is the optimizer's state_dict(), a
-        # wait on demand, not a read; run_cases fails the case on a warning)
-        on = train(
-            TinyLM,
-            overlap=True,
-            checker=checker,
-            on_step=functools.partial(on_step, checker=checker),
-        )
+        # no lost-overlap warning although model.state_dict() reads every
+        # parameter: the relaunch starts a new count, and the last wait
+        # before the next forward is a wait on demand, not a read
+        on = train(TinyLM, overlap=True, checker=checker, on_step=on_step)
     assert_bitwise_equal(off[:2], on[:2], "save")
     assert checker.violations == [], checker.violations
     last = saved[STEPS - 1]
@@ -346,6 +387,9 @@ def case_state_dict_and_save_without_synchronize():
 
 
 def case_frozen_and_gradless_parameters():
+    """Frozen parameters are never broadcast; a trainable one without a
+    gradient is."""
+
     def build():
         model = TinyLM()
         for p in model.blocks[0].parameters():
@@ -383,8 +427,7 @@ def case_checkpoint_resume():
     fresh = TinyLM()
     fresh.set_state_dict(model_state)
     opt = fleet.distributed_optimizer(adamw(fresh.parameters()))
-    # A fresh process would rebuild the same parameter names; in this one
-    # process the new model's names differ, so rename the state's keys.
+    # the new model's parameter names differ in this one process
     old_names = {k: p.name for k, p in info["model"]._layers.named_parameters()}
     renames = {old_names[k]: p.name for k, p in fresh.named_parameters()}
     opt.set_state_dict(rename_state_keys(opt_state, renames))
@@ -423,193 +466,155 @@ def rename_state_keys(state, renames):
 
 def case_amp_o2_main_grad():
     """MixPrecisionLayer/MixPrecisionOptimizer: main_grad accumulation and
-    the sharding optimizer's main_grad paths. Paddle's CPU build has no
-    bfloat16/float16 matmul or layer_norm kernels, so the parameters stay
-    float32 here; the reduced-precision dtype is covered by the GPU test
-    dygraph_group_sharded_stage1_bf16.py (skipped without CUDA)."""
+    the sharding optimizer's main_grad paths (float32 parameters: the CPU
+    has no reduced-precision matmul or layer_norm kernels; the dtype is
+    covered by dygraph_group_sharded_stage1_bf16.py on CUDA)."""
     from paddle.distributed.fleet.utils.mix_precision_utils import (
         MixPrecisionLayer,
         MixPrecisionOptimizer,
     )
 
-    def wrap(model):
-        return MixPrecisionLayer(model, dtype="bfloat16")
-
-    def make_optimizer(params):
-        return MixPrecisionOptimizer(adamw(params))
-
     for acc_steps in (1, 2):
         _, info = compare_on_off(
-            wrap_model=wrap, make_optimizer=make_optimizer, acc_steps=acc_steps
+            wrap_model=lambda m: MixPrecisionLayer(m, dtype="bfloat16"),
+            make_optimizer=lambda ps: MixPrecisionOptimizer(adamw(ps)),
+            acc_steps=acc_steps,
         )
-    params = list(info["model"].parameters())
-    assert all(hasattr(p, "main_grad") for p in params)
+    assert all(hasattr(p, "main_grad") for p in info["model"].parameters())
     assert info["opt"]._inner_opt._use_main_grad
 
 
 def case_user_pre_hook_reads_waited_parameters():
     """A user's pre-hook registered before overlap is enabled (here
-    weight_norm's) runs after the overlay's wait."""
+    weight_norm's, and one on every layer) runs after the overlay's wait."""
     compare_on_off(WeightNormLM)
-    with BroadcastWaitChecker() as checker:
 
+    def hook_every_layer(check):
         def wrap(model):
-            def user_hook(layer, _inputs):
-                checker.check(
-                    layer.parameters(include_sublayers=False), "user hook"
-                )
-
             for layer in model.sublayers(include_self=True):
-                layer.register_forward_pre_hook(user_hook)
+                layer.register_forward_pre_hook(
+                    lambda l, _: check(l.parameters(include_sublayers=False))
+                )
             return model
 
-        train(TinyLM, overlap=True, checker=checker, wrap_model=wrap)
-    assert (
-        checker.counts["launched"] > 0 and checker.violations == []
-    ), checker.violations[:5]
+        return wrap
+
+    train_checking_reads("user hook", wrap_model=hook_every_layer)
 
 
 def case_parameter_list_waited_by_parent():
+    """A ParameterList read by its parent's forward is waited before."""
     compare_on_off(ParameterListLM)
-    with BroadcastWaitChecker() as checker:
-        build = functools.partial(
-            ParameterListLM,
-            read_check=lambda ps: checker.check(ps, "ParameterList read"),
-        )
-        train(build, overlap=True, checker=checker)
-    assert checker.violations == [], checker.violations[:5]
+    train_checking_reads("ParameterList read", ParameterListLM)
 
 
 def case_load_into_inner_model_or_sublayer_waits():
     """set_state_dict on the unwrapped model or a sublayer right after
-    step(): every parameter it writes is waited before the write."""
-    for mb in (BUCKET_MB, 0):
-        check_loads_into_inner_model_or_sublayer(mb)
+    step(): every parameter it writes is waited before the write; the
+    user's own set_state_dict overrides run and survive disabling."""
+    for bucket_mb in (BUCKET_MB, 0):
+        loads, snapshots, custom_loads = [], {}, {}
+
+        def with_custom_load(model):
+            for name, layer in (("inner", model), ("block", model.blocks[1])):
+
+                def custom(self, state, *args, _name=name, **kwargs):
+                    custom_loads[_name] = custom_loads.get(_name, 0) + 1
+                    return type(self).set_state_dict(
+                        self, state, *args, **kwargs
+                    )
+
+                custom_loads[name] = 0
+                layer.set_state_dict = types.MethodType(custom, layer)
+            return model
+
+        def on_step(step, model, opt, checker=None):
+            inner = model._layers
+            targets = {"inner": inner, "block": inner.blocks[1]}
+            if step == 0:  # state_dict() waits: safe to copy
+                for name, layer in targets.items():
+                    state = layer.state_dict().items()
+                    snapshots[name] = {k: v.clone() for k, v in state}
+                return
+            name = "inner" if step % 2 == 0 else "block"
+            if checker is not None:
+                assert checker.num_unwaited() > 0
+            before = custom_loads[name]
+            targets[name].set_state_dict(snapshots[name])  # roll back
+            assert custom_loads[name] == before + 1  # the user's override
+            if checker is not None:
+                loads.append((name, checker.num_unwaited()))
+
+        kwargs = dict(wrap_model=with_custom_load, bucket_mb=bucket_mb)
+        off = train(TinyLM, overlap=False, on_step=on_step, **kwargs)
+        with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
+            on_step_checked = functools.partial(on_step, checker=checker)
+            on = train(
+                overlap=True, checker=checker, on_step=on_step_checked, **kwargs
+            )
+        assert_bitwise_equal(off[:2], on[:2], "loads")
+        # step 0's snapshots read every parameter before the next forward:
+        # said once (the later loads do not repeat it)
+        assert_lost_overlap_warning(lost, "iteration")
+        # a load waits for exactly the parameters it writes: the whole
+        # model's leaves nothing pending, a block's leaves the others'
+        assert {n for n, _ in loads} == {"inner", "block"}, loads
+        assert all(left == 0 for n, left in loads if n == "inner"), loads
+        if bucket_mb == 0:  # (buckets span the block and the rest)
+            assert all(left > 0 for n, left in loads if n == "block"), loads
+        assert checker.counts["writes"] > 0, checker.counts
+        assert checker.violations == []
+        on[2]["opt"]._set_broadcast_overlap(False)
+        before = dict(custom_loads)
+        on[2]["model"]._layers.set_state_dict(snapshots["inner"])
+        assert custom_loads["inner"] == before["inner"] + 1  # restored
 
 
-def check_loads_into_inner_model_or_sublayer(bucket_mb):
-    loads, snapshots, custom_loads = [], {}, {}
-
-    def with_custom_load(model):
-        """The user's own set_state_dict on two instances, set before
-        overlap is enabled: it must still run, and survive disabling."""
-        for name, layer in (("inner", model), ("block", model.blocks[1])):
-
-            def custom(self, state, *args, _name=name, **kwargs):
-                custom_loads[_name] = custom_loads.get(_name, 0) + 1
-                return type(self).set_state_dict(self, state, *args, **kwargs)
-
-            custom_loads[name] = 0
-            layer.set_state_dict = types.MethodType(custom, layer)
-        return model
-
-    def on_step(step, model, opt, checker=None):
-        inner = model._layers
-        targets = {"inner": inner, "block": inner.blocks[1]}
-        if step == 0:  # state_dict() waits: safe to copy
-            for name, layer in targets.items():
-                snapshots[name] = {
-                    k: v.clone() for k, v in layer.state_dict().items()
-                }
-            return
-        name = "inner" if step % 2 == 0 else "block"
-        if checker is not None:
-            assert checker.num_unwaited() > 0
-        before = custom_loads[name]
-        targets[name].set_state_dict(snapshots[name])  # roll back
-        assert custom_loads[name] == before + 1  # the user's own override ran
-        if checker is not None:
-            loads.append((name, checker.num_unwaited()))
-
-    off = train(
-        TinyLM,
-        overlap=False,
-        on_step=on_step,
-        wrap_model=with_custom_load,
-        bucket_mb=bucket_mb,
-    )
-    with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
-        on = train(
-            TinyLM,
-            overlap=True,
-            checker=checker,
-            on_step=functools.partial(on_step, checker=checker),
-            wrap_model=with_custom_load,
-            bucket_mb=bucket_mb,
-        )
-    assert_bitwise_equal(off[:2], on[:2], "loads")
-    # step 0's snapshots read every parameter before the next forward:
-    # said once (the later loads do not repeat it)
-    assert_lost_overlap_warning(lost, "iteration")
-    # a load waits for exactly the parameters it writes (checked at each
-    # Tensor.set_value): the whole model's load leaves nothing pending, a
-    # block's load leaves the other layers' broadcasts in flight
-    assert {n for n, _ in loads} == {"inner", "block"}, loads
-    assert all(left == 0 for n, left in loads if n == "inner"), loads
-    if bucket_mb == 0:  # (buckets span the block and the rest)
-        assert all(left > 0 for n, left in loads if n == "block"), loads
-    assert checker.counts["writes"] > 0, checker.counts
-    assert checker.violations == []
-    model, opt = on[2]["model"], on[2]["opt"]
-    opt._set_broadcast_overlap(False)
-    before = dict(custom_loads)
-    model._layers.set_state_dict(snapshots["inner"])
-    assert custom_loads["inner"] == before["inner"] + 1  # restored
+def assert_raises(error, text, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` raises ``error`` whose message holds every
+    string of ``text`` (a string or a tuple)."""
+    try:
+        fn(*args, **kwargs)
+    except error as e:
+        texts = (text,) if isinstance(text, str) else text
+        assert all(t in str(e) for t in texts), (args, kwargs, str(e))
+    else:
+        raise AssertionError(f"no {error.__name__} for {args} {kwargs}")
 
 
 def case_bad_input_raises_before_any_change():
+    """Bad arguments (on the fleet and the sharding optimizer) and Paddle's
+    own comm_overlap limit are refused before any hook is added."""
     model = fleet.distributed_model(TinyLM())
     opt = fleet.distributed_optimizer(adamw(model.parameters()))
     inner = opt._inner_opt
-    hooks_before = sum(
-        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
-    )
-    other = TinyLM()
+    hooks_before = total_forward_pre_hooks(model)
     bad = [
-        (dict(broadcast_overlap=True, layers=None), ValueError, "layers=model"),
-        (
-            dict(broadcast_overlap=True, layers="model"),
-            TypeError,
-            "paddle.nn.Layer",
-        ),
-        (dict(broadcast_overlap=True, layers=other), ValueError, "owns none"),
-        (dict(broadcast_overlap="yes", layers=model), TypeError, "bool"),
-        (
-            dict(broadcast_overlap=True, layers=model, strict=1),
-            TypeError,
-            "strict",
-        ),
+        (dict(layers=None), ValueError, "layers=model"),
+        (dict(layers="model"), TypeError, "paddle.nn.Layer"),
+        (dict(layers=TinyLM()), ValueError, "owns none"),
+        (dict(broadcast_overlap="yes"), TypeError, "bool"),
+        (dict(strict=1), TypeError, "strict"),
     ]
     for target in (opt, inner):
         for kwargs, error, text in bad:
-            try:
-                target._set_broadcast_overlap(**kwargs)
-            except error as e:
-                assert text in str(e), (kwargs, str(e))
-            else:
-                raise AssertionError(f"no {error.__name__} for {kwargs}")
+            kwargs = dict(dict(broadcast_overlap=True, layers=model), **kwargs)
+            assert_raises(error, text, target._set_broadcast_overlap, **kwargs)
     # comm_overlap is supported (gradient-overlap script); with the
     # pipeline's sharding_comm_overlap it is Paddle's own limit
     pp = fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
     saved = inner.comm_overlap
     inner.comm_overlap, pp.sharding_comm_overlap = True, True
     try:
-        opt._set_broadcast_overlap(True, layers=model)
-    except ValueError as e:
-        assert "Paddle cannot combine" in str(e) and "comm_overlap" in str(
-            e
-        ), str(e)
-    else:
-        raise AssertionError(
-            "comm_overlap + pp sharding_comm_overlap was not refused"
+        limit = ("Paddle cannot combine", "comm_overlap")
+        set_on = functools.partial(
+            opt._set_broadcast_overlap, True, layers=model
         )
+        assert_raises(ValueError, limit, set_on)
     finally:
         inner.comm_overlap, pp.sharding_comm_overlap = saved, False
     assert overlap_impl(inner) is None
-    hooks_after = sum(
-        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
-    )
-    assert hooks_after == hooks_before
+    assert total_forward_pre_hooks(model) == hooks_before
     # turning off what was never on is a no-op
     opt._set_broadcast_overlap(False)
 
