@@ -25,12 +25,11 @@ broadcast is pending; most, that every rank agreed on one order.
 import copy
 import gc
 import sys
+import types
 import warnings
 
-from broadcast_overlap_checker import BroadcastWaitChecker
 from broadcast_overlap_training import (
     HIDDEN,
-    STEPS,
     TinyLM,
     adamw,
     all_ranks_equal,
@@ -54,9 +53,9 @@ from dygraph_sharding_stage1_broadcast_overlap_models import (
     assert_order_agreed,
     check_order_warned_per_parameter,
     compare_on_off,
-    step_aware_micro_step,
     train,
     train_checking_reads,
+    train_with_checker,
 )
 
 import paddle
@@ -64,14 +63,11 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.utils import recompute
 
 
-# ----------------------------------------------------------------------
-# models (on the shared LM base)
 class RankOrderLM(LM):
     """Two parallel branches whose call order depends on rank and step
     (the sum is the same either way)."""
 
-    def __init__(self):
-        super().__init__()
+    def build(self):
         self.branch_a = paddle.nn.Linear(HIDDEN, HIDDEN)
         self.branch_b = paddle.nn.Linear(HIDDEN, HIDDEN)
 
@@ -89,17 +85,14 @@ class ExpertLM(LM):
     """Three experts; from step 1 on, each rank leaves a different expert
     unused (rank- and step-dependent routing)."""
 
-    def __init__(self):
-        super().__init__()
-        self.experts = paddle.nn.LayerList(
-            [paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)]
-        )
+    def build(self):
+        experts = [paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)]
+        self.experts = paddle.nn.LayerList(experts)
 
     def front(self, x):
         unused = (self.step + rank()) % 3 if self.step > 0 else None
         for i, expert in enumerate(self.experts):
-            if i != unused:
-                x = x + expert(x)
+            x = x + expert(x) if i != unused else x
         return x
 
 
@@ -108,31 +101,22 @@ class RecomputeLM(LM):
 
     def run_block(self, i, x):
         # no dropout here; Paddle 2.6 cannot preserve RNG state on the CPU
-        return recompute(
-            self.blocks[i],
-            x,
-            use_reentrant=self.use_reentrant,
-            preserve_rng_state=False,
-        )
+        kw = dict(use_reentrant=self.use_reentrant, preserve_rng_state=False)
+        return recompute(self.blocks[i], x, **kw)
 
 
 class ReuseLM(LM):
     """One block called twice in one forward."""
 
     def run_block(self, i, x):
-        return (
-            self.blocks[0](self.blocks[0](x))
-            if i == 0
-            else super().run_block(i, x)
-        )
+        return self.blocks[i](self.blocks[0](x) if i == 0 else x)
 
 
 class DirectReadLM(LM):
     """Reads parameters without their owner's __call__: ``proj.forward(x)``
     and ``F.linear(x, head.weight, head.bias)``."""
 
-    def __init__(self, read_check=None):
-        super().__init__(read_check)
+    def build(self):
         self.proj = paddle.nn.Linear(HIDDEN, HIDDEN)
 
     def front(self, x):
@@ -143,65 +127,28 @@ class DirectReadLM(LM):
         return paddle.nn.functional.linear(x, self.head.weight, self.head.bias)
 
 
-# ----------------------------------------------------------------------
-# cases
 def case_forward_order_differs_between_ranks_and_steps():
     """Rank 0 recorded branch_a first; whoever runs branch_b first waits
     for a task launched after a pending one, and is told once."""
-    check_order_warned_per_parameter(
-        RankOrderLM, "waited_out_of_order", micro_step=step_aware_micro_step
-    )
+    check_order_warned_per_parameter(RankOrderLM, "waited_out_of_order")
 
 
 def case_expert_routing_leaves_experts_unused():
     """The unused expert's tasks wait for the next update; the layer after
     it needs its own while they are pending (told once)."""
-    check_order_warned_per_parameter(
-        ExpertLM,
-        "waited_before_update",
-        steps=6,
-        micro_step=step_aware_micro_step,
-    )
+    check_order_warned_per_parameter(ExpertLM, "waited_before_update", 6)
 
 
-def agreed_order_case(doc, **kwargs):
-    """A case: ``compare_on_off(**kwargs)``, every rank agreed on one
-    order."""
+def case_ranks_run_different_forward_counts():
+    """Eval and "generation" forwards on rank 0 only: one agreed order."""
 
-    def case():
-        _, info = compare_on_off(**kwargs)
-        assert_order_agreed(info)
+    def on_step(step, model, opt):
+        if rank() == 0:
+            with paddle.no_grad():
+                for i in range(1 + step % 3):
+                    model(batch(200 + i)[0])
 
-    case.__doc__ = doc
-    return case
-
-
-def generation_on_rank0(step, model, opt):
-    # evaluation and a few "generation" forwards on rank 0 only
-    if rank() == 0:
-        with paddle.no_grad():
-            for i in range(1 + step % 3):
-                model(batch(200 + i)[0])
-
-
-def freeze_block0_at_1_thaw_at_3(step, model, opt):
-    if step in (1, 3):
-        for p in model._layers.blocks[0].parameters():
-            p.stop_gradient = step == 1
-
-
-def toggle_off_on_again(step, model, opt):
-    if step == 1:
-        opt._set_broadcast_overlap(False)
-    elif step in (2, 3):  # at 3 again: replaces
-        opt._set_broadcast_overlap(True, layers=model)
-
-
-case_ranks_run_different_forward_counts = agreed_order_case(
-    "Eval and generation forwards on rank 0 only.",
-    steps=5,
-    on_step=generation_on_rank0,
-)
+    assert_order_agreed(compare_on_off(steps=5, on_step=on_step)[1])
 
 
 def case_forwards_without_backward_tables_bounded():
@@ -274,20 +221,25 @@ def case_layer_called_twice_and_two_forwards_per_backward():
     compare_on_off(micro_step=two_forwards, acc_steps=2)
 
 
-case_skipped_steps_first_included = agreed_order_case(
-    "Steps without an update (the first among them).",
-    steps=6,
-    skip_update=lambda s: s in (0, 3),
-)
+def case_skipped_steps_first_included():
+    """Steps without an update (the first among them): one agreed order."""
+    skipped = compare_on_off(steps=6, skip_update=lambda s: s in (0, 3))
+    assert_order_agreed(skipped[1])
 
 
 def case_weights_replaced_between_steps():
     """Swap in averaged weights for evaluation and back with
     set_state_dict: no broadcast may still be pending at the load."""
-    unwaited_at_load, pending_after_step = [], []
-    snapshot = {}
+    unwaited_at_load, pending_after_step, snapshot = [], [], {}
 
-    def on_step(step, model, opt):
+    def on_step(step, model, opt, checker):
+        def load(state):
+            if checker is not None:
+                unwaited_at_load.append(checker.num_unwaited())
+            model.set_state_dict(state)
+
+        if checker is not None:  # launched and not yet waited
+            pending_after_step.append(checker.num_unwaited())
         if step == 0:
             snapshot.clear()
             snapshot.update(
@@ -296,42 +248,19 @@ def case_weights_replaced_between_steps():
         elif step % 3 == 1:
             # roll back to an earlier snapshot right after step(): the
             # broadcasts are still pending when set_state_dict is called
-            model.set_state_dict(snapshot)
+            load(snapshot)
         elif step % 3 == 2:
             # swap in averaged weights for evaluation, then back
             trained = {k: v.clone() for k, v in model.state_dict().items()}
-            averaged = {k: (v + snapshot[k]) * 0.5 for k, v in trained.items()}
-            model.set_state_dict(averaged)
+            load({k: (v + snapshot[k]) * 0.5 for k, v in trained.items()})
             with paddle.no_grad():
                 model(batch(400 + step)[0])
-            model.set_state_dict(trained)
+            load(trained)
 
-    off = train(TinyLM, overlap=False, on_step=on_step, steps=6)
-    layer_cls = paddle.nn.Layer
-    original = layer_cls.set_state_dict
-    with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
-
-        def recording_set_state_dict(self, *args, **kwargs):
-            unwaited_at_load.append(checker.num_unwaited())
-            return original(self, *args, **kwargs)
-
-        def on_step_pending(step, model, opt):
-            # launched and not yet waited: the load must wait for them
-            pending_after_step.append(checker.num_unwaited())
-            on_step(step, model, opt)
-
-        layer_cls.set_state_dict = recording_set_state_dict
-        try:
-            on = train(
-                TinyLM,
-                overlap=True,
-                checker=checker,
-                on_step=on_step_pending,
-                steps=6,
-            )
-        finally:
-            layer_cls.set_state_dict = original
-    assert_bitwise_equal(off[:2], on[:2], "weights replaced")
+    with lost_overlap_warnings() as lost:
+        checker, _ = compare_on_off(
+            run=train_with_checker, on_step=on_step, steps=6
+        )
     assert checker.violations == []
     assert max(pending_after_step) > 0, pending_after_step
     # loads came while broadcasts were pending; each parameter's write
@@ -361,50 +290,41 @@ def case_parameters_read_without_call():
     train_checking_reads("direct read", DirectReadLM)
 
 
-case_trainability_changed_mid_training = agreed_order_case(
-    "Block 0 frozen after step 1, trainable again after step 3.",
-    steps=5,
-    on_step=freeze_block0_at_1_thaw_at_3,
-)
+def case_trainability_changed_mid_training():
+    """Block 0 frozen after step 1, trainable again after step 3."""
+
+    def on_step(step, model, opt):
+        if step in (1, 3):
+            for p in model._layers.blocks[0].parameters():
+                p.stop_gradient = step == 1
+
+    assert_order_agreed(compare_on_off(steps=5, on_step=on_step)[1])
 
 
 def case_two_optimizers_share_one_model():
     """Two sharding optimizers over disjoint parameters of one model (V1
     has no parameter groups), both overlapped; turned off in either order."""
 
-    def run(overlap, off_order=None):
+    def run(overlap, off_order=()):
         model = build_with_initial_state(TinyLM)
-        body = [
-            p for n, p in model.named_parameters() if not n.startswith("head")
-        ]
-        opts = [
-            fleet.distributed_optimizer(adamw(body)),
-            fleet.distributed_optimizer(
-                paddle.optimizer.SGD(0.05, parameters=model.head.parameters())
-            ),
-        ]
+        body = [p for n, p in model.named_parameters() if n[:4] != "head"]
+        sgd = paddle.optimizer.SGD(0.05, parameters=model.head.parameters())
+        opts = [fleet.distributed_optimizer(o) for o in (adamw(body), sgd)]
         model = fleet.distributed_model(model)
         base = total_forward_pre_hooks(model)
+        for opt in opts if overlap else ():
+            opt._set_broadcast_overlap(True, layers=model)
+        both = types.SimpleNamespace(
+            step=lambda: [opt.step() for opt in opts],
+            clear_grad=lambda: [opt.clear_grad() for opt in opts],
+        )
+        losses, params, _ = train(model=model, opt=both)
+        for i in off_order:
+            opts[i]._set_broadcast_overlap(False)
         if overlap:
-            for opt in opts:
-                opt._set_broadcast_overlap(True, layers=model)
-        losses = []
-        for step in range(STEPS):
-            loss = lm_loss(model, step)
-            loss.backward()
-            for opt in opts:
-                opt.step()
-                opt.clear_grad()
-            losses.append(loss.numpy().copy())
-        params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
-        if overlap:
-            for i in off_order:
-                opts[i]._set_broadcast_overlap(False)
             assert total_forward_pre_hooks(model) == base
-            assert not any(
-                "set_state_dict" in vars(l)
-                for l in model.sublayers(include_self=True)
-            )
+            layers = model.sublayers(include_self=True)
+            assert not any("set_state_dict" in vars(l) for l in layers)
         return losses, params
 
     off = run(False)
@@ -412,11 +332,16 @@ def case_two_optimizers_share_one_model():
         assert_bitwise_equal(off, run(True, order), f"two optimizers {order}")
 
 
-case_toggle_on_off_on_mid_training = agreed_order_case(
-    "Overlap turned off, on, and on again (replacing) between steps.",
-    steps=6,
-    on_step=toggle_off_on_again,
-)
+def case_toggle_on_off_on_mid_training():
+    """Overlap turned off, on, and on again (replacing) between steps."""
+
+    def on_step(step, model, opt):
+        if step == 1:
+            opt._set_broadcast_overlap(False)
+        elif step in (2, 3):  # at 3 again: replaces
+            opt._set_broadcast_overlap(True, layers=model)
+
+    assert_order_agreed(compare_on_off(steps=6, on_step=on_step)[1])
 
 
 def case_deepcopy_loads_copy_and_collected_optimizer_closed():
@@ -464,29 +389,25 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
 def case_error_after_update_is_refused_at_the_next_step():
     """An error raised inside the hybrid optimizer's step after the update,
     caught by the user: without overlap training goes on; with overlap the
-    sync that step held back (``HybridParallelOptimizer._step`` starts it at
-    its end) never started, so the next step() refuses on every rank with
-    an error naming the fix (no silent divergence, no hang), and after
-    turning the overlap off and on again training goes on."""
+    held-back sync never started, so the next step() refuses on every rank
+    naming the fix (no silent divergence, no hang), which lets it go on."""
 
     def on_step(step, model, opt):
-        if step == 0:
-            inner = opt._inner_opt
-            cls_step = type(inner).step
+        inner = opt._inner_opt
+        cls_step = type(inner).step
 
-            def step_then_fail():
-                cls_step(inner)
-                if on_step.calls == 0:
-                    on_step.calls += 1
-                    raise RuntimeError("injected after the update")
+        def step_then_fail():
+            cls_step(inner)
+            if on_step.calls == 0:
+                on_step.calls += 1
+                raise RuntimeError("injected after the update")
 
-            inner.step = step_then_fail
+        inner.step = step_then_fail
 
     for overlap in (False, True):
         on_step.calls = 0
         _, _, info = train(TinyLM, overlap=overlap, steps=1, on_step=on_step)
-        model, opt = info["model"], info["opt"]
-        errors = []
+        model, opt, errors = info["model"], info["opt"], []
         # train() ends with model.state_dict(), right after the step: the
         # next forward overlapped nothing (said once)
         with lost_overlap_warnings() as lost:
@@ -500,13 +421,9 @@ def case_error_after_update_is_refused_at_the_next_step():
                         opt._set_broadcast_overlap(False)
                         opt._set_broadcast_overlap(True, layers=model)
                 opt.clear_grad()
+        assert on_step.calls == 1 and "injected" in errors[0], errors
         if overlap:
             assert_lost_overlap_warning(lost, "iteration")
-        else:
-            assert lost == [], lost
-        assert on_step.calls == 1
-        assert "injected" in errors[0], errors
-        if overlap:
             assert len(errors) == 2, errors
             assert (
                 "stopped after its update and before its parameter "
@@ -514,7 +431,7 @@ def case_error_after_update_is_refused_at_the_next_step():
                 and "_set_broadcast_overlap(False)" in errors[1]
             ), errors[1]
         else:
-            assert len(errors) == 1, errors
+            assert lost == [] and len(errors) == 1, (lost, errors)
         assert all_ranks_equal([len(errors)])
 
 

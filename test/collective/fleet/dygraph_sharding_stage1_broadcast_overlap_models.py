@@ -68,20 +68,22 @@ compare_on_off = functools.partial(training.compare_on_off, bucket_mb=BUCKET_MB)
 train = functools.partial(training.train, bucket_mb=BUCKET_MB)
 
 
-# ----------------------------------------------------------------------
-# models and helpers (shared with ..._loops.py)
 class LM(TinyLM):
-    """TinyLM whose forward runs ``front(x)`` on the embedding's output and
-    ``run_block(i, x)`` per block (the variants override them);
-    ``read_check(params)``, if given, is called right before a variant
-    reads ``params`` outside their layer's call (a case passes the wait
-    checker's check); ``step`` is set by ``step_aware_micro_step``."""
+    """TinyLM running ``front(x)`` on the embedding's output and
+    ``run_block(i, x)`` per block, which variants override after adding
+    layers in ``build()``; ``read_check(params)`` is called right before a
+    variant reads ``params`` outside their layer's call (a case passes the
+    wait checker's); ``step``: set by ``step_aware_micro_step``."""
 
     step = 0
 
     def __init__(self, read_check=None):
         super().__init__()
         self.read_check = read_check or (lambda params: None)
+        self.build()
+
+    def build(self):
+        pass
 
     def forward(self, tokens):
         x = self.front(self.embed(tokens))
@@ -106,10 +108,13 @@ def assert_order_agreed(info):
     assert impl.order is not None and all_ranks_equal(impl.order)
 
 
-def check_order_warned_per_parameter(build, stat, **kwargs):
-    """With 2 KB buckets and per parameter: the order agreed on every rank,
-    the order warning shown at most once; per parameter (buckets may join
-    the layers involved) the ``stat`` wait happened and warned once."""
+def check_order_warned_per_parameter(
+    build, stat, steps=STEPS, micro_step=step_aware_micro_step, **kwargs
+):
+    """With 2 KB buckets and per parameter: one agreed order, the order
+    warning at most once; per parameter (buckets may join the layers
+    involved) the ``stat`` wait happened and the warning was shown."""
+    kwargs.update(steps=steps, micro_step=micro_step)
     for mb in (BUCKET_MB, 0):
         with order_warnings() as order:
             _, info = compare_on_off(build, bucket_mb=mb, **kwargs)
@@ -117,35 +122,31 @@ def check_order_warned_per_parameter(build, stat, **kwargs):
         assert len(order) <= 1, order  # shown once
         if mb == 0:
             stats = overlap_impl(info["opt"]).stats
-            assert stats[stat] > 0, stats
-            assert len(order) == 1, order
+            assert stats[stat] > 0 and len(order) == 1, (stats, order)
 
 
-def train_checking_reads(what, build=None, **kwargs):
-    """An overlap-on run whose ``build`` (taking ``read_check``) or
-    ``kwargs["wrap_model"](check)`` calls ``check(params)`` right before
-    reading ``params``: none of them pending then."""
+def train_checking_reads(what, build):
+    """An overlap-on run of ``build(check)``, a model that calls
+    ``check(params)`` right before it reads them: none pending then."""
     with BroadcastWaitChecker() as checker:
+        check = functools.partial(checker.check, where=what)
+        train(functools.partial(build, check), True, checker=checker)
+    assert checker.counts["launched"] > 0, checker.counts
+    assert checker.violations == [], checker.violations[:5]
 
-        def check(params):
-            checker.check(params, what)
 
-        if build is not None:
-            kwargs["build"] = functools.partial(build, read_check=check)
-        if "wrap_model" in kwargs:
-            kwargs["wrap_model"] = kwargs["wrap_model"](check)
-        train(overlap=True, checker=checker, **kwargs)
-    assert (
-        checker.counts["launched"] > 0 and checker.violations == []
-    ), checker.violations[:5]
+def train_with_checker(build, on_step, checker=None, **kwargs):
+    """``train`` whose ``on_step`` also gets the ``checker`` (None with
+    overlap off): ``compare_on_off(run=train_with_checker, ...)``."""
+    on_step = functools.partial(on_step, checker=checker)
+    return train(build, checker=checker, on_step=on_step, **kwargs)
 
 
 class RootParamLM(LM):
     """A position-embedding parameter owned by the root (which also has
     sublayers), added in its forward."""
 
-    def __init__(self):
-        super().__init__()
+    def build(self):
         self.pos = self.create_parameter([SEQ, HIDDEN])
 
     def front(self, x):
@@ -155,8 +156,7 @@ class RootParamLM(LM):
 class TiedLM(LM):
     """Two Linear layers sharing one weight object, both called."""
 
-    def __init__(self):
-        super().__init__()
+    def build(self):
         self.mix_a = paddle.nn.Linear(HIDDEN, HIDDEN)
         self.mix_b = paddle.nn.Linear(HIDDEN, HIDDEN)
         self.mix_b.weight = self.mix_a.weight
@@ -214,12 +214,11 @@ class SometimesSkipLM(LM):
         return x if self.skip and i == 1 else self.blocks[i](x)
 
 
-class WeightNormLM(TinyLM):
+class WeightNormLM(LM):
     """head under paddle.nn.utils.weight_norm: its forward pre-hook (made
     before overlap is enabled) computes weight from weight_g and weight_v."""
 
-    def __init__(self):
-        super().__init__()
+    def build(self):
         paddle.nn.utils.weight_norm(self.head)
 
 
@@ -227,19 +226,15 @@ class ParameterListLM(LM):
     """Extra parameters in a ParameterList, read by the parent's forward
     (a ParameterList has no forward of its own)."""
 
-    def __init__(self, read_check=None):
-        super().__init__(read_check)
-        self.scales = paddle.nn.ParameterList(
-            [self.create_parameter([HIDDEN]) for _ in range(2)]
-        )
+    def build(self):
+        scales = [self.create_parameter([HIDDEN]) for _ in range(2)]
+        self.scales = paddle.nn.ParameterList(scales)
 
     def run_block(self, i, x):
         self.read_check([self.scales[i]])
         return self.blocks[i](x) * self.scales[i]
 
 
-# ----------------------------------------------------------------------
-# cases
 def check_order_ends(build, first, last=None):
     """The agreed order starts with ``first(layer)`` and, if given, ends
     with one of ``last(layer)``."""
@@ -329,11 +324,7 @@ def case_layer_not_run_and_eval_between_steps():
             model.train()
 
     check_order_warned_per_parameter(
-        SometimesSkipLM,
-        "waited_before_update",
-        steps=5,
-        micro_step=micro_step,
-        on_step=on_step,
+        SometimesSkipLM, "waited_before_update", 5, micro_step, on_step=on_step
     )
 
 
@@ -346,14 +337,9 @@ def case_state_dict_and_save_without_synchronize():
         inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
     )
 
-    def relaunch(impl):
-        # what step() does around its update: wait, then launch every unit
-        # again (the same values: a second launch on every rank)
-        impl.wait_all("waited_before_update")
-        impl.launch()
-        assert impl.num_pending == len(impl.units), impl.num_pending
-
-    def on_step(step, model, opt):
+    def on_step(step, model, opt, checker):
+        if checker is None:
+            return
         assert checker.num_unwaited() > 0  # launched, not yet waited
         state = model.state_dict()
         checker.check(list(state.values()), "model.state_dict")
@@ -364,26 +350,25 @@ def case_state_dict_and_save_without_synchronize():
             saved[step] = paddle.load(path)
         assert len(opt.state_dict()) > 0
         impl = overlap_impl(opt)
-        waits = [lambda: opt.state_dict()]  # the optimizer's waits too
+        waits = [opt.state_dict]  # the optimizer's waits too
         if keep_vars:
             waits.insert(0, lambda: model._layers.state_dict(keep_vars=False))
         for wait in waits:
-            relaunch(impl)
+            # what step() does around its update: wait, then launch every
+            # unit again (the same values: a second launch on every rank)
+            impl.wait_all("waited_before_update")
+            impl.launch()
+            assert impl.num_pending == len(impl.units), impl.num_pending
             assert checker.num_unwaited() > 0
             wait()
             assert checker.num_unwaited() == 0
 
-    off = train(TinyLM, overlap=False)
-    with BroadcastWaitChecker() as checker:
-        # no lost-overlap warning although model.state_dict() reads every
-        # parameter: the relaunch starts a new count, and the last wait
-        # before the next forward is a wait on demand, not a read
-        on = train(TinyLM, overlap=True, checker=checker, on_step=on_step)
-    assert_bitwise_equal(off[:2], on[:2], "save")
-    assert checker.violations == [], checker.violations
-    last = saved[STEPS - 1]
-    for k, v in on[1].items():
-        assert np.asarray(last[k]).tobytes() == v.tobytes(), k
+    # no lost-overlap warning (run_cases fails the case on one) although
+    # model.state_dict() reads every parameter: the relaunch starts a new
+    # count, and the last wait before the next forward is on demand
+    _, on = compare_on_off(run=train_with_checker, on_step=on_step)
+    for k, v in on.params.items():
+        assert np.asarray(saved[STEPS - 1][k]).tobytes() == v.tobytes(), k
 
 
 def case_frozen_and_gradless_parameters():
@@ -434,7 +419,7 @@ def case_checkpoint_resume():
     fresh = fleet.distributed_model(fresh)
     opt._set_broadcast_overlap(True, layers=fresh)
     with BroadcastWaitChecker() as checker:
-        rest_losses, rest_params, _ = train(
+        rest = train(
             model=fresh,
             opt=opt,
             steps=total - cut,
@@ -442,11 +427,8 @@ def case_checkpoint_resume():
             checker=checker,
         )
     assert checker.violations == [] and checker.counts["launched"] > 0
-    assert_bitwise_equal(
-        (off_losses, off_params),
-        (first_losses + rest_losses, rest_params),
-        "resume",
-    )
+    resumed = (first_losses + rest.losses, rest.params)
+    assert_bitwise_equal((off_losses, off_params), resumed, "resume")
 
 
 def rename_state_keys(state, renames):
@@ -489,17 +471,15 @@ def case_user_pre_hook_reads_waited_parameters():
     weight_norm's, and one on every layer) runs after the overlay's wait."""
     compare_on_off(WeightNormLM)
 
-    def hook_every_layer(check):
-        def wrap(model):
-            for layer in model.sublayers(include_self=True):
-                layer.register_forward_pre_hook(
-                    lambda l, _: check(l.parameters(include_sublayers=False))
-                )
-            return model
+    def hooked(check):
+        model = TinyLM()
+        for layer in model.sublayers(include_self=True):
+            layer.register_forward_pre_hook(
+                lambda l, _: check(l.parameters(include_sublayers=False))
+            )
+        return model
 
-        return wrap
-
-    train_checking_reads("user hook", wrap_model=hook_every_layer)
+    train_checking_reads("user hook", hooked)
 
 
 def case_parameter_list_waited_by_parent():
@@ -518,41 +498,36 @@ def case_load_into_inner_model_or_sublayer_waits():
         def with_custom_load(model):
             for name, layer in (("inner", model), ("block", model.blocks[1])):
 
-                def custom(self, state, *args, _name=name, **kwargs):
+                def custom(self, *args, _name=name, **kwargs):
                     custom_loads[_name] = custom_loads.get(_name, 0) + 1
-                    return type(self).set_state_dict(
-                        self, state, *args, **kwargs
-                    )
+                    return type(self).set_state_dict(self, *args, **kwargs)
 
                 custom_loads[name] = 0
                 layer.set_state_dict = types.MethodType(custom, layer)
             return model
 
-        def on_step(step, model, opt, checker=None):
-            inner = model._layers
-            targets = {"inner": inner, "block": inner.blocks[1]}
+        def on_step(step, model, opt, checker):
+            targets = {"inner": model._layers, "block": model._layers.blocks[1]}
             if step == 0:  # state_dict() waits: safe to copy
                 for name, layer in targets.items():
                     state = layer.state_dict().items()
                     snapshots[name] = {k: v.clone() for k, v in state}
                 return
             name = "inner" if step % 2 == 0 else "block"
-            if checker is not None:
-                assert checker.num_unwaited() > 0
+            assert checker is None or checker.num_unwaited() > 0
             before = custom_loads[name]
             targets[name].set_state_dict(snapshots[name])  # roll back
             assert custom_loads[name] == before + 1  # the user's override
             if checker is not None:
                 loads.append((name, checker.num_unwaited()))
 
-        kwargs = dict(wrap_model=with_custom_load, bucket_mb=bucket_mb)
-        off = train(TinyLM, overlap=False, on_step=on_step, **kwargs)
-        with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
-            on_step_checked = functools.partial(on_step, checker=checker)
-            on = train(
-                overlap=True, checker=checker, on_step=on_step_checked, **kwargs
+        with lost_overlap_warnings() as lost:
+            checker, on = compare_on_off(
+                run=train_with_checker,
+                on_step=on_step,
+                wrap_model=with_custom_load,
+                bucket_mb=bucket_mb,
             )
-        assert_bitwise_equal(off[:2], on[:2], "loads")
         # step 0's snapshots read every parameter before the next forward:
         # said once (the later loads do not repeat it)
         assert_lost_overlap_warning(lost, "iteration")
@@ -564,9 +539,9 @@ def case_load_into_inner_model_or_sublayer_waits():
             assert all(left > 0 for n, left in loads if n == "block"), loads
         assert checker.counts["writes"] > 0, checker.counts
         assert checker.violations == []
-        on[2]["opt"]._set_broadcast_overlap(False)
+        on.opt._set_broadcast_overlap(False)
         before = dict(custom_loads)
-        on[2]["model"]._layers.set_state_dict(snapshots["inner"])
+        on.model._layers.set_state_dict(snapshots["inner"])
         assert custom_loads["inner"] == before["inner"] + 1  # restored
 
 
