@@ -31,10 +31,12 @@ import warnings
 from broadcast_overlap_training import (
     HIDDEN,
     TinyLM,
+    VariantLM,
     adamw,
     all_ranks_equal,
     assert_bitwise_equal,
     assert_lost_overlap_warning,
+    assert_order_agreed,
     batch,
     build_with_initial_state,
     cases_of,
@@ -47,15 +49,13 @@ from broadcast_overlap_training import (
     run_cases,
     sync_registry_module,
     total_forward_pre_hooks,
+    train_with_checker,
 )
 from dygraph_sharding_stage1_broadcast_overlap_models import (
-    LM,
-    assert_order_agreed,
     check_order_warned_per_parameter,
     compare_on_off,
     train,
     train_checking_reads,
-    train_with_checker,
 )
 
 import paddle
@@ -63,7 +63,7 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.utils import recompute
 
 
-class RankOrderLM(LM):
+class RankOrderLM(VariantLM):
     """Two parallel branches whose call order depends on rank and step
     (the sum is the same either way)."""
 
@@ -81,7 +81,7 @@ class RankOrderLM(LM):
         return x + a + b
 
 
-class ExpertLM(LM):
+class ExpertLM(VariantLM):
     """Three experts; from step 1 on, each rank leaves a different expert
     unused (rank- and step-dependent routing)."""
 
@@ -96,7 +96,7 @@ class ExpertLM(LM):
         return x
 
 
-class RecomputeLM(LM):
+class RecomputeLM(VariantLM):
     use_reentrant = True
 
     def run_block(self, i, x):
@@ -105,14 +105,14 @@ class RecomputeLM(LM):
         return recompute(self.blocks[i], x, **kw)
 
 
-class ReuseLM(LM):
+class ReuseLM(VariantLM):
     """One block called twice in one forward."""
 
     def run_block(self, i, x):
         return self.blocks[i](self.blocks[0](x) if i == 0 else x)
 
 
-class DirectReadLM(LM):
+class DirectReadLM(VariantLM):
     """Reads parameters without their owner's __call__: ``proj.forward(x)``
     and ``F.linear(x, head.weight, head.bias)``."""
 

@@ -17,8 +17,8 @@
 Each case: overlap on vs off bitwise equal, no parameter read while its
 broadcast is pending (``compare_on_off``). Cases run by env
 ``BROADCAST_OVERLAP_CASES`` (all by default) under
-``python -m paddle.distributed.launch --nproc_per_node 2``. The model base
-``LM`` and the helpers below are shared with ``..._loops.py``.
+``python -m paddle.distributed.launch --nproc_per_node 2``. The helpers and
+models below are shared with ``..._loops.py``.
 """
 
 import functools
@@ -40,21 +40,25 @@ from broadcast_overlap_training import (
     VOCAB,
     Block,
     TinyLM,
+    VariantLM,
     adamw,
-    all_ranks_equal,
     assert_bitwise_equal,
     assert_lost_overlap_warning,
+    assert_order_agreed,
+    assert_raises,
     batch,
     cases_of,
-    default_micro_step,
     lm_loss,
     lost_overlap_warnings,
     optimizer_parameters,
     order_warnings,
     overlap_impl,
     rank,
+    rename_state_keys,
     run_cases,
+    step_aware_micro_step,
     total_forward_pre_hooks,
+    train_with_checker,
 )
 
 import paddle
@@ -66,46 +70,6 @@ from paddle.distributed import fleet
 BUCKET_MB = 0.002
 compare_on_off = functools.partial(training.compare_on_off, bucket_mb=BUCKET_MB)
 train = functools.partial(training.train, bucket_mb=BUCKET_MB)
-
-
-class LM(TinyLM):
-    """TinyLM running ``front(x)`` on the embedding's output and
-    ``run_block(i, x)`` per block, which variants override after adding
-    layers in ``build()``; ``read_check(params)`` is called right before a
-    variant reads ``params`` outside their layer's call (a case passes the
-    wait checker's); ``step``: set by ``step_aware_micro_step``."""
-
-    step = 0
-
-    def __init__(self, read_check=None):
-        super().__init__()
-        self.read_check = read_check or (lambda params: None)
-        self.build()
-
-    def build(self):
-        pass
-
-    def forward(self, tokens):
-        x = self.front(self.embed(tokens))
-        for i in range(len(self.blocks)):
-            x = self.run_block(i, x)
-        return self.logits(x)
-
-    def front(self, x):
-        return x
-
-    def run_block(self, i, x):
-        return self.blocks[i](x)
-
-
-def step_aware_micro_step(model, step, micro, acc_steps):
-    model._layers.step = step
-    return default_micro_step(model, step, micro, acc_steps)
-
-
-def assert_order_agreed(info):
-    impl = overlap_impl(info["opt"])
-    assert impl.order is not None and all_ranks_equal(impl.order)
 
 
 def check_order_warned_per_parameter(
@@ -135,14 +99,7 @@ def train_checking_reads(what, build):
     assert checker.violations == [], checker.violations[:5]
 
 
-def train_with_checker(build, on_step, checker=None, **kwargs):
-    """``train`` whose ``on_step`` also gets the ``checker`` (None with
-    overlap off): ``compare_on_off(run=train_with_checker, ...)``."""
-    on_step = functools.partial(on_step, checker=checker)
-    return train(build, checker=checker, on_step=on_step, **kwargs)
-
-
-class RootParamLM(LM):
+class RootParamLM(VariantLM):
     """A position-embedding parameter owned by the root (which also has
     sublayers), added in its forward."""
 
@@ -153,7 +110,7 @@ class RootParamLM(LM):
         return x + self.pos
 
 
-class TiedLM(LM):
+class TiedLM(VariantLM):
     """Two Linear layers sharing one weight object, both called."""
 
     def build(self):
@@ -205,16 +162,15 @@ class CustomNamesLM(paddle.nn.Layer):
         return self.head(self.norm(self.proj(self.embed(tokens))))
 
 
-class SometimesSkipLM(LM):
+class SometimesSkipLM(VariantLM):
     """Block 1 does not run on odd steps (deterministic, same on all ranks)."""
 
-    skip = False
-
     def run_block(self, i, x):
-        return x if self.skip and i == 1 else self.blocks[i](x)
+        skip = i == 1 and self.step % 2 == 1
+        return x if skip else self.blocks[i](x)
 
 
-class WeightNormLM(LM):
+class WeightNormLM(VariantLM):
     """head under paddle.nn.utils.weight_norm: its forward pre-hook (made
     before overlap is enabled) computes weight from weight_g and weight_v."""
 
@@ -222,7 +178,7 @@ class WeightNormLM(LM):
         paddle.nn.utils.weight_norm(self.head)
 
 
-class ParameterListLM(LM):
+class ParameterListLM(VariantLM):
     """Extra parameters in a ParameterList, read by the parent's forward
     (a ParameterList has no forward of its own)."""
 
@@ -278,17 +234,15 @@ def case_custom_parameter_names():
 def case_unreachable_parameters_waited_and_named():
     """A parameter no layer owns is waited (every step) and named once in a
     warning."""
-    extra_holder = {}
+    extras = []
 
     def parameters(model):
-        extra = paddle.create_parameter(
-            [HIDDEN], "float32", name=f"outside_model_{len(extra_holder)}"
-        )
-        extra_holder["p"] = extra
-        return list(model.parameters()) + [extra]
+        name = f"outside_model_{len(extras)}"
+        extras.append(paddle.create_parameter([HIDDEN], "float32", name=name))
+        return list(model.parameters()) + extras[-1:]
 
     def micro_step(model, step, micro, acc_steps):
-        loss = lm_loss(model, step, micro) + (extra_holder["p"] ** 2).mean()
+        loss = lm_loss(model, step, micro) + (extras[-1] ** 2).mean()
         (loss / acc_steps).backward()
         return loss
 
@@ -297,22 +251,19 @@ def case_unreachable_parameters_waited_and_named():
         checker, info = compare_on_off(
             parameters=parameters, micro_step=micro_step
         )
-    name = extra_holder["p"].name
-    named = [str(w.message) for w in caught if name in str(w.message)]
+    named = [
+        str(w.message) for w in caught if extras[-1].name in str(w.message)
+    ]
     assert len(named) == 1, [str(w.message) for w in caught]
     impl = overlap_impl(info["opt"])
     assert impl.stats["waited_unreachable"] == STEPS, impl.stats
-    checker.check([extra_holder["p"]], "after-step")
+    checker.check(extras[-1:], "after-step")
     assert checker.violations == []
 
 
 def case_layer_not_run_and_eval_between_steps():
     """A block skipped on odd steps, eval forwards before the others: its
     pending tasks are waited before the next update (and warned once)."""
-
-    def micro_step(model, step, micro, acc_steps):
-        model._layers.skip = step % 2 == 1
-        return default_micro_step(model, step, micro, acc_steps)
 
     def on_step(step, model, opt):
         # eval only before the steps that run every block, so block 1's
@@ -324,7 +275,7 @@ def case_layer_not_run_and_eval_between_steps():
             model.train()
 
     check_order_warned_per_parameter(
-        SometimesSkipLM, "waited_before_update", 5, micro_step, on_step=on_step
+        SometimesSkipLM, "waited_before_update", 5, on_step=on_step
     )
 
 
@@ -431,21 +382,6 @@ def case_checkpoint_resume():
     assert_bitwise_equal((off_losses, off_params), resumed, "resume")
 
 
-def rename_state_keys(state, renames):
-    """Optimizer state keys start with a parameter name: rename them."""
-    by_length = sorted(renames, key=len, reverse=True)
-    renamed = {}
-    for key, value in state.items():
-        if isinstance(value, dict):
-            value = rename_state_keys(value, renames)
-        for old in by_length:
-            if key == old or key.startswith(old + "_"):
-                key = renames[old] + key[len(old) :]
-                break
-        renamed[key] = value
-    return renamed
-
-
 def case_amp_o2_main_grad():
     """MixPrecisionLayer/MixPrecisionOptimizer: main_grad accumulation and
     the sharding optimizer's main_grad paths (float32 parameters: the CPU
@@ -543,18 +479,6 @@ def case_load_into_inner_model_or_sublayer_waits():
         before = dict(custom_loads)
         on.model._layers.set_state_dict(snapshots["inner"])
         assert custom_loads["inner"] == before["inner"] + 1  # restored
-
-
-def assert_raises(error, text, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` raises ``error`` whose message holds every
-    string of ``text`` (a string or a tuple)."""
-    try:
-        fn(*args, **kwargs)
-    except error as e:
-        texts = (text,) if isinstance(text, str) else text
-        assert all(t in str(e) for t in texts), (args, kwargs, str(e))
-    else:
-        raise AssertionError(f"no {error.__name__} for {args} {kwargs}")
 
 
 def case_bad_input_raises_before_any_change():
