@@ -14,12 +14,10 @@
 
 """Per-rank script: training loops that break naive broadcast overlap.
 
-Collectives must be issued in the same order on every rank; these loops make
-ranks (or steps) differ in forward order and count, run forwards without
-backward, recompute, replace weights between steps, read parameters without
-calling their layer, and change trainability. Each case checks (besides its
-own) overlap on vs off bitwise equal and no parameter read while its
-broadcast is pending; most, that every rank agreed on one order.
+Collectives must be issued in the same order on every rank; these loops
+make ranks (or steps) differ in forward order and count, run forwards
+without backward, recompute, replace weights, read parameters without
+calling their layer, change trainability. Checks as in ``..._models.py``.
 """
 
 import copy
@@ -179,22 +177,16 @@ def case_forwards_without_backward_tables_bounded():
         impl = overlap_impl(opt)
         if impl is not None:
             assert impl in registry.open_owners()
-            sizes.append(
-                (
-                    len(impl.order),
-                    len(impl.units),
-                    impl.num_pending,
-                    len(registry.PENDING),  # parameters with a pending sync
-                    impl.num_hooks,
-                    total_forward_pre_hooks(model),
-                    sum(impl.read_paths.values()),
-                )
-            )
+            # PENDING: the parameters with a pending sync
+            tables = (impl.order, impl.units, registry.PENDING)
+            counts = (impl.num_pending, sum(impl.read_paths.values()))
+            hooks = (impl.num_hooks, total_forward_pre_hooks(model))
+            sizes.append(tuple(map(len, tables)) + counts + hooks)
 
     _, info = compare_on_off(steps=10, micro_step=micro_step, on_step=on_step)
     assert len(sizes) == 10 and len(set(sizes)) == 1, sorted(set(sizes))
     n = len(optimizer_parameters(info["opt"]))
-    order, units, pending, registered, _, _, reads = sizes[0]
+    order, units, registered, pending, reads, _, _ = sizes[0]
     assert order == n and 0 < units <= n, sizes[0]
     # the extra forwards waited for every unit: nothing pending, no read
     assert (pending, registered, reads) == (0, 0, 0), sizes[0]
@@ -280,10 +272,8 @@ def case_parameters_read_without_call():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             checker, info = compare_on_off(DirectReadLM, strict=strict)
-        overlay_warnings = [
-            str(w.message) for w in caught if "broadcast" in str(w.message)
-        ]
-        assert overlay_warnings == [], overlay_warnings
+        overlay_warnings = [w for w in caught if "broadcast" in str(w.message)]
+        assert overlay_warnings == [], [str(w.message) for w in caught]
         reads = [v for v in checker.violations if v[0].startswith("read:")]
         assert reads == [], reads
         assert checker.counts["checked"] > 0, checker.counts
@@ -356,12 +346,10 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     assert all(float(v.abs().sum()) == 0 for v in twin.state_dict().values())
     assert any(float(v.abs().sum()) > 0 for v in model.state_dict().values())
     # the copy keeps no reference to this overlap: its hooks are no-ops
-    twin_hooks = [
-        h
-        for l in twin.sublayers(include_self=True)
-        for h in list(l._forward_pre_hooks.values())
-        + list(l._state_dict_hooks.values())
-    ]
+    layers = twin.sublayers(include_self=True)
+    hook_dicts = [l._forward_pre_hooks for l in layers]
+    hook_dicts += [l._state_dict_hooks for l in layers]
+    twin_hooks = [h for hooks in hook_dicts for h in hooks.values()]
     assert twin_hooks and all(h.__name__ == "_noop_hook" for h in twin_hooks)
 
     _, _, other = train(TinyLM, overlap=True, steps=1)

@@ -15,10 +15,8 @@
 """Per-rank script: the kinds of model and state handling users have.
 
 Each case: overlap on vs off bitwise equal, no parameter read while its
-broadcast is pending (``compare_on_off``). Cases run by env
-``BROADCAST_OVERLAP_CASES`` (all by default) under
-``python -m paddle.distributed.launch --nproc_per_node 2``. The helpers and
-models below are shared with ``..._loops.py``.
+broadcast is pending (``compare_on_off``), 2 ranks; helpers shared with
+``..._loops.py``.
 """
 
 import functools
@@ -148,10 +146,8 @@ class CustomNamesLM(paddle.nn.Layer):
         def attr(name):
             return paddle.ParamAttr(name=f"custom_{name}_{tag}")
 
-        def wb(name):
-            return dict(
-                weight_attr=attr(f"{name}_w"), bias_attr=attr(f"{name}_b")
-            )
+        def wb(n):
+            return dict(weight_attr=attr(n + "_w"), bias_attr=attr(n + "_b"))
 
         self.embed = paddle.nn.Embedding(VOCAB, HIDDEN, weight_attr=attr("emb"))
         self.proj = paddle.nn.Linear(HIDDEN, HIDDEN, **wb("proj"))
@@ -210,8 +206,7 @@ def case_root_owned_parameter():
 
 
 def case_tied_weights():
-    """One weight object in two called layers, with and without
-    accumulation."""
+    """One weight in two called layers, with and without accumulation."""
     compare_on_off(TiedLM)
     compare_on_off(TiedLM, acc_steps=2)
 
@@ -236,7 +231,7 @@ def case_unreachable_parameters_waited_and_named():
     warning."""
     extras = []
 
-    def parameters(model):
+    def params(model):
         name = f"outside_model_{len(extras)}"
         extras.append(paddle.create_parameter([HIDDEN], "float32", name=name))
         return list(model.parameters()) + extras[-1:]
@@ -248,13 +243,9 @@ def case_unreachable_parameters_waited_and_named():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        checker, info = compare_on_off(
-            parameters=parameters, micro_step=micro_step
-        )
-    named = [
-        str(w.message) for w in caught if extras[-1].name in str(w.message)
-    ]
-    assert len(named) == 1, [str(w.message) for w in caught]
+        checker, info = compare_on_off(parameters=params, micro_step=micro_step)
+    messages = [str(w.message) for w in caught]
+    assert len([m for m in messages if extras[-1].name in m]) == 1, messages
     impl = overlap_impl(info["opt"])
     assert impl.stats["waited_unreachable"] == STEPS, impl.stats
     checker.check(extras[-1:], "after-step")
@@ -324,7 +315,7 @@ def case_state_dict_and_save_without_synchronize():
 
 def case_frozen_and_gradless_parameters():
     """Frozen parameters are never broadcast; a trainable one without a
-    gradient is."""
+    gradient is harmless."""
 
     def build():
         model = TinyLM()
@@ -370,13 +361,8 @@ def case_checkpoint_resume():
     fresh = fleet.distributed_model(fresh)
     opt._set_broadcast_overlap(True, layers=fresh)
     with BroadcastWaitChecker() as checker:
-        rest = train(
-            model=fresh,
-            opt=opt,
-            steps=total - cut,
-            first_step=cut,
-            checker=checker,
-        )
+        steps = dict(steps=total - cut, first_step=cut)
+        rest = train(model=fresh, opt=opt, checker=checker, **steps)
     assert checker.violations == [] and checker.counts["launched"] > 0
     resumed = (first_losses + rest.losses, rest.params)
     assert_bitwise_equal((off_losses, off_params), resumed, "resume")
@@ -387,15 +373,12 @@ def case_amp_o2_main_grad():
     the sharding optimizer's main_grad paths (float32 parameters: the CPU
     has no reduced-precision matmul or layer_norm kernels; the dtype is
     covered by dygraph_group_sharded_stage1_bf16.py on CUDA)."""
-    from paddle.distributed.fleet.utils.mix_precision_utils import (
-        MixPrecisionLayer,
-        MixPrecisionOptimizer,
-    )
+    from paddle.distributed.fleet.utils import mix_precision_utils as mpu
 
     for acc_steps in (1, 2):
         _, info = compare_on_off(
-            wrap_model=lambda m: MixPrecisionLayer(m, dtype="bfloat16"),
-            make_optimizer=lambda ps: MixPrecisionOptimizer(adamw(ps)),
+            wrap_model=lambda m: mpu.MixPrecisionLayer(m, dtype="bfloat16"),
+            make_optimizer=lambda ps: mpu.MixPrecisionOptimizer(adamw(ps)),
             acc_steps=acc_steps,
         )
     assert all(hasattr(p, "main_grad") for p in info["model"].parameters())
@@ -457,12 +440,10 @@ def case_load_into_inner_model_or_sublayer_waits():
             if checker is not None:
                 loads.append((name, checker.num_unwaited()))
 
+        kwargs = dict(wrap_model=with_custom_load, bucket_mb=bucket_mb)
         with lost_overlap_warnings() as lost:
             checker, on = compare_on_off(
-                run=train_with_checker,
-                on_step=on_step,
-                wrap_model=with_custom_load,
-                bucket_mb=bucket_mb,
+                run=train_with_checker, on_step=on_step, **kwargs
             )
         # step 0's snapshots read every parameter before the next forward:
         # said once (the later loads do not repeat it)
@@ -506,10 +487,8 @@ def case_bad_input_raises_before_any_change():
     inner.comm_overlap, pp.sharding_comm_overlap = True, True
     try:
         limit = ("Paddle cannot combine", "comm_overlap")
-        set_on = functools.partial(
-            opt._set_broadcast_overlap, True, layers=model
-        )
-        assert_raises(ValueError, limit, set_on)
+        set_on = opt._set_broadcast_overlap
+        assert_raises(ValueError, limit, set_on, True, layers=model)
     finally:
         inner.comm_overlap, pp.sharding_comm_overlap = saved, False
     assert overlap_impl(inner) is None
