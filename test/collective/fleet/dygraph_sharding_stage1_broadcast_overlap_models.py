@@ -95,6 +95,11 @@ def check_order_warned_per_parameter(
             assert stats[stat] > 0 and len(order) == 1, (stats, order)
 
 
+def cloned_state(layer):
+    """Clones of ``layer.state_dict()``'s values (which waits for them)."""
+    return {k: v.clone() for k, v in layer.state_dict().items()}
+
+
 def train_checking_reads(what, build):
     """An overlap-on run of ``build(check)``, a model that calls
     ``check(params)`` right before it reads them: none pending then."""
@@ -437,8 +442,7 @@ def case_load_into_inner_model_or_sublayer_waits():
             targets = {"inner": model._layers, "block": model._layers.blocks[1]}
             if step == 0:  # state_dict() waits: safe to copy
                 for name, layer in targets.items():
-                    state = layer.state_dict().items()
-                    snapshots[name] = {k: v.clone() for k, v in state}
+                    snapshots[name] = cloned_state(layer)
                 return
             name = "inner" if step % 2 == 0 else "block"
             assert checker is None or checker.num_unwaited() > 0
@@ -596,10 +600,9 @@ def case_ranks_run_different_forward_counts():
 
 
 def case_forwards_without_backward_tables_bounded():
-    """Eval before the first step, several evals between steps, no_grad
-    forwards in train() mode and grad-enabled forwards in eval() mode,
-    over 10 steps: internal tables keep their size (they would grow by a
-    fixed amount every step if anything leaked)."""
+    """Eval before the first step and between steps, no_grad forwards in
+    train() mode, grad-enabled ones in eval() mode, over 10 steps: internal
+    tables keep their size (a leak would grow them every step)."""
     sizes = []
     registry = sync_registry_module()
 
@@ -680,16 +683,14 @@ def case_weights_replaced_between_steps():
             pending_after_step.append(checker.num_unwaited())
         if step == 0:
             snapshot.clear()
-            snapshot.update(
-                {k: v.clone() for k, v in model.state_dict().items()}
-            )
+            snapshot.update(cloned_state(model))
         elif step % 3 == 1:
             # roll back to an earlier snapshot right after step(): the
             # broadcasts are still pending when set_state_dict is called
             load(snapshot)
         elif step % 3 == 2:
             # swap in averaged weights for evaluation, then back
-            trained = {k: v.clone() for k, v in model.state_dict().items()}
+            trained = cloned_state(model)
             load({k: (v + snapshot[k]) * 0.5 for k, v in trained.items()})
             with paddle.no_grad():
                 model(batch(400 + step)[0])
@@ -859,11 +860,9 @@ def case_error_after_update_is_refused_at_the_next_step():
         if overlap:
             assert_lost_overlap_warning(lost, "iteration")
             assert len(errors) == 2, errors
-            assert (
-                "stopped after its update and before its parameter "
-                in (errors[1])
-                and "_set_broadcast_overlap(False)" in errors[1]
-            ), errors[1]
+            fix = "stopped after its update and before its parameter "
+            assert fix in errors[1], errors[1]
+            assert "_set_broadcast_overlap(False)" in errors[1], errors[1]
         else:
             assert lost == [] and len(errors) == 1, (lost, errors)
         assert all_ranks_equal([len(errors)])
