@@ -288,9 +288,7 @@ def case_state_dict_and_save_without_synchronize():
     right after step(): every task waited by them, not by the user."""
     saved = {}
     # Paddle 3.x state_dict(keep_vars=False) returns detached copies
-    keep_vars = "keep_vars" in (
-        inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
-    )
+    impl_args = inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
 
     def on_step(step, model, opt, checker):
         if checker is None:
@@ -306,7 +304,7 @@ def case_state_dict_and_save_without_synchronize():
         assert len(opt.state_dict()) > 0
         impl = overlap_impl(opt)
         waits = [opt.state_dict]  # the optimizer's waits too
-        if keep_vars:
+        if "keep_vars" in impl_args:
             waits.insert(0, lambda: model._layers.state_dict(keep_vars=False))
         for wait in waits:
             # what step() does around its update: wait, then launch every
@@ -826,23 +824,18 @@ def case_error_after_update_is_refused_at_the_next_step():
     caught by the user: without overlap training goes on; with overlap the
     held-back sync never started, so the next step() refuses on every rank
     naming the fix (no silent divergence, no hang), which lets it go on."""
-
-    def on_step(step, model, opt):
+    for overlap in (False, True):
+        _, _, info = train(TinyLM, overlap=overlap, steps=1)
+        model, opt, errors, calls = info["model"], info["opt"], [], []
         inner = opt._inner_opt
-        cls_step = type(inner).step
 
         def step_then_fail():
-            cls_step(inner)
-            if on_step.calls == 0:
-                on_step.calls += 1
+            type(inner).step(inner)
+            if not calls:
+                calls.append("raised")
                 raise RuntimeError("injected after the update")
 
         inner.step = step_then_fail
-
-    for overlap in (False, True):
-        on_step.calls = 0
-        _, _, info = train(TinyLM, overlap=overlap, steps=1, on_step=on_step)
-        model, opt, errors = info["model"], info["opt"], []
         # train() ends with model.state_dict(), right after the step: the
         # next forward overlapped nothing (said once)
         with lost_overlap_warnings() as lost:
@@ -856,7 +849,7 @@ def case_error_after_update_is_refused_at_the_next_step():
                         opt._set_broadcast_overlap(False)
                         opt._set_broadcast_overlap(True, layers=model)
                 opt.clear_grad()
-        assert on_step.calls == 1 and "injected" in errors[0], errors
+        assert len(calls) == 1 and "injected" in errors[0], errors
         if overlap:
             assert_lost_overlap_warning(lost, "iteration")
             assert len(errors) == 2, errors
