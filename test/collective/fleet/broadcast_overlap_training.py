@@ -563,6 +563,88 @@ def init_fleet(
 # ---- shared helpers added by consolidation D (merged and this line removed after) ----
 
 
+class VariantLM(TinyLM):
+    """TinyLM running ``front(x)`` on the embedding's output and
+    ``run_block(i, x)`` per block, which variants override after adding
+    layers in ``build()``; ``read_check(params)`` is called right before a
+    variant reads ``params`` outside their layer's call (a case passes the
+    wait checker's); ``step``: set by ``step_aware_micro_step``."""
+
+    step = 0
+
+    def __init__(self, read_check=None):
+        super().__init__()
+        self.read_check = read_check or (lambda params: None)
+        self.build()
+
+    def build(self):
+        pass
+
+    def forward(self, tokens):
+        x = self.front(self.embed(tokens))
+        for i in range(len(self.blocks)):
+            x = self.run_block(i, x)
+        return self.logits(x)
+
+    def front(self, x):
+        return x
+
+    def run_block(self, i, x):
+        return self.blocks[i](x)
+
+
+def step_aware_micro_step(model, step, micro, acc_steps):
+    """``default_micro_step`` that first sets the user's layer's ``step``."""
+    model._layers.step = step
+    return default_micro_step(model, step, micro, acc_steps)
+
+
+def assert_order_agreed(run):
+    """The overlap of ``run`` (a :class:`Run`) agreed on one order, the
+    same on every rank."""
+    impl = overlap_impl(run.opt)
+    assert impl.order is not None and all_ranks_equal(impl.order)
+
+
+def train_with_checker(build=TinyLM, on_step=None, checker=None, **kwargs):
+    """:func:`train` whose ``on_step(step, model, opt, checker)`` also gets
+    the wait checker (None with overlap off), for ``compare_on_off(run=
+    train_with_checker, on_step=...)``."""
+
+    def on_step_with_checker(step, model, opt):
+        on_step(step, model, opt, checker=checker)
+
+    return train(build, checker=checker, on_step=on_step_with_checker, **kwargs)
+
+
+def assert_raises(error, text, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` raises ``error`` whose message holds every
+    string of ``text`` (a string or a tuple of them)."""
+    try:
+        fn(*args, **kwargs)
+    except error as e:
+        texts = (text,) if isinstance(text, str) else text
+        assert all(t in str(e) for t in texts), (args, kwargs, str(e))
+    else:
+        raise AssertionError(f"no {error.__name__} for {args} {kwargs}")
+
+
+def rename_state_keys(state, renames):
+    """Optimizer state (nested dicts) with keys that start with a parameter
+    name renamed by ``renames`` (old name -> new name)."""
+    by_length = sorted(renames, key=len, reverse=True)
+    renamed = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            value = rename_state_keys(value, renames)
+        for old in by_length:
+            if key == old or key.startswith(old + "_"):
+                key = renames[old] + key[len(old) :]
+                break
+        renamed[key] = value
+    return renamed
+
+
 # Warnings any case may raise without asserting on them: Paddle's own
 # notices about its set-up, none about what the cases check. Every other
 # warning raised in a case (and not caught by the case itself) fails it.

@@ -12,16 +12,19 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Per-rank script: the kinds of model and state handling users have.
-
-Each case: overlap on vs off bitwise equal (numpy copies), and the wait
-checker sees no parameter used while its broadcast is pending. Cases run by
-env ``BROADCAST_OVERLAP_CASES`` (all by default) under
-``python -m paddle.distributed.launch --nproc_per_node 2``.
+"""Per-rank script: the kinds of model and state handling users have, and
+training loops that break naive broadcast overlap (ranks or steps that
+differ in forward order and count, forwards without backward, recompute,
+weights replaced, parameters read without calling their layer, changing
+trainability). Each case: overlap on vs off bitwise equal, no parameter
+read while its broadcast is pending (``compare_on_off``), 2 ranks.
 """
 
+import copy
 import functools
+import gc
 import inspect
+import itertools
 import os
 import sys
 import tempfile
@@ -38,22 +41,34 @@ from broadcast_overlap_training import (
     VOCAB,
     Block,
     TinyLM,
+    VariantLM,
     adamw,
+    all_ranks_equal,
     assert_bitwise_equal,
     assert_lost_overlap_warning,
+    assert_order_agreed,
+    assert_raises,
     batch,
+    build_with_initial_state,
     cases_of,
     default_micro_step,
+    lm_loss,
     lost_overlap_warnings,
     optimizer_parameters,
     order_warnings,
     overlap_impl,
     rank,
+    rename_state_keys,
     run_cases,
+    step_aware_micro_step,
+    sync_registry_module,
+    total_forward_pre_hooks,
+    train_with_checker,
 )
 
 import paddle
 from paddle.distributed import fleet
+from paddle.distributed.fleet.utils import recompute
 
 # 2 KB buckets: several windows per model, so bucket boundaries fall inside
 # layers (the default 256 MB puts these small models in one window); cases
@@ -63,37 +78,59 @@ compare_on_off = functools.partial(training.compare_on_off, bucket_mb=BUCKET_MB)
 train = functools.partial(training.train, bucket_mb=BUCKET_MB)
 
 
-# ----------------------------------------------------------------------
-# models
-class RootParamLM(TinyLM):
+def check_order_warned_per_parameter(
+    build, stat, steps=STEPS, micro_step=step_aware_micro_step, **kwargs
+):
+    """With 2 KB buckets and per parameter: one agreed order, the order
+    warning at most once; per parameter (buckets may join the layers
+    involved) the ``stat`` wait happened and the warning was shown."""
+    kwargs.update(steps=steps, micro_step=micro_step)
+    for mb in (BUCKET_MB, 0):
+        with order_warnings() as order:
+            _, info = compare_on_off(build, bucket_mb=mb, **kwargs)
+        assert_order_agreed(info)
+        assert len(order) <= 1, order  # shown once
+        if mb == 0:
+            stats = overlap_impl(info["opt"]).stats
+            assert stats[stat] > 0 and len(order) == 1, (stats, order)
+
+
+def cloned_state(layer):
+    """Clones of ``layer.state_dict()``'s values (which waits for them)."""
+    return {k: v.clone() for k, v in layer.state_dict().items()}
+
+
+def train_checking_reads(what, build):
+    """An overlap-on run of ``build(check)``, a model that calls
+    ``check(params)`` right before it reads them: none pending then."""
+    with BroadcastWaitChecker() as checker:
+        check = functools.partial(checker.check, where=what)
+        train(functools.partial(build, check), True, checker=checker)
+    assert checker.counts["launched"] > 0, checker.counts
+    assert checker.violations == [], checker.violations[:5]
+
+
+class RootParamLM(VariantLM):
     """A position-embedding parameter owned by the root (which also has
     sublayers), added in its forward."""
 
-    def __init__(self):
-        super().__init__()
+    def build(self):
         self.pos = self.create_parameter([SEQ, HIDDEN])
 
-    def forward(self, tokens):
-        x = self.embed(tokens) + self.pos
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+    def front(self, x):
+        return x + self.pos
 
 
-class TiedLM(TinyLM):
+class TiedLM(VariantLM):
     """Two Linear layers sharing one weight object, both called."""
 
-    def __init__(self):
-        super().__init__()
+    def build(self):
         self.mix_a = paddle.nn.Linear(HIDDEN, HIDDEN)
         self.mix_b = paddle.nn.Linear(HIDDEN, HIDDEN)
         self.mix_b.weight = self.mix_a.weight
 
-    def forward(self, tokens):
-        x = self.mix_b(self.mix_a(self.embed(tokens)))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+    def front(self, x):
+        return self.mix_b(self.mix_a(x))
 
 
 class BuiltOutOfOrderLM(paddle.nn.Layer):
@@ -102,16 +139,14 @@ class BuiltOutOfOrderLM(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        self.head = paddle.nn.Linear(HIDDEN, VOCAB)
-        self.late = Block()
-        self.early = Block()
-        self.embed = paddle.nn.Embedding(VOCAB, HIDDEN)
+        self.head, self.late = paddle.nn.Linear(HIDDEN, VOCAB), Block()
+        self.early, self.embed = Block(), paddle.nn.Embedding(VOCAB, HIDDEN)
 
     def forward(self, tokens):
         return self.head(self.late(self.early(self.embed(tokens))))
 
 
-_custom_name_builds = [0]
+_custom_name_builds = itertools.count(1)
 
 
 class CustomNamesLM(paddle.nn.Layer):
@@ -119,146 +154,123 @@ class CustomNamesLM(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        _custom_name_builds[0] += 1
-        tag = f"v{_custom_name_builds[0]}r"
+        tag = f"v{next(_custom_name_builds)}r"
 
         def attr(name):
             return paddle.ParamAttr(name=f"custom_{name}_{tag}")
 
+        def wb(n):
+            return dict(weight_attr=attr(n + "_w"), bias_attr=attr(n + "_b"))
+
         self.embed = paddle.nn.Embedding(VOCAB, HIDDEN, weight_attr=attr("emb"))
-        self.proj = paddle.nn.Linear(
-            HIDDEN, HIDDEN, weight_attr=attr("proj_w"), bias_attr=attr("proj_b")
-        )
-        self.norm = paddle.nn.LayerNorm(
-            HIDDEN, weight_attr=attr("ln_w"), bias_attr=attr("ln_b")
-        )
-        self.head = paddle.nn.Linear(
-            HIDDEN, VOCAB, weight_attr=attr("head_w"), bias_attr=attr("head_b")
-        )
+        self.proj = paddle.nn.Linear(HIDDEN, HIDDEN, **wb("proj"))
+        self.norm = paddle.nn.LayerNorm(HIDDEN, **wb("ln"))
+        self.head = paddle.nn.Linear(HIDDEN, VOCAB, **wb("head"))
 
     def forward(self, tokens):
         return self.head(self.norm(self.proj(self.embed(tokens))))
 
 
-class SometimesSkipLM(TinyLM):
+class SometimesSkipLM(VariantLM):
     """Block 1 does not run on odd steps (deterministic, same on all ranks)."""
 
-    skip = False
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for i, block in enumerate(self.blocks):
-            if not (self.skip and i == 1):
-                x = block(x)
-        return self.head(x)
+    def run_block(self, i, x):
+        skip = i == 1 and self.step % 2 == 1
+        return x if skip else self.blocks[i](x)
 
 
-class WeightNormLM(TinyLM):
+class WeightNormLM(VariantLM):
     """head under paddle.nn.utils.weight_norm: its forward pre-hook (made
     before overlap is enabled) computes weight from weight_g and weight_v."""
 
-    def __init__(self):
-        super().__init__()
+    def build(self):
         paddle.nn.utils.weight_norm(self.head)
 
 
-class ParameterListLM(TinyLM):
+class ParameterListLM(VariantLM):
     """Extra parameters in a ParameterList, read by the parent's forward
     (a ParameterList has no forward of its own)."""
 
-    def __init__(self, read_check=None):
-        super().__init__()
-        self.scales = paddle.nn.ParameterList(
-            [self.create_parameter([HIDDEN]) for _ in range(2)]
-        )
-        # called with the parameters a forward is about to read (a case
-        # passes the wait checker's check)
-        self.read_check = read_check
+    def build(self):
+        scales = [self.create_parameter([HIDDEN]) for _ in range(2)]
+        self.scales = paddle.nn.ParameterList(scales)
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for i, block in enumerate(self.blocks):
-            if self.read_check is not None:
-                self.read_check([self.scales[i]])
-            x = block(x) * self.scales[i]
-        return self.head(x)
+    def run_block(self, i, x):
+        self.read_check([self.scales[i]])
+        return self.blocks[i](x) * self.scales[i]
 
 
-# ----------------------------------------------------------------------
-# cases: models
-def case_root_owned_parameter():
-    checker, info = compare_on_off(RootParamLM)
-    model = info["model"]
-    impl = overlap_impl(info["opt"])
+def check_order_ends(build, first, last=None):
+    """The agreed order starts with ``first(layer)`` and, if given, ends
+    with one of ``last(layer)``."""
+    _, info = compare_on_off(build)
+    impl, inner = overlap_impl(info["opt"]), info["model"]._layers
     params = optimizer_parameters(info["opt"])
-    # the root-owned parameter is waited at the root's pre-hook, first
-    assert params[impl.order[0]] is model._layers.pos
-    assert impl.index_of(model._layers.pos) == impl.order[0]
+    head, tail = params[impl.order[0]], params[impl.order[-1]]
+    assert head is first(inner), head.name
+    assert impl.index_of(first(inner)) == impl.order[0]
+    if last is not None:
+        assert any(tail is p for p in last(inner)), tail.name
+
+
+def case_root_owned_parameter():
+    """The root-owned parameter is waited at the root's pre-hook, first."""
+    check_order_ends(RootParamLM, lambda m: m.pos)
 
 
 def case_tied_weights():
+    """One weight in two called layers, with and without accumulation."""
     compare_on_off(TiedLM)
     compare_on_off(TiedLM, acc_steps=2)
 
 
 def case_built_out_of_forward_order():
-    _, info = compare_on_off(BuiltOutOfOrderLM)
-    impl = overlap_impl(info["opt"])
-    inner = info["model"]._layers
-    params = optimizer_parameters(info["opt"])
-    first = params[impl.order[0]]
-    last = params[impl.order[-1]]
-    assert first is inner.embed.weight, first.name
-    assert any(last is p for p in inner.head.parameters()), last.name
+    """The order is the forward's (embedding first, head last), not the
+    creation order."""
+    check_order_ends(
+        BuiltOutOfOrderLM,
+        lambda m: m.embed.weight,
+        lambda m: m.head.parameters(),
+    )
 
 
 def case_custom_parameter_names():
-    _, info = compare_on_off(CustomNamesLM)
-    impl = overlap_impl(info["opt"])
-    inner = info["model"]._layers
-    params = optimizer_parameters(info["opt"])
-    assert params[impl.order[0]] is inner.embed.weight
+    """Names without an integer suffix do not decide the order."""
+    check_order_ends(CustomNamesLM, lambda m: m.embed.weight)
 
 
 def case_unreachable_parameters_waited_and_named():
-    extra_holder = {}
+    """A parameter no layer owns is waited (every step) and named once in a
+    warning."""
+    extras = []
 
-    def parameters(model):
-        extra = paddle.create_parameter(
-            [HIDDEN], "float32", name=f"outside_model_{len(extra_holder)}"
-        )
-        extra_holder["p"] = extra
-        return list(model.parameters()) + [extra]
+    def params(model):
+        name = f"outside_model_{len(extras)}"
+        extras.append(paddle.create_parameter([HIDDEN], "float32", name=name))
+        return list(model.parameters()) + extras[-1:]
 
     def micro_step(model, step, micro, acc_steps):
-        tokens, labels = batch(step, micro)
-        logits = model(tokens)
-        loss = paddle.nn.functional.cross_entropy(logits, labels).mean()
-        loss = loss + (extra_holder["p"] ** 2).mean()
+        loss = lm_loss(model, step, micro) + (extras[-1] ** 2).mean()
         (loss / acc_steps).backward()
         return loss
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        checker, info = compare_on_off(
-            parameters=parameters, micro_step=micro_step
-        )
-    name = extra_holder["p"].name
-    named = [str(w.message) for w in caught if name in str(w.message)]
-    assert len(named) == 1, [str(w.message) for w in caught]
+        checker, info = compare_on_off(parameters=params, micro_step=micro_step)
+    messages = [str(w.message) for w in caught]
+    assert len([m for m in messages if extras[-1].name in m]) == 1, messages
     impl = overlap_impl(info["opt"])
     assert impl.stats["waited_unreachable"] == STEPS, impl.stats
-    checker.check([extra_holder["p"]], "after-step")
+    checker.check(extras[-1:], "after-step")
     assert checker.violations == []
 
 
 def case_layer_not_run_and_eval_between_steps():
-    def micro_step(model, step, micro, acc_steps):
-        model._layers.skip = step % 2 == 1
-        return default_micro_step(model, step, micro, acc_steps)
+    """A block skipped on odd steps, eval forwards before the others: its
+    pending tasks are waited before the next update (and warned once)."""
 
     def on_step(step, model, opt):
-        # evaluate only before the steps that run every block, so block 1's
+        # eval only before the steps that run every block, so block 1's
         # broadcasts stay pending across the steps that skip it
         if step % 2 == 1:
             model.eval()
@@ -266,30 +278,19 @@ def case_layer_not_run_and_eval_between_steps():
                 model(batch(100 + step)[0])
             model.train()
 
-    for mb in (BUCKET_MB, 0):
-        with order_warnings() as order:
-            _, info = compare_on_off(
-                SometimesSkipLM,
-                bucket_mb=mb,
-                steps=5,
-                micro_step=micro_step,
-                on_step=on_step,
-            )
-        assert len(order) <= 1, order  # shown once
-        if mb == 0:  # (a bucket shared with a layer that ran is waited in
-            # forward) block 1's tasks of the odd steps were waited before
-            # the next update; the head needs its own while they are pending
-            stats = overlap_impl(info["opt"]).stats
-            assert stats["waited_before_update"] > 0, stats
-            assert len(order) == 1, order
+    check_order_warned_per_parameter(
+        SometimesSkipLM, "waited_before_update", 5, on_step=on_step
+    )
 
 
 def case_state_dict_and_save_without_synchronize():
     """model.state_dict(), paddle.save and the optimizer's state_dict()
     right after step(): every task waited by them, not by the user."""
     saved = {}
+    # Paddle 3.x state_dict(keep_vars=False) returns detached copies
+    impl_args = inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
 
-    def on_step(step, model, opt, checker=None):
+    def on_step(step, model, opt, checker):
         if checker is None:
             return
         assert checker.num_unwaited() > 0  # launched, not yet waited
@@ -300,52 +301,33 @@ def case_state_dict_and_save_without_synchronize():
             path = os.path.join(tmp, f"model_rank{rank()}.pdparams")
             paddle.save(state, path)
             saved[step] = paddle.load(path)
-        opt_state = opt.state_dict()
-        assert len(opt_state) > 0
-        # Paddle 3.x state_dict(keep_vars=False) returns detached copies:
-        # it must wait all the same
-        impl_params = inspect.signature(
-            paddle.nn.Layer._state_dict_impl
-        ).parameters
+        assert len(opt.state_dict()) > 0
         impl = overlap_impl(opt)
-        if "keep_vars" in impl_params:
-            relaunch(impl)
+        waits = [opt.state_dict]  # the optimizer's waits too
+        if "keep_vars" in impl_args:
+            waits.insert(0, lambda: model._layers.state_dict(keep_vars=False))
+        for wait in waits:
+            # what step() does around its update: wait, then launch every
+            # unit again (the same values: a second launch on every rank)
+            impl.wait_all("waited_before_update")
+            impl.launch()
+            assert impl.num_pending == len(impl.units), impl.num_pending
             assert checker.num_unwaited() > 0
-            model._layers.state_dict(keep_vars=False)
+            wait()
             assert checker.num_unwaited() == 0
-        # the optimizer's state_dict() waits too (launch again to check)
-        relaunch(impl)
-        assert checker.num_unwaited() > 0
-        opt.state_dict()
-        assert checker.num_unwaited() == 0
 
-    def relaunch(impl):
-        # what step() does around its update: wait, then launch every unit
-        # again (the same values: a second launch on every rank)
-        impl.wait_all("waited_before_update")
-        impl.launch()
-        assert impl.num_pending == len(impl.units), impl.num_pending
-
-    off = train(TinyLM, overlap=False)
-    with BroadcastWaitChecker() as checker:
-        # (no lost-overlap warning although model.state_dict() reads every
-        # parameter: the relaunch above starts a new count, and the last
-        # wait before the next forward is the optimizer's state_dict(), a
-        # wait on demand, not a read; run_cases fails the case on a warning)
-        on = train(
-            TinyLM,
-            overlap=True,
-            checker=checker,
-            on_step=functools.partial(on_step, checker=checker),
-        )
-    assert_bitwise_equal(off[:2], on[:2], "save")
-    assert checker.violations == [], checker.violations
-    last = saved[STEPS - 1]
-    for k, v in on[1].items():
-        assert np.asarray(last[k]).tobytes() == v.tobytes(), k
+    # no lost-overlap warning (run_cases fails the case on one) although
+    # model.state_dict() reads every parameter: the relaunch starts a new
+    # count, and the last wait before the next forward is on demand
+    _, on = compare_on_off(run=train_with_checker, on_step=on_step)
+    for k, v in on.params.items():
+        assert np.asarray(saved[STEPS - 1][k]).tobytes() == v.tobytes(), k
 
 
 def case_frozen_and_gradless_parameters():
+    """Frozen parameters are never broadcast; a trainable one without a
+    gradient is harmless."""
+
     def build():
         model = TinyLM()
         for p in model.blocks[0].parameters():
@@ -383,235 +365,500 @@ def case_checkpoint_resume():
     fresh = TinyLM()
     fresh.set_state_dict(model_state)
     opt = fleet.distributed_optimizer(adamw(fresh.parameters()))
-    # A fresh process would rebuild the same parameter names; in this one
-    # process the new model's names differ, so rename the state's keys.
+    # the new model's parameter names differ in this one process
     old_names = {k: p.name for k, p in info["model"]._layers.named_parameters()}
     renames = {old_names[k]: p.name for k, p in fresh.named_parameters()}
     opt.set_state_dict(rename_state_keys(opt_state, renames))
     fresh = fleet.distributed_model(fresh)
     opt._set_broadcast_overlap(True, layers=fresh)
     with BroadcastWaitChecker() as checker:
-        rest_losses, rest_params, _ = train(
-            model=fresh,
-            opt=opt,
-            steps=total - cut,
-            first_step=cut,
-            checker=checker,
-        )
+        steps = dict(steps=total - cut, first_step=cut)
+        rest = train(model=fresh, opt=opt, checker=checker, **steps)
     assert checker.violations == [] and checker.counts["launched"] > 0
-    assert_bitwise_equal(
-        (off_losses, off_params),
-        (first_losses + rest_losses, rest_params),
-        "resume",
-    )
-
-
-def rename_state_keys(state, renames):
-    """Optimizer state keys start with a parameter name: rename them."""
-    by_length = sorted(renames, key=len, reverse=True)
-    renamed = {}
-    for key, value in state.items():
-        if isinstance(value, dict):
-            value = rename_state_keys(value, renames)
-        for old in by_length:
-            if key == old or key.startswith(old + "_"):
-                key = renames[old] + key[len(old) :]
-                break
-        renamed[key] = value
-    return renamed
+    resumed = (first_losses + rest.losses, rest.params)
+    assert_bitwise_equal((off_losses, off_params), resumed, "resume")
 
 
 def case_amp_o2_main_grad():
     """MixPrecisionLayer/MixPrecisionOptimizer: main_grad accumulation and
-    the sharding optimizer's main_grad paths. Paddle's CPU build has no
-    bfloat16/float16 matmul or layer_norm kernels, so the parameters stay
-    float32 here; the reduced-precision dtype is covered by the GPU test
-    dygraph_group_sharded_stage1_bf16.py (skipped without CUDA)."""
-    from paddle.distributed.fleet.utils.mix_precision_utils import (
-        MixPrecisionLayer,
-        MixPrecisionOptimizer,
-    )
-
-    def wrap(model):
-        return MixPrecisionLayer(model, dtype="bfloat16")
-
-    def make_optimizer(params):
-        return MixPrecisionOptimizer(adamw(params))
+    the sharding optimizer's main_grad paths (float32 parameters: the CPU
+    has no reduced-precision matmul or layer_norm kernels; the dtype is
+    covered by dygraph_group_sharded_stage1_bf16.py on CUDA)."""
+    from paddle.distributed.fleet.utils import mix_precision_utils as mpu
 
     for acc_steps in (1, 2):
         _, info = compare_on_off(
-            wrap_model=wrap, make_optimizer=make_optimizer, acc_steps=acc_steps
+            wrap_model=lambda m: mpu.MixPrecisionLayer(m, dtype="bfloat16"),
+            make_optimizer=lambda ps: mpu.MixPrecisionOptimizer(adamw(ps)),
+            acc_steps=acc_steps,
         )
-    params = list(info["model"].parameters())
-    assert all(hasattr(p, "main_grad") for p in params)
+    assert all(hasattr(p, "main_grad") for p in info["model"].parameters())
     assert info["opt"]._inner_opt._use_main_grad
 
 
 def case_user_pre_hook_reads_waited_parameters():
     """A user's pre-hook registered before overlap is enabled (here
-    weight_norm's) runs after the overlay's wait."""
+    weight_norm's, and one on every layer) runs after the overlay's wait."""
     compare_on_off(WeightNormLM)
-    with BroadcastWaitChecker() as checker:
 
-        def wrap(model):
-            def user_hook(layer, _inputs):
-                checker.check(
-                    layer.parameters(include_sublayers=False), "user hook"
-                )
+    def hooked(check):
+        model = TinyLM()
+        for layer in model.sublayers(include_self=True):
+            layer.register_forward_pre_hook(
+                lambda l, _: check(l.parameters(include_sublayers=False))
+            )
+        return model
 
-            for layer in model.sublayers(include_self=True):
-                layer.register_forward_pre_hook(user_hook)
-            return model
-
-        train(TinyLM, overlap=True, checker=checker, wrap_model=wrap)
-    assert (
-        checker.counts["launched"] > 0 and checker.violations == []
-    ), checker.violations[:5]
+    train_checking_reads("user hook", hooked)
 
 
 def case_parameter_list_waited_by_parent():
+    """A ParameterList read by its parent's forward is waited before."""
     compare_on_off(ParameterListLM)
-    with BroadcastWaitChecker() as checker:
-        build = functools.partial(
-            ParameterListLM,
-            read_check=lambda ps: checker.check(ps, "ParameterList read"),
-        )
-        train(build, overlap=True, checker=checker)
-    assert checker.violations == [], checker.violations[:5]
+    train_checking_reads("ParameterList read", ParameterListLM)
 
 
 def case_load_into_inner_model_or_sublayer_waits():
     """set_state_dict on the unwrapped model or a sublayer right after
-    step(): every parameter it writes is waited before the write."""
-    for mb in (BUCKET_MB, 0):
-        check_loads_into_inner_model_or_sublayer(mb)
+    step(): every parameter it writes is waited before the write; the
+    user's own set_state_dict overrides run and survive disabling."""
+    for bucket_mb in (BUCKET_MB, 0):
+        loads, snapshots, custom_loads = [], {}, {}
 
+        def with_custom_load(model):
+            for name, layer in (("inner", model), ("block", model.blocks[1])):
 
-def check_loads_into_inner_model_or_sublayer(bucket_mb):
-    loads, snapshots, custom_loads = [], {}, {}
+                def custom(self, *args, _name=name, **kwargs):
+                    custom_loads[_name] = custom_loads.get(_name, 0) + 1
+                    return type(self).set_state_dict(self, *args, **kwargs)
 
-    def with_custom_load(model):
-        """The user's own set_state_dict on two instances, set before
-        overlap is enabled: it must still run, and survive disabling."""
-        for name, layer in (("inner", model), ("block", model.blocks[1])):
+                custom_loads[name] = 0
+                layer.set_state_dict = types.MethodType(custom, layer)
+            return model
 
-            def custom(self, state, *args, _name=name, **kwargs):
-                custom_loads[_name] = custom_loads.get(_name, 0) + 1
-                return type(self).set_state_dict(self, state, *args, **kwargs)
+        def on_step(step, model, opt, checker):
+            targets = {"inner": model._layers, "block": model._layers.blocks[1]}
+            if step == 0:  # state_dict() waits: safe to copy
+                for name, layer in targets.items():
+                    snapshots[name] = cloned_state(layer)
+                return
+            name = "inner" if step % 2 == 0 else "block"
+            assert checker is None or checker.num_unwaited() > 0
+            before = custom_loads[name]
+            targets[name].set_state_dict(snapshots[name])  # roll back
+            assert custom_loads[name] == before + 1  # the user's override
+            if checker is not None:
+                loads.append((name, checker.num_unwaited()))
 
-            custom_loads[name] = 0
-            layer.set_state_dict = types.MethodType(custom, layer)
-        return model
-
-    def on_step(step, model, opt, checker=None):
-        inner = model._layers
-        targets = {"inner": inner, "block": inner.blocks[1]}
-        if step == 0:  # state_dict() waits: safe to copy
-            for name, layer in targets.items():
-                snapshots[name] = {
-                    k: v.clone() for k, v in layer.state_dict().items()
-                }
-            return
-        name = "inner" if step % 2 == 0 else "block"
-        if checker is not None:
-            assert checker.num_unwaited() > 0
-        before = custom_loads[name]
-        targets[name].set_state_dict(snapshots[name])  # roll back
-        assert custom_loads[name] == before + 1  # the user's own override ran
-        if checker is not None:
-            loads.append((name, checker.num_unwaited()))
-
-    off = train(
-        TinyLM,
-        overlap=False,
-        on_step=on_step,
-        wrap_model=with_custom_load,
-        bucket_mb=bucket_mb,
-    )
-    with BroadcastWaitChecker() as checker, lost_overlap_warnings() as lost:
-        on = train(
-            TinyLM,
-            overlap=True,
-            checker=checker,
-            on_step=functools.partial(on_step, checker=checker),
-            wrap_model=with_custom_load,
-            bucket_mb=bucket_mb,
-        )
-    assert_bitwise_equal(off[:2], on[:2], "loads")
-    # step 0's snapshots read every parameter before the next forward:
-    # said once (the later loads do not repeat it)
-    assert_lost_overlap_warning(lost, "iteration")
-    # a load waits for exactly the parameters it writes (checked at each
-    # Tensor.set_value): the whole model's load leaves nothing pending, a
-    # block's load leaves the other layers' broadcasts in flight
-    assert {n for n, _ in loads} == {"inner", "block"}, loads
-    assert all(left == 0 for n, left in loads if n == "inner"), loads
-    if bucket_mb == 0:  # (buckets span the block and the rest)
-        assert all(left > 0 for n, left in loads if n == "block"), loads
-    assert checker.counts["writes"] > 0, checker.counts
-    assert checker.violations == []
-    model, opt = on[2]["model"], on[2]["opt"]
-    opt._set_broadcast_overlap(False)
-    before = dict(custom_loads)
-    model._layers.set_state_dict(snapshots["inner"])
-    assert custom_loads["inner"] == before["inner"] + 1  # restored
+        kwargs = dict(wrap_model=with_custom_load, bucket_mb=bucket_mb)
+        with lost_overlap_warnings() as lost:
+            checker, on = compare_on_off(
+                run=train_with_checker, on_step=on_step, **kwargs
+            )
+        # step 0's snapshots read every parameter before the next forward:
+        # said once (the later loads do not repeat it)
+        assert_lost_overlap_warning(lost, "iteration")
+        # a load waits for exactly the parameters it writes: the whole
+        # model's leaves nothing pending, a block's leaves the others'
+        assert {n for n, _ in loads} == {"inner", "block"}, loads
+        assert all(left == 0 for n, left in loads if n == "inner"), loads
+        if bucket_mb == 0:  # (buckets span the block and the rest)
+            assert all(left > 0 for n, left in loads if n == "block"), loads
+        assert checker.counts["writes"] > 0, checker.counts
+        assert checker.violations == []
+        on.opt._set_broadcast_overlap(False)
+        before = dict(custom_loads)
+        on.model._layers.set_state_dict(snapshots["inner"])
+        assert custom_loads["inner"] == before["inner"] + 1  # restored
 
 
 def case_bad_input_raises_before_any_change():
+    """Bad arguments (on the fleet and the sharding optimizer) and Paddle's
+    own comm_overlap limit are refused before any hook is added."""
     model = fleet.distributed_model(TinyLM())
     opt = fleet.distributed_optimizer(adamw(model.parameters()))
     inner = opt._inner_opt
-    hooks_before = sum(
-        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
-    )
-    other = TinyLM()
+    hooks_before = total_forward_pre_hooks(model)
     bad = [
-        (dict(broadcast_overlap=True, layers=None), ValueError, "layers=model"),
-        (
-            dict(broadcast_overlap=True, layers="model"),
-            TypeError,
-            "paddle.nn.Layer",
-        ),
-        (dict(broadcast_overlap=True, layers=other), ValueError, "owns none"),
-        (dict(broadcast_overlap="yes", layers=model), TypeError, "bool"),
-        (
-            dict(broadcast_overlap=True, layers=model, strict=1),
-            TypeError,
-            "strict",
-        ),
+        (dict(layers=None), ValueError, "layers=model"),
+        (dict(layers="model"), TypeError, "paddle.nn.Layer"),
+        (dict(layers=TinyLM()), ValueError, "owns none"),
+        (dict(broadcast_overlap="yes"), TypeError, "bool"),
+        (dict(strict=1), TypeError, "strict"),
     ]
     for target in (opt, inner):
         for kwargs, error, text in bad:
-            try:
-                target._set_broadcast_overlap(**kwargs)
-            except error as e:
-                assert text in str(e), (kwargs, str(e))
-            else:
-                raise AssertionError(f"no {error.__name__} for {kwargs}")
+            kwargs = dict(dict(broadcast_overlap=True, layers=model), **kwargs)
+            assert_raises(error, text, target._set_broadcast_overlap, **kwargs)
     # comm_overlap is supported (gradient-overlap script); with the
     # pipeline's sharding_comm_overlap it is Paddle's own limit
     pp = fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
     saved = inner.comm_overlap
     inner.comm_overlap, pp.sharding_comm_overlap = True, True
     try:
-        opt._set_broadcast_overlap(True, layers=model)
-    except ValueError as e:
-        assert "Paddle cannot combine" in str(e) and "comm_overlap" in str(
-            e
-        ), str(e)
-    else:
-        raise AssertionError(
-            "comm_overlap + pp sharding_comm_overlap was not refused"
-        )
+        limit = ("Paddle cannot combine", "comm_overlap")
+        set_on = opt._set_broadcast_overlap
+        assert_raises(ValueError, limit, set_on, True, layers=model)
     finally:
         inner.comm_overlap, pp.sharding_comm_overlap = saved, False
     assert overlap_impl(inner) is None
-    hooks_after = sum(
-        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
-    )
-    assert hooks_after == hooks_before
+    assert total_forward_pre_hooks(model) == hooks_before
     # turning off what was never on is a no-op
     opt._set_broadcast_overlap(False)
+
+
+# ---- training loops that break naive overlap: collectives must be issued in
+# the same order on every rank
+class RankOrderLM(VariantLM):
+    """Two parallel branches whose call order depends on rank and step
+    (the sum is the same either way)."""
+
+    def build(self):
+        self.branch_a = paddle.nn.Linear(HIDDEN, HIDDEN)
+        self.branch_b = paddle.nn.Linear(HIDDEN, HIDDEN)
+
+    def front(self, x):
+        if (rank() + self.step) % 2 == 0:
+            a = self.branch_a(x)
+            b = self.branch_b(x)
+        else:
+            b = self.branch_b(x)
+            a = self.branch_a(x)
+        return x + a + b
+
+
+class ExpertLM(VariantLM):
+    """Three experts; from step 1 on, each rank leaves a different expert
+    unused (rank- and step-dependent routing)."""
+
+    def build(self):
+        experts = [paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)]
+        self.experts = paddle.nn.LayerList(experts)
+
+    def front(self, x):
+        unused = (self.step + rank()) % 3 if self.step > 0 else None
+        for i, expert in enumerate(self.experts):
+            x = x + expert(x) if i != unused else x
+        return x
+
+
+class RecomputeLM(VariantLM):
+    use_reentrant = True
+
+    def run_block(self, i, x):
+        # no dropout here; Paddle 2.6 cannot preserve RNG state on the CPU
+        kw = dict(use_reentrant=self.use_reentrant, preserve_rng_state=False)
+        return recompute(self.blocks[i], x, **kw)
+
+
+class ReuseLM(VariantLM):
+    """One block called twice in one forward."""
+
+    def run_block(self, i, x):
+        return self.blocks[i](self.blocks[0](x) if i == 0 else x)
+
+
+class DirectReadLM(VariantLM):
+    """Reads parameters without their owner's __call__: ``proj.forward(x)``
+    and ``F.linear(x, head.weight, head.bias)``."""
+
+    def build(self):
+        self.proj = paddle.nn.Linear(HIDDEN, HIDDEN)
+
+    def front(self, x):
+        self.read_check(self.proj.parameters() + self.head.parameters())
+        return self.proj.forward(x)
+
+    def logits(self, x):
+        return paddle.nn.functional.linear(x, self.head.weight, self.head.bias)
+
+
+def case_forward_order_differs_between_ranks_and_steps():
+    """Rank 0 recorded branch_a first; whoever runs branch_b first waits
+    for a task launched after a pending one, and is told once."""
+    check_order_warned_per_parameter(RankOrderLM, "waited_out_of_order")
+
+
+def case_expert_routing_leaves_experts_unused():
+    """The unused expert's tasks wait for the next update; the layer after
+    it needs its own while they are pending (told once)."""
+    check_order_warned_per_parameter(ExpertLM, "waited_before_update", 6)
+
+
+def case_ranks_run_different_forward_counts():
+    """Eval and "generation" forwards on rank 0 only: one agreed order."""
+
+    def on_step(step, model, opt):
+        if rank() == 0:
+            with paddle.no_grad():
+                for i in range(1 + step % 3):
+                    model(batch(200 + i)[0])
+
+    assert_order_agreed(compare_on_off(steps=5, on_step=on_step)[1])
+
+
+def case_forwards_without_backward_tables_bounded():
+    """Eval before the first step and between steps, no_grad forwards in
+    train() mode, grad-enabled ones in eval() mode, over 10 steps: internal
+    tables keep their size (a leak would grow them every step)."""
+    sizes = []
+    registry = sync_registry_module()
+
+    def extra_forwards(model):
+        model.eval()
+        with paddle.no_grad():
+            model(batch(300)[0])
+            model(batch(301)[0])
+        lm_loss(model, 302)  # grad-enabled in eval mode, no backward
+        model.train()
+        with paddle.no_grad():
+            model(batch(303)[0])
+
+    def micro_step(model, step, micro, acc_steps):
+        if step == 0 and micro == 0:
+            extra_forwards(model)  # before the first step
+        return default_micro_step(model, step, micro, acc_steps)
+
+    def on_step(step, model, opt):
+        extra_forwards(model)
+        impl = overlap_impl(opt)
+        if impl is not None:
+            assert impl in registry.open_owners()
+            # PENDING: the parameters with a pending sync
+            tables = (impl.order, impl.units, registry.PENDING)
+            counts = (impl.num_pending, sum(impl.read_paths.values()))
+            hooks = (impl.num_hooks, total_forward_pre_hooks(model))
+            sizes.append(tuple(map(len, tables)) + counts + hooks)
+
+    _, info = compare_on_off(steps=10, micro_step=micro_step, on_step=on_step)
+    assert len(sizes) == 10 and len(set(sizes)) == 1, sorted(set(sizes))
+    n = len(optimizer_parameters(info["opt"]))
+    order, units, registered, pending, reads, _, _ = sizes[0]
+    assert order == n and 0 < units <= n, sizes[0]
+    # the extra forwards waited for every unit: nothing pending, no read
+    assert (pending, registered, reads) == (0, 0, 0), sizes[0]
+
+
+def case_recompute_reentrant_and_not():
+    """Blocks under recompute, reentrant and not."""
+    for reentrant in (True, False):
+        RecomputeLM.use_reentrant = reentrant
+        compare_on_off(RecomputeLM)
+
+
+def case_layer_called_twice_and_two_forwards_per_backward():
+    """One block called twice per forward; two forwards per backward."""
+    compare_on_off(ReuseLM)
+
+    def two_forwards(model, step, micro, acc_steps):
+        first = lm_loss(model, step, micro)
+        second = lm_loss(model, step, micro + 50)
+        loss = (first + second) / 2
+        (loss / acc_steps).backward()
+        return loss
+
+    compare_on_off(micro_step=two_forwards, acc_steps=2)
+
+
+def case_skipped_steps_first_included():
+    """Steps without an update (the first among them): one agreed order."""
+    skipped = compare_on_off(steps=6, skip_update=lambda s: s in (0, 3))
+    assert_order_agreed(skipped[1])
+
+
+def case_weights_replaced_between_steps():
+    """Swap in averaged weights for evaluation and back with
+    set_state_dict: no broadcast may still be pending at the load."""
+    unwaited_at_load, pending_after_step, snapshot = [], [], {}
+
+    def on_step(step, model, opt, checker):
+        def load(state):
+            if checker is not None:
+                unwaited_at_load.append(checker.num_unwaited())
+            model.set_state_dict(state)
+
+        if checker is not None:  # launched and not yet waited
+            pending_after_step.append(checker.num_unwaited())
+        if step == 0:
+            snapshot.clear()
+            snapshot.update(cloned_state(model))
+        elif step % 3 == 1:
+            # roll back to an earlier snapshot right after step(): the
+            # broadcasts are still pending when set_state_dict is called
+            load(snapshot)
+        elif step % 3 == 2:
+            # swap in averaged weights for evaluation, then back
+            trained = cloned_state(model)
+            load({k: (v + snapshot[k]) * 0.5 for k, v in trained.items()})
+            with paddle.no_grad():
+                model(batch(400 + step)[0])
+            load(trained)
+
+    with lost_overlap_warnings() as lost:
+        checker, _ = compare_on_off(
+            run=train_with_checker, on_step=on_step, steps=6
+        )
+    assert checker.violations == []
+    assert max(pending_after_step) > 0, pending_after_step
+    # loads came while broadcasts were pending; each parameter's write
+    # (Tensor.set_value inside set_state_dict) found its task waited
+    assert unwaited_at_load and max(unwaited_at_load) > 0, unwaited_at_load
+    assert checker.counts["writes"] > 0, checker.counts
+    # step 0's snapshot reads every parameter right after the step: said
+    # once (the later loads and swaps do not repeat it)
+    assert_lost_overlap_warning(lost, "iteration")
+
+
+def case_parameters_read_without_call():
+    """proj.forward(x) and F.linear(x, head.weight, head.bias) inside the
+    model's forward: each read waits for that parameter (attribute access
+    waits), with and without strict, checked at the read; no warning."""
+    for strict in (False, True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            checker, info = compare_on_off(DirectReadLM, strict=strict)
+        overlay_warnings = [w for w in caught if "broadcast" in str(w.message)]
+        assert overlay_warnings == [], [str(w.message) for w in caught]
+        reads = [v for v in checker.violations if v[0].startswith("read:")]
+        assert reads == [], reads
+        assert checker.counts["checked"] > 0, checker.counts
+    train_checking_reads("direct read", DirectReadLM)
+
+
+def case_trainability_changed_mid_training():
+    """Block 0 frozen after step 1, trainable again after step 3."""
+
+    def on_step(step, model, opt):
+        if step in (1, 3):
+            for p in model._layers.blocks[0].parameters():
+                p.stop_gradient = step == 1
+
+    assert_order_agreed(compare_on_off(steps=5, on_step=on_step)[1])
+
+
+def case_two_optimizers_share_one_model():
+    """Two sharding optimizers over disjoint parameters of one model (V1
+    has no parameter groups), both overlapped; turned off in either order."""
+
+    def run(overlap, off_order=()):
+        model = build_with_initial_state(TinyLM)
+        body = [p for n, p in model.named_parameters() if n[:4] != "head"]
+        sgd = paddle.optimizer.SGD(0.05, parameters=model.head.parameters())
+        opts = [fleet.distributed_optimizer(o) for o in (adamw(body), sgd)]
+        model = fleet.distributed_model(model)
+        base = total_forward_pre_hooks(model)
+        for opt in opts if overlap else ():
+            opt._set_broadcast_overlap(True, layers=model)
+        both = types.SimpleNamespace(
+            step=lambda: [opt.step() for opt in opts],
+            clear_grad=lambda: [opt.clear_grad() for opt in opts],
+        )
+        losses, params, _ = train(model=model, opt=both)
+        for i in off_order:
+            opts[i]._set_broadcast_overlap(False)
+        if overlap:
+            assert total_forward_pre_hooks(model) == base
+            layers = model.sublayers(include_self=True)
+            assert not any("set_state_dict" in vars(l) for l in layers)
+        return losses, params
+
+    off = run(False)
+    for order in ((0, 1), (1, 0)):
+        assert_bitwise_equal(off, run(True, order), f"two optimizers {order}")
+
+
+def case_toggle_on_off_on_mid_training():
+    """Overlap turned off, on, and on again (replacing) between steps."""
+
+    def on_step(step, model, opt):
+        if step == 1:
+            opt._set_broadcast_overlap(False)
+        elif step in (2, 3):  # at 3 again: replaces
+            opt._set_broadcast_overlap(True, layers=model)
+
+    assert_order_agreed(compare_on_off(steps=6, on_step=on_step)[1])
+
+
+def case_deepcopy_loads_copy_and_collected_optimizer_closed():
+    """A deepcopy loads into itself with no-op hooks; an optimizer deleted
+    with overlap on is closed (silent hooks, removed at the next call)."""
+    _, _, info = train(TinyLM, overlap=True, steps=2)
+    model, opt = info["model"], info["opt"]
+    # a deepcopy (e.g. for EMA) loads into itself, not into the original
+    twin = copy.deepcopy(model._layers)
+    zeros = {k: paddle.zeros_like(v) for k, v in twin.state_dict().items()}
+    twin.set_state_dict(zeros)
+    assert all(float(v.abs().sum()) == 0 for v in twin.state_dict().values())
+    assert any(float(v.abs().sum()) > 0 for v in model.state_dict().values())
+    # the copy keeps no reference to this overlap: its hooks are no-ops
+    layers = twin.sublayers(include_self=True)
+    hook_dicts = [l._forward_pre_hooks for l in layers]
+    hook_dicts += [l._state_dict_hooks for l in layers]
+    twin_hooks = [h for hooks in hook_dicts for h in hooks.values()]
+    assert twin_hooks and all(h.__name__ == "_noop_hook" for h in twin_hooks)
+
+    _, _, other = train(TinyLM, overlap=True, steps=1)
+    other_model = other["model"]
+    hooked = total_forward_pre_hooks(other_model)
+    del other
+    gc.collect()
+    # the finalizer only marks it closed (no hook-dict mutation inside gc):
+    # its hooks are no-ops until the next explicit call removes them
+    assert hooked > 0 and total_forward_pre_hooks(other_model) == hooked
+    # (train() ended with model.state_dict(), a read of every parameter
+    # after the last step: an open owner would warn at this forward that
+    # the overlap was lost; a closed one says nothing)
+    with lost_overlap_warnings() as lost, paddle.no_grad():
+        other_model(batch(0)[0])
+    assert lost == [], f"a collected optimizer's no-op hooks warned: {lost}"
+    registry = sync_registry_module()
+    assert registry.open_owners() == [overlap_impl(opt)]
+    assert total_forward_pre_hooks(other_model) == 0
+
+    opt._set_broadcast_overlap(False)
+    assert registry.open_owners() == []
+
+
+def case_error_after_update_is_refused_at_the_next_step():
+    """An error raised inside the hybrid optimizer's step after the update,
+    caught by the user: without overlap training goes on; with overlap the
+    held-back sync never started, so the next step() refuses on every rank
+    naming the fix (no silent divergence, no hang), which lets it go on."""
+    for overlap in (False, True):
+        _, _, info = train(TinyLM, overlap=overlap, steps=1)
+        model, opt, errors, calls = info["model"], info["opt"], [], []
+        inner = opt._inner_opt
+
+        def step_then_fail():
+            type(inner).step(inner)
+            if not calls:
+                calls.append("raised")
+                raise RuntimeError("injected after the update")
+
+        inner.step = step_then_fail
+        # train() ends with model.state_dict(), right after the step: the
+        # next forward overlapped nothing (said once)
+        with lost_overlap_warnings() as lost:
+            for step in range(1, 4):
+                lm_loss(model, step).backward()
+                try:
+                    opt.step()
+                except RuntimeError as e:
+                    errors.append(str(e))
+                    if overlap and len(errors) == 2:  # the fix it names
+                        opt._set_broadcast_overlap(False)
+                        opt._set_broadcast_overlap(True, layers=model)
+                opt.clear_grad()
+        assert len(calls) == 1 and "injected" in errors[0], errors
+        if overlap:
+            assert_lost_overlap_warning(lost, "iteration")
+            assert len(errors) == 2, errors
+            fix = "stopped after its update and before its parameter "
+            assert fix in errors[1], errors[1]
+            assert "_set_broadcast_overlap(False)" in errors[1], errors[1]
+        else:
+            assert lost == [] and len(errors) == 1, (lost, errors)
+        assert all_ranks_equal([len(errors)])
 
 
 if __name__ == "__main__":

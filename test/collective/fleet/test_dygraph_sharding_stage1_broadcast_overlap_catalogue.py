@@ -18,7 +18,6 @@ import unittest
 from legacy_test.test_parallel_dygraph_dataparallel import TestMultipleGpus
 
 MODELS = "dygraph_sharding_stage1_broadcast_overlap_models.py"
-LOOPS = "dygraph_sharding_stage1_broadcast_overlap_loops.py"
 BUCKETS = "dygraph_sharding_stage1_broadcast_overlap_buckets.py"
 READS = "dygraph_sharding_stage1_broadcast_overlap_reads.py"
 GRAD_COMM = "dygraph_sharding_stage1_grad_comm_overlap.py"
@@ -36,11 +35,11 @@ SHARDING2_GROUPS = [
     # (bucket_size_mb=0); the foundation cases (on vs off, order, waits,
     # hooks) run in both modes in test_dygraph_sharding_stage1_broadcast_overlap
     [READS, ""],
-    # model kinds and state, with 2 KB buckets (and per parameter where an
-    # assertion holds in that mode only); sharding degree 1 is refused
-    # in-process: test/unit/test_hybrid_overlap_delegation.py
+    # model kinds and state, and training loops that break naive overlap,
+    # with 2 KB buckets (and per parameter where an assertion holds in that
+    # mode only); sharding degree 1 is refused in-process:
+    # test/unit/test_hybrid_overlap_delegation.py
     [MODELS, ""],
-    [LOOPS, ""],
     # bucket storage itself: tied, frozen, dtypes, sizes, checkpoints, ...
     [BUCKETS, ""],
     # with Paddle's gradient-communication overlap
