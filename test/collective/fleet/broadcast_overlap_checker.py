@@ -314,6 +314,11 @@ class BroadcastWaitChecker:
         """Check every parameter that was ever broadcast asynchronously."""
         self.check([t for t, _ in self._latest.values()], where)
 
+    def synced_ids(self):
+        """``{id(tensor)}`` of every tensor (parameter or bucket member) a
+        recorded broadcast or all-gather has written."""
+        return set(self._latest)
+
     def num_unwaited(self):
         """int: tasks launched and not waited yet."""
         return len(

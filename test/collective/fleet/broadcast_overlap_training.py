@@ -617,34 +617,6 @@ def train_with_checker(build=TinyLM, on_step=None, checker=None, **kwargs):
     return train(build, checker=checker, on_step=on_step_with_checker, **kwargs)
 
 
-def assert_raises(error, text, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` raises ``error`` whose message holds every
-    string of ``text`` (a string or a tuple of them)."""
-    try:
-        fn(*args, **kwargs)
-    except error as e:
-        texts = (text,) if isinstance(text, str) else text
-        assert all(t in str(e) for t in texts), (args, kwargs, str(e))
-    else:
-        raise AssertionError(f"no {error.__name__} for {args} {kwargs}")
-
-
-def rename_state_keys(state, renames):
-    """Optimizer state (nested dicts) with keys that start with a parameter
-    name renamed by ``renames`` (old name -> new name)."""
-    by_length = sorted(renames, key=len, reverse=True)
-    renamed = {}
-    for key, value in state.items():
-        if isinstance(value, dict):
-            value = rename_state_keys(value, renames)
-        for old in by_length:
-            if key == old or key.startswith(old + "_"):
-                key = renames[old] + key[len(old) :]
-                break
-        renamed[key] = value
-    return renamed
-
-
 # Warnings any case may raise without asserting on them: Paddle's own
 # notices about its set-up, none about what the cases check. Every other
 # warning raised in a case (and not caught by the case itself) fails it.
