@@ -153,18 +153,18 @@ def pipeline_model(tied):
     )
 
 
-class FlatBlock(paddle.nn.Layer):
-    """(LayerNorm when ``norm``) -> up (H -> ``widen`` H) -> gelu -> down,
-    residual; column/row-parallel linears in mp2_sharding2."""
+class FlatBlock(training.Block):
+    """``training.Block`` of ``hidden`` -> ``widen * hidden`` -> ``hidden``,
+    its LayerNorm only when ``norm``; column/row-parallel linears in
+    mp2_sharding2."""
 
     def __init__(self, hidden, widen, norm):
-        super().__init__()
+        paddle.nn.Layer.__init__(self)
         self.norm = (
             paddle.nn.LayerNorm(hidden) if norm else paddle.nn.Identity()
         )
-        wide = widen * hidden
+        wide, mpu = widen * hidden, fleet.meta_parallel
         if MP:
-            mpu = fleet.meta_parallel
             self.up = mpu.ColumnParallelLinear(
                 hidden, wide, gather_output=False, has_bias=True
             )
@@ -175,31 +175,20 @@ class FlatBlock(paddle.nn.Layer):
             self.up = paddle.nn.Linear(hidden, wide)
             self.down = paddle.nn.Linear(wide, hidden)
 
-    def forward(self, x):
-        return x + self.down(paddle.nn.functional.gelu(self.up(self.norm(x))))
 
-
-class FlatLM(paddle.nn.Layer):
-    """Embedding (vocab-parallel in mp2_sharding2) -> blocks -> head."""
+class FlatLM(training.TinyLM):
+    """``training.TinyLM`` of :class:`FlatBlock` s, its embedding
+    vocab-parallel in mp2_sharding2."""
 
     def __init__(self, hidden=HIDDEN, blocks=1, widen=2, norm=False):
-        super().__init__()
-        if MP:
-            self.embed = fleet.meta_parallel.VocabParallelEmbedding(
-                VOCAB, hidden
-            )
-        else:
-            self.embed = paddle.nn.Embedding(VOCAB, hidden)
+        paddle.nn.Layer.__init__(self)
+        mpu = fleet.meta_parallel
+        embedding = mpu.VocabParallelEmbedding if MP else paddle.nn.Embedding
+        self.embed = embedding(VOCAB, hidden)
         self.blocks = paddle.nn.LayerList(
             [FlatBlock(hidden, widen, norm) for _ in range(blocks)]
         )
         self.head = paddle.nn.Linear(hidden, VOCAB)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
 
 
 def flat_model(**kwargs):
@@ -431,26 +420,7 @@ def case_mp_step_launches_after_parameter_syncs():
 # sharding stage 1 V2 (split_param) with the all-gather overlap
 def train_v2(build=v2_model, overlap=False, **kwargs):
     """:func:`train` of V2 (``training.sharding_v2``), the overlap turned
-    on as PaddleFormers does. ``run.dp_params``: per step, how many
-    parameters ``HybridParallelOptimizer._hybrid_sync_grad`` handed to the
-    data-parallel gradient all-reduce (V2's ``filter_parameters``)."""
-    prepare = kwargs.pop("prepare", None)
-
-    def count_dp_params(run):
-        inner = run.opt._inner_opt
-        assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
-        run.dp_params = []
-        filter_parameters = inner.filter_parameters
-
-        def counted_filter_parameters(*args, **kwargs):
-            kept = filter_parameters(*args, **kwargs)
-            run.dp_params.append(len(kept))
-            return kept
-
-        inner.filter_parameters = counted_filter_parameters
-        if prepare is not None:
-            prepare(run)
-
+    on as PaddleFormers does."""
     return train(
         build,
         overlap,
@@ -459,7 +429,6 @@ def train_v2(build=v2_model, overlap=False, **kwargs):
         make_optimizer=lambda ps: paddle.optimizer.AdamW(
             learning_rate=0.001, parameters=ps, weight_decay=0.01
         ),
-        prepare=count_dp_params,
         **kwargs,
     )
 
@@ -478,16 +447,29 @@ def compare_v2(prepare=None, on_step=None):
     buffers, and the parameters equal on the data-parallel group and the
     ones model parallelism replicates on every rank; in dp2_sharding2 the
     data-parallel replicas differ, off and on alike: Paddle's own V2 fault,
-    asserted (:func:`assert_paddle_v2_dp_replicas_differ`). Returns the on
-    run."""
+    asserted on ``run.dp_params`` (per step, how many parameters
+    ``_hybrid_sync_grad`` handed to the data-parallel gradient all-reduce:
+    V2's ``filter_parameters``). Returns the on run."""
 
     def run(build, overlap, checker=None):
-        hooks = {}
-        if overlap:
-            hooks["on_step"] = on_step
-            if prepare is not None:
-                hooks["prepare"] = lambda r: prepare(r.opt, checker)
-        r = train_v2(build, overlap, checker=checker, **hooks)
+        def start(r):
+            inner = r.opt._inner_opt
+            assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
+            r.dp_params, filter_parameters = [], inner.filter_parameters
+
+            def counted_filter_parameters(*args, **kwargs):
+                kept = filter_parameters(*args, **kwargs)
+                r.dp_params.append(len(kept))
+                return kept
+
+            inner.filter_parameters = counted_filter_parameters
+            if overlap and prepare is not None:
+                prepare(r.opt, checker)
+
+        on_steps = on_step if overlap else None
+        r = train_v2(
+            build, overlap, checker=checker, prepare=start, on_step=on_steps
+        )
         # the collectives on every rank before any assertion
         digests = param_digests(r.raw, False)
         r.dp_equal = equal_in_group(digests, hcg().get_data_parallel_group())
@@ -524,13 +506,7 @@ def assert_paddle_v2_dp_replicas_differ(dp_params, dp_equal):
         "data-parallel replicas equal although Paddle skipped the first "
         "step's data-parallel gradient all-reduce"
     )
-    print(
-        f"rank {rank()} dp2_sharding2 V2 on Paddle {paddle.__version__}: "
-        f"Paddle's own V2 skips the first step's data-parallel gradient "
-        f"all-reduce (parameters handed to it per step: {dp_params}); the "
-        "data-parallel replicas differ, overlap off and on alike (known)",
-        flush=True,
-    )
+    print(f"rank {rank()} V2 dp gradients per step {dp_params} (known)")
 
 
 def assert_paddle_2_v2_dp_fails():
@@ -546,12 +522,7 @@ def assert_paddle_2_v2_dp_fails():
         assert "list index out of range" in str(e), tb
         assert "build_groups" in tb and "_hybrid_sync_grad" in tb, tb
         assert steps_done == [], steps_done
-        print(
-            f"rank {rank()} dp2_sharding2 V2 on Paddle {paddle.__version__}: "
-            f"Paddle's own V2 fails at the first step as known: "
-            f"IndexError: {e} (build_groups from _hybrid_sync_grad)",
-            flush=True,
-        )
+        print(f"rank {rank()} V2 fails in build_groups (known)")
         return
     raise AssertionError(
         f"Paddle {paddle.__version__} trained V2 in dp2_sharding2 without "
@@ -627,37 +598,38 @@ def pipeline_buffers(on):
     return [b for bs in on.model._chunk_2_comm_buffers.values() for b in bs]
 
 
-def compare_comm_overlap(tied, split_param, enable):
+def check_comm_overlap(v2, tied):
     """``grad_comm.compare`` (collectives counted) of the pipeline with V1
-    or V2; returns ``(on, checker, impl, buffers)``."""
-    what = f"V{1 + split_param} tied={tied} stage {hcg().get_stage_id()}"
-    with sharding_comm_overlap(split_param):
-        on, checker, impl, buffers = grad_comm.compare(
-            functools.partial(build_main_grad_pipeline, tied),
-            enable,
-            pipeline_buffers,
-            what=what,
-            replicas=hcg().get_sharding_parallel_group(),
-            train_batch=lambda m, opt, step: m.train_batch(
-                list(data(step)), opt
-            ),
-        )
-    assert type(sharding_optimizer(on.opt)).__name__ == (
-        "DygraphShardingOptimizerV2"
-        if split_param
-        else "DygraphShardingOptimizer"
-    )
-    return on, checker, impl, buffers
-
-
-def check_v1_comm_overlap(tied):
-    for bucket_mb in (None, 0):
-        enable = grad_comm.enable_v1(bucket_mb)
-        on, _, impl, buffers = compare_comm_overlap(tied, False, enable)
+    (in both bucket modes) or V2."""
+    for bucket_mb in (None,) if v2 else (None, 0):
+        if v2:
+            enable = training.enable_all_gather_overlap
+        else:
+            enable = grad_comm.enable_v1(bucket_mb)
+        with sharding_comm_overlap(split_param=v2):
+            on, checker, impl, buffers = grad_comm.compare(
+                functools.partial(build_main_grad_pipeline, tied),
+                enable,
+                pipeline_buffers,
+                what=f"V{1 + v2} tied={tied} stage {hcg().get_stage_id()}",
+                replicas=hcg().get_sharding_parallel_group(),
+                train_batch=lambda m, opt, step: m.train_batch(
+                    list(data(step)), opt
+                ),
+            )
+        inner = sharding_optimizer(on.opt)
+        name = "DygraphShardingOptimizer" + ("V2" if v2 else "")
+        assert type(inner).__name__ == name, inner
+        units = len(impl.units)
+        if v2:  # V2 adopted the pipeline's buffers: one all-gather each
+            assert [id(b) for b in inner._comm_buffer_list] == list(
+                map(id, buffers)
+            )
+            grad_comm.assert_one_gather_per_buffer(impl, checker, buffers)
+            continue
         # V1's pipeline buffers hold gradients only (no parameter storage)
         assert all(b.param_storage is None for b in buffers)
-        assert not getattr(sharding_optimizer(on.opt), "_rank2fused", None)
-        units = len(impl.units)
+        assert not getattr(inner, "_rank2fused", None)
         if bucket_mb == 0:
             assert per_parameter(on.opt) and not bucket_units(on.opt)
             assert units == len(optimizer_parameters(on.opt)), units
@@ -670,36 +642,18 @@ def check_v1_comm_overlap(tied):
             assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
 
 
-def check_v2_comm_overlap(tied):
-    on, checker, impl, buffers = compare_comm_overlap(
-        tied, True, training.enable_all_gather_overlap
-    )
-    # V2 adopted the pipeline's buffers: one all-gather each
-    inner = sharding_optimizer(on.opt)
-    assert [id(b) for b in inner._comm_buffer_list] == [id(b) for b in buffers]
-    grad_comm.assert_one_gather_per_buffer(impl, checker, buffers)
+PIPELINE_COMM_OVERLAP = []  # pp2_sharding2 cases, in this order
+for _v2 in (False, True):
+    for _tied in (False, True):
+        _name = f"v{1 + _v2}_sharding_comm_overlap_"
+        _name += "tied_embedding_head" if _tied else "plain"
+        PIPELINE_COMM_OVERLAP.append(_name)
 
+        def _case(v2=_v2, tied=_tied):
+            """The pipeline's comm overlap: :func:`check_comm_overlap`."""
+            check_comm_overlap(v2, tied)
 
-# pp2_sharding2 cases: (check, tied embedding/head), in this order
-PIPELINE_COMM_OVERLAP = {
-    "v1_sharding_comm_overlap_plain": (check_v1_comm_overlap, False),
-    "v1_sharding_comm_overlap_tied_embedding_head": (
-        check_v1_comm_overlap,
-        True,
-    ),
-    "v2_sharding_comm_overlap_plain": (check_v2_comm_overlap, False),
-    "v2_sharding_comm_overlap_tied_embedding_head": (
-        check_v2_comm_overlap,
-        True,
-    ),
-}
-for _name, (_check, _tied) in PIPELINE_COMM_OVERLAP.items():
-
-    def _case(check=_check, tied=_tied):
-        """The pipeline's comm overlap with V1 or V2 (the check's name)."""
-        check(tied)
-
-    globals()["case_" + _name] = _case
+        globals()["case_" + _name] = _case
 
 
 def launch_cases():

@@ -14,36 +14,21 @@
 """Per-rank script: the parameter-sync overlap together with Paddle's
 gradient-communication overlap (``sharding_configs.comm_overlap``), 2 ranks.
 
-Every case compares overlap off and on in the same Paddle configuration
-(``training.compare_on_off``; V1: ``_set_broadcast_overlap(True,
-layers=model)``, V2: ``_set_all_gather_overlap_forward(True, model)``, the
-calls PaddleFormers makes; final parameters equal on every rank) and counts
-the collectives per step (:func:`compare`):
-
-- parameter sync (the checker's ``launched``), one per unit of the owner,
-  every one inside ``step()``: V1 default ``bucket_size_mb`` (256): one per
-  Paddle fused buffer (``_rank2fused``: 2 for TinyLM), 2 KB: one per slice
-  of those, 0: one per parameter (15); V2: one all-gather per Paddle comm
-  buffer (``_comm_buffer_list``, 1 MB each: 4 for WideLM);
-- gradient reduce (``reduce`` for V1, ``reduce_scatter`` for V2, what
-  Paddle's ``FusedCommBuffer`` issues): one per Paddle comm buffer, all
-  during backward and none in ``step()``, unchanged by the parameter-sync
-  overlap, with and without gradient accumulation.
-
-V1 (TinyLM): ``tensor_fusion`` + ``comm_overlap``, and ``comm_overlap``
-alone (Paddle fuses the parameters for it too: the overlap must send slices
-of Paddle's fused storage and never move a parameter out of it). V2
+Every case compares overlap off and on in one Paddle configuration and
+counts the collectives per step (:func:`compare`). V1 (TinyLM):
+``tensor_fusion`` + ``comm_overlap``, and ``comm_overlap`` alone (Paddle
+fuses the parameters for it too: the overlap must send slices of Paddle's
+fused storage, never move a parameter out of it), in every bucket mode. V2
 (``split_param``, WideLM) with ``comm_overlap``: Paddle 3.x only (2.6
-refuses it: ``not supported yet``). V2 ``comm_overlap`` needs ``main_grad``
-(PaddleFormers' ``amp_master_grad``; without it Paddle fails at the second
-step, ``v2_comm_overlap_without_main_grad_fails_in_paddle``), so the V2
-cases wrap the model in ``MixPrecisionLayer`` and the optimizer in
-``MixPrecisionOptimizer`` (fp32 parameters). CPU ranks:
-``hybrid_parallel_cpu_shim`` item 6 around building V1, 7 to 9 for V2.
+refuses it); it needs ``main_grad`` (PaddleFormers' ``amp_master_grad``,
+:func:`with_main_grad`). CPU ranks: ``hybrid_parallel_cpu_shim`` item 6
+around building V1, 7 to 9 for V2.
 """
 
+import contextlib
 import sys
 import traceback
+from unittest import mock
 
 import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim
@@ -128,46 +113,6 @@ def build_v2(main_grad=True):
     return model, opt
 
 
-class GradCommCounter:
-    """Counts Paddle's gradient collectives: ``paddle.distributed.reduce``
-    and ``reduce_scatter`` (what ``FusedCommBuffer._comm_grads`` calls;
-    ``reduce_scatter`` is the CPU shim's item 7 here). ``marks``: the count
-    at each :meth:`mark` (and, after :meth:`mark_updates`, at the start of
-    each ``step()`` of the sharding optimizer)."""
-
-    NAMES = ("reduce", "reduce_scatter")
-
-    def __enter__(self):
-        self.calls, self.marks, self._saved = 0, [], []
-        for name in self.NAMES:
-            original = getattr(paddle.distributed, name)
-            self._saved.append((name, original))
-
-            def counting(*args, _original=original, **kwargs):
-                self.calls += 1
-                return _original(*args, **kwargs)
-
-            setattr(paddle.distributed, name, counting)
-        return self
-
-    def __exit__(self, *exc):
-        for name, original in self._saved:
-            setattr(paddle.distributed, name, original)
-
-    def mark(self):
-        self.marks.append(self.calls)
-
-    def mark_updates(self, opt):
-        inner = sharding_optimizer(opt)  # called by HybridParallelOptimizer
-        step = inner.step
-
-        def counted_step(*args, **kwargs):
-            self.mark()
-            return step(*args, **kwargs)
-
-        inner.step = counted_step
-
-
 def train(
     build, overlap=False, *, enable=None, acc=1, checker=None, train_batch=None
 ):
@@ -177,24 +122,48 @@ def train(
     end of the last backward or, with ``train_batch(model, opt, step)`` (a
     pipeline's, which runs the update), the start of the sharding
     optimizer's ``step()``; ``run.launched``: per step, parameter-sync
-    collectives the checker saw."""
-    with GradCommCounter() as counter:
+    collectives the checker saw. Gradient collectives:
+    ``paddle.distributed.reduce`` and ``reduce_scatter``, what
+    ``FusedCommBuffer._comm_grads`` calls (``reduce_scatter``: the CPU
+    shim's item 7 here)."""
+    marks = []
+    with contextlib.ExitStack() as stack:
+        counted = [
+            stack.enter_context(
+                mock.patch.object(paddle.distributed, name, wraps=original)
+            )
+            for name, original in (
+                ("reduce", paddle.distributed.reduce),
+                ("reduce_scatter", paddle.distributed.reduce_scatter),
+            )
+        ]
+
+        def mark(*_):
+            marks.append(sum(c.call_count for c in counted))
+
         model, opt = build()
         if overlap:
             enable(opt, model)
-        if train_batch:
-            counter.mark_updates(opt)
+        if train_batch:  # mark each start of the sharding optimizer's step
+            inner = sharding_optimizer(opt)  # called by the hybrid optimizer
+            inner_step = inner.step
+
+            def counted_step(*args, **kwargs):
+                mark()
+                return inner_step(*args, **kwargs)
+
+            inner.step = counted_step
 
         def micro_step(model, step, micro, acc_steps):
             if micro == 0:
-                counter.mark()
+                mark()
             if train_batch:
                 loss = train_batch(model, opt, step)
             else:
                 loss = lm_loss(model, step, micro)
                 (loss / acc_steps).backward()
             if micro == acc_steps - 1:
-                counter.mark()  # (train_batch: the step's end)
+                mark()  # (train_batch: the step's end)
             return loss
 
         run = training.train(
@@ -205,9 +174,8 @@ def train(
             acc_steps=acc,
             micro_step=micro_step,
             skip_update=(lambda step: True) if train_batch else None,
-            on_step=None if train_batch else lambda *_: counter.mark(),
+            on_step=None if train_batch else mark,
         )
-    marks = counter.marks
     assert len(marks) == 3 * STEPS, marks
     run.grad = [(b - a, c - b) for a, b, c in zip(*[iter(marks)] * 3)]
     run.launched = [r["launched"] for r in run.reports]
@@ -217,10 +185,13 @@ def train(
 def compare(build, enable, grad_buffers, *, what="", **kwargs):
     """``training.compare_on_off`` of :func:`train` (final parameters equal
     on ``replicas``, default every rank) and the collectives per step: one
-    gradient collective per Paddle comm buffer (``grad_buffers(on run)``),
-    all before the split, with overlap off and on; every unit of the
-    owner launched once, inside ``step()`` (its count and the checker's).
-    Returns ``(on, checker, impl, buffers)``."""
+    gradient collective (``reduce`` for V1, ``reduce_scatter`` for V2) per
+    Paddle comm buffer (``grad_buffers(on run)``), all before the split,
+    unchanged by the overlap; every unit of the owner (V1 default
+    ``bucket_size_mb``: one per fused buffer, 2 KB: one per slice of those,
+    0: one per parameter; V2: one all-gather per comm buffer) launched once,
+    inside ``step()`` (its count and the checker's). Returns ``(on,
+    checker, impl, buffers)``."""
     kwargs.setdefault("replicas", "world")
     checker, on = training.compare_on_off(
         build, run=train, enable=enable, **kwargs
@@ -301,10 +272,10 @@ def check_v1_fused(tensor_fusion, acc):
             assert units == num_params, units
         else:  # slices of Paddle's fused buffers, none of ours
             assert slices
-            for unit in slices:
-                buffer = unit.tensor
-                assert inside(spans, buffer.data_ptr()), buffer.data_ptr()
-                last = buffer.data_ptr() + 4 * (int(buffer._numel()) - 1)
+            for unit in slices:  # its first and last element
+                first = unit.tensor.data_ptr()
+                last = first + 4 * (int(unit.tensor._numel()) - 1)
+                assert inside(spans, first), (unit.label, first)
                 assert inside(spans, last), (unit.label, last)
             assert units == len(slices), (units, len(slices))
             if bucket_mb is None:  # default 256 MB: one per fused buffer
