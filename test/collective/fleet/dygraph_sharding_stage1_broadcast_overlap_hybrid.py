@@ -37,25 +37,13 @@ import dygraph_sharding_stage1_grad_comm_overlap as grad_comm
 import hybrid_parallel_cpu_shim as shim
 import numpy as np
 from broadcast_overlap_checker import BroadcastWaitChecker
-from broadcast_overlap_training import (
-    adamw,
-    all_ranks_equal,
-    bucket_units,
-    cases_of,
-    equal_in_group,
-    optimizer_parameters,
-    overlap_impl,
-    per_parameter,
-    rank,
-    run_cases,
-    sharding_optimizer,
-)
+from broadcast_overlap_training import equal_in_group, overlap_impl, rank
 
 import paddle
 from paddle.distributed import fleet
 
 TOPOLOGY = os.environ.get("BROADCAST_OVERLAP_TOPOLOGY", "pp2_sharding2")
-MP = TOPOLOGY == "mp2_sharding2"
+PP, MP = TOPOLOGY == "pp2_sharding2", TOPOLOGY == "mp2_sharding2"
 VOCAB, HIDDEN, BATCH, SEQ = 32, 16, 4, 4
 STEPS = 3
 # V2: model width; comm buffer size (sharding_configs.comm_buffer_size_MB on
@@ -64,17 +52,11 @@ STEPS = 3
 V2_HIDDEN, V2_BUFFER_MB = 256, 1
 PADDLE_2 = paddle.__version__.startswith("2.")
 
-DEGREES = {
-    "pp2_sharding2": dict(pp_degree=2, sharding_degree=2),
-    "dp2_sharding2": dict(dp_degree=2, sharding_degree=2),
-    "mp2_sharding2": dict(mp_degree=2, sharding_degree=2),
-}
-
 
 def init_fleet():
-    training.init_fleet(
-        DEGREES[TOPOLOGY], mp_sync_param=MP, micro_batch=BATCH // 2
-    )
+    assert TOPOLOGY in ("pp2_sharding2", "dp2_sharding2", "mp2_sharding2")
+    degrees = {TOPOLOGY[:2] + "_degree": 2, "sharding_degree": 2}
+    training.init_fleet(degrees, mp_sync_param=MP, micro_batch=BATCH // 2)
 
 
 def hcg():
@@ -98,6 +80,11 @@ def data(step):
 
 def cross_entropy(logits, labels):
     return paddle.nn.functional.cross_entropy(logits, labels).mean()
+
+
+def train_batch(model, opt, step):
+    """The pipeline's step (forward, backward, update)."""
+    return model.train_batch(list(data(step)), opt)
 
 
 # ----------------------------------------------------------------------
@@ -225,7 +212,6 @@ def train(build, overlap=False, *, prepare=None, **kwargs):
     """``training.train`` in this topology: this topology's data, the
     pipeline's ``train_batch`` (which runs the update), off and on from the
     same initial weights (:func:`build_same`)."""
-    pipeline = TOPOLOGY == "pp2_sharding2"
     runs = []
 
     def start(run):
@@ -234,9 +220,9 @@ def train(build, overlap=False, *, prepare=None, **kwargs):
             prepare(run)
 
     def micro_step(model, step, micro, acc_steps):
+        if PP:
+            return train_batch(model, runs[0].opt, step)
         tokens, labels = data(step)
-        if pipeline:
-            return model.train_batch([tokens, labels], runs[0].opt)
         loss = cross_entropy(model(tokens), labels)
         loss.backward()
         return loss
@@ -246,18 +232,28 @@ def train(build, overlap=False, *, prepare=None, **kwargs):
         overlap,
         init=build_same,
         micro_step=micro_step,
-        skip_update=(lambda step: True) if pipeline else None,
+        skip_update=(lambda step: True) if PP else None,
         prepare=start,
         **{"steps": STEPS, **kwargs},
     )
 
 
-def compare(build, run=train, **kwargs):
-    """``training.compare_on_off`` in this topology, the final parameters
-    equal across the sharding group; returns ``(checker, on run)``."""
+def compare(build, run=train, prepare=None, on_step=None, **kwargs):
+    """``training.compare_on_off`` of ``run`` in this topology, the final
+    parameters equal across the sharding group; the on run calls
+    ``prepare(opt, checker)`` before its first step and ``on_step`` after
+    each. Returns ``(checker, on run)``."""
+
+    def hooked(build, overlap, checker=None, **kwargs):
+        if overlap:
+            kwargs["on_step"] = on_step
+            if prepare is not None:
+                kwargs["prepare"] = lambda r: prepare(r.opt, checker)
+        return run(build, overlap, checker=checker, **kwargs)
+
     group = hcg().get_sharding_parallel_group()
     checker, on = training.compare_on_off(
-        build, run=run, replicas=group, **kwargs
+        build, run=hooked, replicas=group, **kwargs
     )
     impl = overlap_impl(on.opt)
     print(
@@ -288,35 +284,50 @@ def record_update_and_syncs(opt, record):
     inner.step, opt._insert_sync = recording_step, recording_sync
 
 
-def assert_launches_after_syncs(events, units, first_step=0):
-    """Per step from ``first_step`` of the ``(what, launched so far)``
-    events of :func:`record_update_and_syncs` and ``"step end"``: the
-    update, then at least one parameter sync, nothing launched from the
-    update's start (from the previous step's end when ``first_step``) to the
-    last sync, and every one of the step's ``units`` launched by its end."""
-    steps, inside = [], []
-    for what, launched in events:
+def check_launch_order(compare_fn, key, first_step=0):
+    """``compare_fn(prepare=, on_step=)`` (overlap off and on) recording,
+    from ``first_step`` on, the on run's updates and parameter syncs
+    (:func:`record_update_and_syncs`) with the checker's ``counts[key]``
+    so far; per step: the update, then at least one parameter sync,
+    nothing launched from the update's start (from the previous step's end
+    when ``first_step``) to the last sync, and every unit of the owner
+    launched by the step's end."""
+    assert hcg().get_model_parallel_world_size() == 2, "needs mp_degree 2"
+    steps, ends, checkers = [[] for _ in range(STEPS)], [], []
+
+    def record(what):  # per step: (what, launched so far); its end
+        n = checkers[0].counts[key]
         if what == "step end":
-            steps.append((inside, launched))
-            inside = []
+            ends.append(n)
         else:
-            inside.append((what, launched))
-    assert len(steps) == STEPS, events
+            steps[len(ends)].append((what, n))
+
+    def prepare(opt, checker):
+        checkers.append(checker)
+        if first_step == 0:
+            record_update_and_syncs(opt, record)
+
+    def on_step(step, _model, opt):
+        record("step end")
+        if step + 1 == first_step:  # record the next steps
+            record_update_and_syncs(opt, record)
+
+    on = compare_fn(prepare=prepare, on_step=on_step)
+    units = len(overlap_impl(on.opt).units)
+    assert len(ends) == STEPS, ends
     for i in range(first_step, STEPS):
-        inside, end = steps[i]
-        whats = [w for w, _ in inside]
-        assert "update" in whats, inside
+        whats = [w for w, _ in steps[i]]
+        assert "update" in whats, steps[i]
         update = whats.index("update")
         syncs = [j for j, w in enumerate(whats) if w == "sync" and j > update]
-        assert syncs, inside
+        assert syncs, steps[i]
         if first_step:
-            window, counts = inside, {steps[i - 1][1]}
+            counts = {n for _, n in steps[i]} | {ends[i - 1]}
         else:
-            window = inside[whats.index("update begin") : syncs[-1] + 1]
-            counts = set()
-        counts |= {n for _, n in window}
-        assert len(counts) == 1, (counts, inside)
-        assert end - counts.pop() == units, (inside, end, units)
+            begin = whats.index("update begin")
+            counts = {n for _, n in steps[i][begin : syncs[-1] + 1]}
+        assert len(counts) == 1, (counts, steps[i])
+        assert ends[i] - counts.pop() == units, (steps[i], ends[i], units)
 
 
 # ----------------------------------------------------------------------
@@ -397,23 +408,10 @@ def case_mp_step_launches_after_parameter_syncs():
     """HybridParallelOptimizer._step syncs the parameters the
     model-parallel ranks replicate (mp_configs.sync_param: the biases and
     the head here) after the sharding update; the async sharding broadcast
-    starts only after those syncs, at every step."""
-    assert hcg().get_model_parallel_world_size() == 2, "needs mp_degree 2"
-    events = []  # (what, async broadcasts launched so far)
-    with BroadcastWaitChecker() as checker:
-
-        def record(what):
-            events.append((what, checker.counts["launched"]))
-
-        def watch(step, _model, opt):
-            record("step end")
-            if step == 0:  # record the next steps
-                record_update_and_syncs(opt, record)
-
-        run = train(flat_model, overlap=True, checker=checker, on_step=watch)
-    assert checker.violations == [], checker.violations[:5]
-    units = len(overlap_impl(run.opt).units)
-    assert_launches_after_syncs(events, units, first_step=1)
+    starts only after those syncs, at every step (recorded from the second
+    one)."""
+    on_run = lambda **hooks: compare(flat_model, **hooks)[1]  # noqa: E731
+    check_launch_order(on_run, "launched", first_step=1)
 
 
 # ----------------------------------------------------------------------
@@ -441,9 +439,9 @@ def param_digests(raw, replicated_only):
     ]
 
 
-def compare_v2(prepare=None, on_step=None):
-    """:func:`compare` of V2 (``prepare(opt, checker)`` before the on run's
-    first step, ``on_step`` after each), every gather waited, several comm
+def compare_v2(**hooks):
+    """:func:`compare` of V2 (``hooks``: its ``prepare``, ``on_step``),
+    every gather waited, several comm
     buffers, and the parameters equal on the data-parallel group and the
     ones model parallelism replicates on every rank; in dp2_sharding2 the
     data-parallel replicas differ, off and on alike: Paddle's own V2 fault,
@@ -451,7 +449,7 @@ def compare_v2(prepare=None, on_step=None):
     ``_hybrid_sync_grad`` handed to the data-parallel gradient all-reduce:
     V2's ``filter_parameters``). Returns the on run."""
 
-    def run(build, overlap, checker=None):
+    def run(build, overlap, checker=None, prepare=None, on_step=None):
         def start(r):
             inner = r.opt._inner_opt
             assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
@@ -463,27 +461,28 @@ def compare_v2(prepare=None, on_step=None):
                 return kept
 
             inner.filter_parameters = counted_filter_parameters
-            if overlap and prepare is not None:
-                prepare(r.opt, checker)
+            if prepare is not None:
+                prepare(r)
 
-        on_steps = on_step if overlap else None
         r = train_v2(
-            build, overlap, checker=checker, prepare=start, on_step=on_steps
+            build, overlap, checker=checker, prepare=start, on_step=on_step
         )
         # the collectives on every rank before any assertion
         digests = param_digests(r.raw, False)
         r.dp_equal = equal_in_group(digests, hcg().get_data_parallel_group())
-        r.replicated_equal = all_ranks_equal(param_digests(r.raw, True))
+        r.replicated_equal = training.all_ranks_equal(
+            param_digests(r.raw, True)
+        )
         return r
 
-    checker, on = compare(v2_model, run=run)
+    checker, on = compare(v2_model, run=run, **hooks)
     assert checker.counts["gathers"] > 0, checker.counts
     if TOPOLOGY == "dp2_sharding2":
         assert_paddle_v2_dp_replicas_differ(on.off.dp_params, on.dp_equal)
     else:
         assert on.dp_equal, "parameters differ across the data-parallel group"
         assert on.replicated_equal, "replicated parameters differ across ranks"
-    num_buffers = len(sharding_optimizer(on.opt)._comm_buffer_list)
+    num_buffers = len(training.sharding_optimizer(on.opt)._comm_buffer_list)
     assert num_buffers >= 3, f"{num_buffers} comm buffers"
     return on
 
@@ -546,19 +545,7 @@ def case_mp_v2_step_launches_after_parameter_syncs():
     by the model-parallel parameter syncs (the norms and biases here); no
     all-gather starts between the update's start and the last of those
     syncs, and every gather of the step starts by its end, at every step."""
-    assert hcg().get_model_parallel_world_size() == 2, "needs mp_degree 2"
-    events = []  # (what, all-gathers of parameters launched so far)
-    checkers = []
-
-    def record(what):
-        events.append((what, checkers[0].counts["gathers"]))
-
-    def prepare(opt, checker):
-        checkers.append(checker)
-        record_update_and_syncs(opt, record)
-
-    on = compare_v2(prepare, lambda *_: record("step end"))
-    assert_launches_after_syncs(events, len(overlap_impl(on.opt).units))
+    check_launch_order(compare_v2, "gathers")
 
 
 # ----------------------------------------------------------------------
@@ -588,7 +575,7 @@ def sharding_comm_overlap(split_param):
 
 def build_main_grad_pipeline(tied):
     raw = build_same(lambda: pipeline_model(tied))
-    base = grad_comm.with_main_grad(raw, adamw(raw.parameters()))
+    base = grad_comm.with_main_grad(raw, training.adamw(raw.parameters()))
     with shim.cpu_tensor_fusion(), shim.cpu_sharding_v2():  # items 6, 8
         return fleet.distributed_model(raw), fleet.distributed_optimizer(base)
 
@@ -613,11 +600,9 @@ def check_comm_overlap(v2, tied):
                 pipeline_buffers,
                 what=f"V{1 + v2} tied={tied} stage {hcg().get_stage_id()}",
                 replicas=hcg().get_sharding_parallel_group(),
-                train_batch=lambda m, opt, step: m.train_batch(
-                    list(data(step)), opt
-                ),
+                train_batch=train_batch,
             )
-        inner = sharding_optimizer(on.opt)
+        inner = training.sharding_optimizer(on.opt)
         name = "DygraphShardingOptimizer" + ("V2" if v2 else "")
         assert type(inner).__name__ == name, inner
         units = len(impl.units)
@@ -631,10 +616,12 @@ def check_comm_overlap(v2, tied):
         assert all(b.param_storage is None for b in buffers)
         assert not getattr(inner, "_rank2fused", None)
         if bucket_mb == 0:
-            assert per_parameter(on.opt) and not bucket_units(on.opt)
-            assert units == len(optimizer_parameters(on.opt)), units
+            assert training.per_parameter(on.opt) and not training.bucket_units(
+                on.opt
+            )
+            assert units == len(training.optimizer_parameters(on.opt)), units
         else:  # one bucket per owner rank (one dtype, all under 256 MB)
-            slices = bucket_units(on.opt)
+            slices = training.bucket_units(on.opt)
             assert units == 2 and len(slices) == 2, (units, slices)
             assert len({u.src for u in slices}) == 2, [u.src for u in slices]
         if tied and hcg().is_last_stage:
@@ -658,14 +645,13 @@ for _v2 in (False, True):
 
 def launch_cases():
     """The cases of this launch's topology (env BROADCAST_OVERLAP_TOPOLOGY)."""
-    pipeline = TOPOLOGY == "pp2_sharding2"
     return {
         k: v
-        for k, v in cases_of(globals()).items()
-        if (k.startswith("pipeline") or k in PIPELINE_COMM_OVERLAP) == pipeline
+        for k, v in training.cases_of(globals()).items()
+        if (k.startswith("pipeline") or k in PIPELINE_COMM_OVERLAP) == PP
         and (MP or not k.startswith("mp_"))
     }
 
 
 if __name__ == "__main__":
-    sys.exit(run_cases(launch_cases(), init=init_fleet))
+    sys.exit(training.run_cases(launch_cases(), init=init_fleet))

@@ -32,20 +32,7 @@ from unittest import mock
 
 import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim
-from broadcast_overlap_training import (
-    TinyLM,
-    adamw,
-    bucket_units,
-    build_with_initial_state,
-    cases_of,
-    lm_loss,
-    optimizer_parameters,
-    overlap_impl,
-    per_parameter,
-    rank,
-    run_cases,
-    sharding_optimizer,
-)
+from broadcast_overlap_training import TinyLM, rank, sharding_optimizer
 
 import paddle
 from paddle.distributed import fleet
@@ -95,16 +82,16 @@ def with_main_grad(raw, base):
 
 def build_v1():
     """TinyLM and V1 with the fleet strategy's current settings."""
-    model = build_with_initial_state(TinyLM)
+    model = training.build_with_initial_state(TinyLM)
     with hybrid_parallel_cpu_shim.cpu_tensor_fusion():  # item 6
-        opt = fleet.distributed_optimizer(adamw(model.parameters()))
+        opt = fleet.distributed_optimizer(training.adamw(model.parameters()))
     return fleet.distributed_model(model), opt
 
 
 def build_v2(main_grad=True):
     """WideLM and V2 (optionally with :func:`with_main_grad`)."""
-    raw = build_with_initial_state(WideLM)
-    base = adamw(raw.parameters())
+    raw = training.build_with_initial_state(WideLM)
+    base = training.adamw(raw.parameters())
     if main_grad:
         base = with_main_grad(raw, base)
     with hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB):  # items 8, 9
@@ -160,7 +147,7 @@ def train(
             if train_batch:
                 loss = train_batch(model, opt, step)
             else:
-                loss = lm_loss(model, step, micro)
+                loss = training.lm_loss(model, step, micro)
                 (loss / acc_steps).backward()
             if micro == acc_steps - 1:
                 mark()  # (train_batch: the step's end)
@@ -200,7 +187,7 @@ def compare(build, enable, grad_buffers, *, what="", **kwargs):
     n = len(buffers)
     assert n >= 1, n
     assert on.off.grad == on.grad == [(n, 0)] * STEPS, (on.off.grad, on.grad)
-    impl = overlap_impl(on.opt)
+    impl = training.overlap_impl(on.opt)
     assert impl is not None and impl.num_pending == 0
     units = len(impl.units)
     assert impl.stats["launched"] == STEPS * units, (impl.stats, units)
@@ -209,12 +196,9 @@ def compare(build, enable, grad_buffers, *, what="", **kwargs):
     # by the next forward's hooks or a read (reported right after the step)
     assert on.launched == [units] * STEPS, on.launched
     print(
-        f"rank {rank()} {what or build.__name__} acc={kwargs.get('acc', 1)}: "
-        f"gradient buffers "
-        f"{n}, units {units}, parameter-sync collectives per step "
-        f"{on.launched}, gradient collectives per step (before the split, "
-        f"after) {on.grad}",
-        flush=True,
+        f"rank {rank()} {what or build.__name__} {kwargs.get('acc', 1)}: units "
+        f"{units}, per step {on.launched}; gradient buffers {n}, collectives"
+        f" per step (before the split, after) {on.grad}"
     )
     return on, checker, impl, buffers
 
@@ -229,14 +213,6 @@ def assert_one_gather_per_buffer(impl, checker, buffers):
 
 # ----------------------------------------------------------------------
 # V1
-def fused_spans(inner):
-    return [
-        (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
-        for ts in inner._rank2fused.values()
-        for t in ts
-    ]
-
-
 def inside(spans, ptr):
     return any(lo <= ptr < hi for lo, hi in spans)
 
@@ -258,17 +234,20 @@ def check_v1_fused(tensor_fusion, acc):
         inner = sharding_optimizer(on.opt)
         assert inner.comm_overlap and bool(inner.tensor_fusion) == tensor_fusion
         assert inner._rank2fused, "Paddle fused nothing"
-        spans = fused_spans(inner)
+        fused = [t for ts in inner._rank2fused.values() for t in ts]
+        spans = [
+            (t.data_ptr(), t.data_ptr() + 4 * int(t._numel())) for t in fused
+        ]
         num_fused = len(spans)
-        params = optimizer_parameters(on.opt)
+        params = training.optimizer_parameters(on.opt)
         assert len(params) == num_params
         # not one parameter moved out of Paddle's fused storage
         outside = [p.name for p in params if not inside(spans, p.data_ptr())]
         assert outside == [], f"moved out of Paddle's fused storage: {outside}"
         units = len(impl.units)
-        slices = bucket_units(on.opt)
+        slices = training.bucket_units(on.opt)
         if bucket_mb == 0:  # one broadcast per parameter
-            assert per_parameter(on.opt) and not slices, slices
+            assert training.per_parameter(on.opt) and not slices, slices
             assert units == num_params, units
         else:  # slices of Paddle's fused buffers, none of ours
             assert slices
@@ -357,11 +336,11 @@ def case_v2_comm_overlap_without_main_grad_fails_in_paddle():
 
 
 def launch_cases():
-    cases = cases_of(globals())
+    cases = training.cases_of(globals())
     if PADDLE_2:  # no V2 comm_overlap: case_v2_comm_overlap shows the refusal
         del cases["v2_comm_overlap_without_main_grad_fails_in_paddle"]
     return cases
 
 
 if __name__ == "__main__":
-    sys.exit(run_cases(launch_cases()))
+    sys.exit(training.run_cases(launch_cases()))
