@@ -488,13 +488,11 @@ def compare_v2(**hooks):
 
 
 def assert_paddle_v2_dp_replicas_differ(dp_params, dp_equal):
-    """Paddle 3.x's V2 with data parallelism (not through the pipeline's
-    ``dp_comm_overlap``) fills the slice parameters that
+    """Paddle 3.x's V2 with data parallelism fills the slice parameters
     ``_hybrid_sync_grad`` all-reduces (``V2.filter_parameters(...)``) only
-    inside its own ``step()``: the first step all-reduces none (2.6 raises,
-    :func:`assert_paddle_2_v2_dp_fails`), so the replicas differ from then
-    on. Asserted on the off run's counts, so this fails once Paddle
-    changes; then require ``dp_equal``."""
+    inside its own ``step()``: the first step all-reduces none (2.6 raises),
+    so the replicas differ from then on. Asserted on the off run's counts:
+    this fails once Paddle changes; then require ``dp_equal``."""
     assert len(dp_params) == STEPS, dp_params
     assert dp_params[0] == 0 and all(n > 0 for n in dp_params[1:]), (
         f"Paddle {paddle.__version__}'s V2 now hands {dp_params} parameters "
@@ -550,16 +548,13 @@ def case_mp_v2_step_launches_after_parameter_syncs():
 
 # ----------------------------------------------------------------------
 # pp2_sharding2 with the pipeline's gradient-communication overlap
-# (pp_configs.sharding_comm_overlap): the pipeline builds comm buffers per
-# chunk at the first train_batch (shim item 10) and reduces them in the last
-# micro-batches' backward, instead of the optimizer. Per step: one gradient
-# collective per buffer of the stage (V1: one per destination rank, 2; V2:
-# 1), all before the update; parameter syncs, V1 default bucket_size_mb: one
-# bucket of the overlap's own storage per owner rank (the pipeline's V1
-# buffers hold gradients only), 0: one per parameter; V2: one all-gather per
-# pipeline buffer (V2 takes them). It needs main_grad (PaddleFormers allows
-# it only with amp_master_grad); Paddle refuses it with tensor_fusion or
-# comm_overlap (dygraph_sharding_stage1_broadcast_overlap_buckets.py).
+# (pp_configs.sharding_comm_overlap; it needs main_grad, Paddle refuses it
+# with tensor_fusion or comm_overlap: ..._buckets.py): the pipeline builds
+# comm buffers per chunk at the first train_batch (shim item 10) and reduces
+# them in backward, one collective each (V1: one per destination rank, 2;
+# V2: 1); parameter syncs, V1 default bucket_size_mb: one bucket of the
+# overlap's own storage per owner rank, 0: one per parameter; V2: one
+# all-gather per pipeline buffer (V2 takes them).
 @contextlib.contextmanager
 def sharding_comm_overlap(split_param):
     """``pp_configs.sharding_comm_overlap`` on and V1 or V2 for the block
