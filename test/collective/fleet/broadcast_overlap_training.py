@@ -518,6 +518,13 @@ def sharding_v2(buffer_mb):
 # ---- shared helpers added by consolidation C (merged and this line removed after) ----
 
 
+def enable_all_gather_overlap(opt, model):
+    """V2's all-gather overlap turned on as PaddleFormers does (two
+    arguments): ``train``'s ``enable``."""
+    opt._set_all_gather_overlap_forward(True, model)
+    assert overlap_impl(opt) is not None, "no overlap owner on V2"
+
+
 def init_fleet(
     degrees=None,
     *,

@@ -11,26 +11,17 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Per-rank script: case groups of several per-rank scripts in one launch.
+"""Per-rank script: case groups of several per-rank scripts in one launch
+(Paddle's start-up costs seconds per rank and launch).
 
-Paddle's start-up costs seconds per rank and launch, so launches with the
-same topology share one process. Env ``BROADCAST_OVERLAP_GROUPS``: a JSON
-list of ``[script, cases]``, run in that order after one
-``fleet.init``:
-
-- ``script``: a per-rank script of this folder (``*.py``), imported as a
-  module; its cases are what a launch of it runs (its ``launch_cases()``,
-  else every ``case_`` function, see ``broadcast_overlap_training``);
-- ``cases``: comma list of those cases, ``""`` for all of them (what
-  ``BROADCAST_OVERLAP_CASES`` is to the script's own launch).
-
-The bucket size is each script's own (an argument of its ``train`` runs).
-
-Every script of one launch must initialize fleet the same way (the same
-``init_fleet``, default ``broadcast_overlap_training.init_fleet``; env such
-as ``BROADCAST_OVERLAP_TOPOLOGY`` is the launch's). Each case prints ``CASE
-<script>/<case> PASS|FAIL``; the exit code is non-zero if any case failed
-or a group names an unknown script or case (then nothing runs).
+Env ``BROADCAST_OVERLAP_GROUPS``: a JSON list of ``[script, cases]`` run in
+that order after one ``fleet.init`` (every script's ``init_fleet``, default
+``broadcast_overlap_training.init_fleet``, must be the same): ``script`` a
+per-rank script of this folder, imported; ``cases`` a comma list of the
+cases a launch of it runs (``training.launch_cases``), ``""`` for all. Each
+case prints ``CASE <script>/<case> PASS|FAIL``; the exit code is non-zero
+if any case failed or a group names an unknown script or case (then
+nothing runs).
 """
 
 import importlib
@@ -48,7 +39,8 @@ def load_groups(text):
     for script, wanted in json.loads(text):
         if not script.endswith(".py"):
             raise ValueError(f"{script!r} is not a per-rank script")
-        module = importlib.import_module(script[: -len(".py")])
+        label = script[: -len(".py")]
+        module = importlib.import_module(label)
         inits.add(getattr(module, "init_fleet", training.init_fleet))
         cases = training.launch_cases(module)
         names = [n for n in wanted.split(",") if n] or list(cases)
@@ -57,7 +49,7 @@ def load_groups(text):
             raise ValueError(
                 f"{script}: unknown cases {unknown}; known: {sorted(cases)}"
             )
-        groups.append((script[: -len(".py")], cases, names))
+        groups.append((label, cases, names))
     if len(inits) != 1:
         raise ValueError(
             f"the groups need {len(inits)} different fleet set-ups: "
@@ -78,9 +70,7 @@ def main():
         print(f"GROUP {label}: {len(names)} case(s)", flush=True)
         total += len(names)
         failed += training.run_named(cases, names, f"{label}/")
-    print(f"{total - len(failed)} passed, {len(failed)} failed", flush=True)
-    if failed:
-        print(f"failed: {failed}", flush=True)
+    print(f"{total - len(failed)} passed, {len(failed)} failed: {failed}")
     return 1 if failed else 0
 
 

@@ -12,39 +12,21 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-import json
 import unittest
 
 from collective.test_communication_api_base import CommunicationTestDistBase
 from parameterized import parameterized
 
 HYBRID = "dygraph_sharding_stage1_broadcast_overlap_hybrid.py"
-PIPELINE_GRAD_COMM = "dygraph_sharding_stage1_grad_comm_overlap_pipeline.py"
-# runs several scripts' case groups in one launch (env
-# BROADCAST_OVERLAP_GROUPS: [script, cases ("" = every case of the
-# script's launch)])
-GROUPS = "dygraph_sharding_stage1_broadcast_overlap_groups.py"
 
 # (topology, per-rank script, env): one 4-rank launch each; fleet.init runs
 # once per process.
 LAUNCHES = [
-    (
-        "pp2_sharding2",
-        GROUPS,
-        {
-            "BROADCAST_OVERLAP_GROUPS": json.dumps(
-                [
-                    # train_batch, tied embedding/head, eval_batch, save
-                    [HYBRID, ""],
-                    # with the pipeline's gradient-communication overlap
-                    # (pp_configs.sharding_comm_overlap): V1 and V2, plain
-                    # and with a tied embedding/head; collectives per step
-                    # counted
-                    [PIPELINE_GRAD_COMM, ""],
-                ]
-            )
-        },
-    ),
+    # train_batch, tied embedding/head, eval_batch, save; with the
+    # pipeline's gradient-communication overlap (pp_configs.
+    # sharding_comm_overlap): V1 and V2, plain and with a tied
+    # embedding/head, collectives per step counted
+    ("pp2_sharding2", HYBRID, {}),
     # v2_*: sharding stage 1 V2 (split_param set around building the
     # optimizer) with the all-gather overlap, in the same launches
     (
