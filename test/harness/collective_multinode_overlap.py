@@ -10,7 +10,7 @@ and ``CASE <name> PASS|FAIL``; exits non-zero on a failure or when the launch is
 import os
 import sys
 
-import broadcast_overlap_training as training  # test/collective/fleet, on the launch's PYTHONPATH
+import sharding_cases as training  # test/collective/fleet, on the launch's PYTHONPATH
 
 import paddle
 

@@ -42,10 +42,10 @@ import sys
 import paddle
 import numpy as np
 from paddle.distributed import fleet
-from broadcast_overlap_checker import BroadcastWaitChecker
+from param_sync_checker import ParamSyncWaitChecker
 x = {"a": 'b', 'c': [1,2,3]}
 def f(a_very_long_argument_name_one, a_very_long_argument_name_two, another_one=None):
-    return np, sys, paddle, fleet, BroadcastWaitChecker
+    return np, sys, paddle, fleet, ParamSyncWaitChecker
 '''
 # what black and isort with Paddle's settings make of SAMPLE: single quotes kept, paddle first party
 SAMPLE_FORMATTED = '''# Copyright (c) 2026 someone. Licensed under the Apache License, Version 2.0.
@@ -53,7 +53,7 @@ SAMPLE_FORMATTED = '''# Copyright (c) 2026 someone. Licensed under the Apache Li
 import sys
 
 import numpy as np
-from broadcast_overlap_checker import BroadcastWaitChecker
+from param_sync_checker import ParamSyncWaitChecker
 
 import paddle
 from paddle.distributed import fleet
@@ -66,7 +66,7 @@ def f(
     a_very_long_argument_name_two,
     another_one=None,
 ):
-    return np, sys, paddle, fleet, BroadcastWaitChecker
+    return np, sys, paddle, fleet, ParamSyncWaitChecker
 '''
 
 

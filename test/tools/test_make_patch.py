@@ -559,7 +559,7 @@ def test_patch_carries_upstream_form_tests_only_and_leaves_nothing_dangling():
     project's own test tooling (the CPU shim, the wait checker) stays here; carried drivers
     launch through one of Paddle's own multi-process bases."""
     assert selection_problems() == {}
-    for kept_here in ("hybrid_parallel_cpu_shim.py", "broadcast_overlap_checker.py"):
+    for kept_here in ("hybrid_parallel_cpu_shim.py", "param_sync_checker.py"):
         assert kept_here not in make_patch.TEST_FILES
     rows = make_patch.testslist_rows()
     assert sorted(r.split(",")[0] + ".py" for r in rows) == sorted(n for n in make_patch.TEST_FILES if n.startswith("test_"))
@@ -585,7 +585,7 @@ def test_dangling_names_what_a_carried_file_needs(tmp_path):
 def test_a_selection_that_leaves_a_dependency_out_is_found(monkeypatch, tmp_path):
     reads = "dygraph_sharding_stage1_broadcast_overlap_reads.py"
     if os.path.isfile(os.path.join(make_patch.TEST_DIR, reads)):
-        assert "broadcast_overlap_checker.py" in selection_problems(make_patch.TEST_FILES + (reads,))[reads]
+        assert "param_sync_checker.py" in selection_problems(make_patch.TEST_FILES + (reads,))[reads]
     monkeypatch.setattr(make_patch, "NEW_MODULES", ("distributed.no_such_module",))
     with pytest.raises(PatchError, match=r"missing: paddle_overlay/distributed/no_such_module.py"):
         make_patch.patched_files(str(tmp_path))

@@ -33,10 +33,10 @@ import tempfile
 import zlib
 from unittest import mock
 
-import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim
-from broadcast_overlap_checker import BroadcastWaitChecker
-from broadcast_overlap_training import (
+import sharding_cases as training
+from param_sync_checker import ParamSyncWaitChecker
+from sharding_cases import (
     all_ranks_equal,
     assert_bitwise_equal,
     assert_lost_overlap_warning,
@@ -664,7 +664,7 @@ def case_every_gather_starts_inside_step():
             os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
             if env is not None:
                 os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = env
-            with BroadcastWaitChecker() as checker:
+            with ParamSyncWaitChecker() as checker:
                 with lost_overlap_warnings() as lost:
                     run, inside, between, pending = gathers_per_step(checker)
         assert checker.violations == [], checker.violations[:8]

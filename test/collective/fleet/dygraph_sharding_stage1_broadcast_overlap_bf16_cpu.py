@@ -17,9 +17,9 @@ a CPU allows. Paddle's ``auto_cast`` is a no-op there (it warns): O1 trains
 the MLP in float32 through the same ``train_mlp``, overlap on vs off, with
 accumulation 1 and 2. O2, ``main_grad`` and ``GradScaler`` run on GPUs."""
 
-import broadcast_overlap_training as training
 import dygraph_sharding_stage1_broadcast_overlap as script
 import numpy as np
+import sharding_cases as training
 
 import paddle
 import paddle.distributed as dist

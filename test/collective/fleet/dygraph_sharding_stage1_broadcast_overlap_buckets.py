@@ -25,12 +25,12 @@ import sys
 import types
 import zlib
 
-import broadcast_overlap_training as harness
 import dygraph_sharding_stage1_broadcast_overlap_models as models
 import numpy as np
-from broadcast_overlap_checker import BroadcastWaitChecker
-from broadcast_overlap_training import STEPS, TinyLM, compare_on_off, rank
+import sharding_cases as harness
 from hybrid_parallel_cpu_shim import cpu_tensor_fusion
+from param_sync_checker import ParamSyncWaitChecker
+from sharding_cases import STEPS, TinyLM, compare_on_off, rank
 
 import paddle
 from paddle.distributed import fleet
@@ -176,7 +176,7 @@ def head_wait_sabotaged(cap, keep_first=False):
     """The checker's violations in 3 steps after step 0 removed the head's
     overlap pre-hook (``keep_first``: replaced, ahead of the checker's, by
     one waiting for the head's first unit only)."""
-    with BroadcastWaitChecker() as checker:
+    with ParamSyncWaitChecker() as checker:
 
         def sabotage(step, model, opt):
             impl, head = impl_of(opt), model._layers.head
@@ -464,7 +464,7 @@ def case_checkpoint_across_bucket_modes():
         if loaded is not None:
             harness.enable_broadcast_overlap(opt, fresh, bucket_mb=loaded)
         with harness.lost_overlap_warnings() as lost:
-            with BroadcastWaitChecker() as checker:
+            with ParamSyncWaitChecker() as checker:
                 rest = harness.train(
                     model=fresh,
                     opt=opt,
@@ -582,7 +582,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
     """``model.to(dtype="float64")`` between steps: step() raises on every
     rank before any broadcast; off and on again, it plans anew and trains."""
     for cap in (0, 2 * KB):
-        checker = BroadcastWaitChecker()
+        checker = ParamSyncWaitChecker()
         with checker, harness.lost_overlap_warnings() as lost:
             # (train() ends with model.state_dict(): every unit waited by
             # that read, so the next forward says the overlap was lost)
@@ -613,7 +613,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
         assert harness.all_ranks_equal([1])
         opt._set_broadcast_overlap(False)
         opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=cap)
-        with BroadcastWaitChecker() as checker:
+        with ParamSyncWaitChecker() as checker:
             run = harness.train(
                 model=model, opt=opt, steps=2, first_step=3, checker=checker
             )

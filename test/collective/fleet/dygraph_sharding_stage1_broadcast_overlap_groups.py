@@ -16,7 +16,7 @@
 
 Env ``BROADCAST_OVERLAP_GROUPS``: a JSON list of ``[script, cases]`` run in
 that order after one ``fleet.init`` (every script's ``init_fleet``, default
-``broadcast_overlap_training.init_fleet``, must be the same): ``script`` a
+``sharding_cases.init_fleet``, must be the same): ``script`` a
 per-rank script of this folder, imported; ``cases`` a comma list of the
 cases a launch of it runs (``training.launch_cases``), ``""`` for all. Each
 case prints ``CASE <script>/<case> PASS|FAIL``; the exit code is non-zero
@@ -29,7 +29,7 @@ import json
 import os
 import sys
 
-import broadcast_overlap_training as training
+import sharding_cases as training
 
 
 def load_groups(text):

@@ -32,12 +32,12 @@ import sys
 import traceback
 import zlib
 
-import broadcast_overlap_training as training
 import dygraph_sharding_stage1_grad_comm_overlap as grad_comm
 import hybrid_parallel_cpu_shim as shim
 import numpy as np
-from broadcast_overlap_checker import BroadcastWaitChecker
-from broadcast_overlap_training import equal_in_group, overlap_impl, rank
+import sharding_cases as training
+from param_sync_checker import ParamSyncWaitChecker
+from sharding_cases import equal_in_group, overlap_impl, rank
 
 import paddle
 from paddle.distributed import fleet
@@ -355,7 +355,7 @@ def case_pipeline_tied_head_without_guard_is_caught():
     saved = guarded.__getitem__
     guarded.__getitem__ = OrderedDict.__getitem__
     try:
-        with BroadcastWaitChecker() as checker:
+        with ParamSyncWaitChecker() as checker:
             train(lambda: pipeline_model(tied=True), True, checker=checker)
     finally:
         guarded.__getitem__ = saved

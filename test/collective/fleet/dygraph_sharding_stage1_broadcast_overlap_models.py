@@ -31,10 +31,10 @@ import tempfile
 import types
 import warnings
 
-import broadcast_overlap_training as training
 import numpy as np
-from broadcast_overlap_checker import BroadcastWaitChecker
-from broadcast_overlap_training import (
+import sharding_cases as training
+from param_sync_checker import ParamSyncWaitChecker
+from sharding_cases import (
     HIDDEN,
     SEQ,
     STEPS,
@@ -56,10 +56,10 @@ from broadcast_overlap_training import (
     optimizer_parameters,
     order_warnings,
     overlap_impl,
-    rank,
     raises,
-    save_and_load_fresh,
+    rank,
     run_cases,
+    save_and_load_fresh,
     step_aware_micro_step,
     sync_registry_module,
     total_forward_pre_hooks,
@@ -103,7 +103,7 @@ def cloned_state(layer):
 def train_checking_reads(what, build):
     """An overlap-on run of ``build(check)``, a model that calls
     ``check(params)`` right before it reads them: none pending then."""
-    with BroadcastWaitChecker() as checker:
+    with ParamSyncWaitChecker() as checker:
         check = functools.partial(checker.check, where=what)
         train(functools.partial(build, check), True, checker=checker)
     assert checker.counts["launched"] > 0, checker.counts
@@ -357,7 +357,7 @@ def case_checkpoint_resume():
     # no synchronize before the save: state_dict() waits for pending syncs
     fresh, opt, _ = save_and_load_fresh(info["model"], info["opt"])
     opt._set_broadcast_overlap(True, layers=fresh)
-    with BroadcastWaitChecker() as checker:
+    with ParamSyncWaitChecker() as checker:
         steps = dict(steps=total - cut, first_step=cut)
         rest = train(model=fresh, opt=opt, checker=checker, **steps)
     assert checker.violations == [] and checker.counts["launched"] > 0

@@ -19,10 +19,10 @@ outputs too), checked by the wait checker at the read (``F.linear``,
 import sys
 from collections import OrderedDict
 
-import broadcast_overlap_training as harness
 import numpy as np
-from broadcast_overlap_checker import BroadcastWaitChecker
-from broadcast_overlap_training import HIDDEN, lost_overlap_warnings
+import sharding_cases as harness
+from param_sync_checker import ParamSyncWaitChecker
+from sharding_cases import HIDDEN, lost_overlap_warnings
 
 import paddle
 
@@ -127,7 +127,7 @@ def case_guard_removed_reads_are_caught():
     saved = (guarded.__getitem__, guarded.get)
     guarded.__getitem__, guarded.get = OrderedDict.__getitem__, OrderedDict.get
     try:
-        with BroadcastWaitChecker() as checker:
+        with ParamSyncWaitChecker() as checker:
             train_reading(encode, overlap=True, checker=checker)
     finally:
         guarded.__getitem__, guarded.get = saved
@@ -147,7 +147,7 @@ def case_held_reference_is_documented_limit():
         return paddle.linalg.norm(held["w"]).numpy()
 
     for reader, stale in ((read, 2), (weight_norm, 0)):  # re-read: waited
-        with BroadcastWaitChecker() as checker:
+        with ParamSyncWaitChecker() as checker:
             train_reading(reader, overlap=True, checker=checker)
         found = [v for v in checker.violations if v[0] == "read:norm"]
         assert len(found) == stale, checker.violations  # steps 2 and 3
@@ -157,7 +157,7 @@ def case_held_reference_is_documented_limit():
 def case_checker_catches_missing_wait():
     """Negative control: with the overlap's pre-hooks removed, the checker
     must report violations (it would otherwise prove nothing)."""
-    with BroadcastWaitChecker() as checker:
+    with ParamSyncWaitChecker() as checker:
 
         def drop_hooks(step, model, opt):
             if step == 0:  # TinyLM and fleet's wrapper have no hooks

@@ -35,10 +35,10 @@ import sys
 import tempfile
 import zlib
 
-import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim
 import numpy as np
-from broadcast_overlap_training import adamw, overlap_impl, rank
+import sharding_cases as training
+from sharding_cases import adamw, overlap_impl, rank
 
 import paddle
 from paddle.distributed import fleet

@@ -30,9 +30,9 @@ import sys
 import traceback
 from unittest import mock
 
-import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim
-from broadcast_overlap_training import TinyLM, rank, sharding_optimizer
+import sharding_cases as training
+from sharding_cases import TinyLM, rank, sharding_optimizer
 
 import paddle
 from paddle.distributed import fleet

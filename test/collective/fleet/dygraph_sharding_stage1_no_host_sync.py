@@ -37,11 +37,11 @@ import operator
 import sys
 import warnings
 
-import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
 import numpy as np
+import sharding_cases as training
 from blocking_calls import BlockingCallCounter, is_host_sync
-from broadcast_overlap_training import (
+from sharding_cases import (
     TinyLM,
     all_ranks_equal,
     assert_bitwise_equal,

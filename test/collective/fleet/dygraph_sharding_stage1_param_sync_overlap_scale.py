@@ -24,10 +24,10 @@ every rank of the sharding group, then the case's own checks.
 import os
 import sys
 
-import broadcast_overlap_training as training
 import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
 import numpy as np
-from broadcast_overlap_training import (
+import sharding_cases as training
+from sharding_cases import (
     Block,
     cases_of,
     digests,

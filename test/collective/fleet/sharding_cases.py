@@ -12,14 +12,29 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Shared training helpers for the broadcast-overlap per-rank scripts.
+"""The multi-rank case harness of the sharding stage 1 parameter-sync
+overlap's per-rank scripts (V1 broadcasts and V2 all-gathers alike).
 
-Models, deterministic data, ``train`` (one configurable loop), bitwise
-comparison of numpy copies taken after each run, and ``run_cases`` (the
-per-rank ``main``: fleet init, then the cases chosen by env
-``BROADCAST_OVERLAP_CASES``, exit code non-zero on any failure;
-``dygraph_sharding_stage1_broadcast_overlap_groups.py`` runs several
-scripts' cases in one launch with ``run_named``).
+- Models: :class:`TinyLM` (embedding, :class:`Block` s, head; sized by its
+  arguments) and :class:`VariantLM` (the same with overridable parts);
+  deterministic per-rank data (:func:`batch`); seeded builds.
+- :func:`train`: the one training loop (building, the overlap turned on by
+  ``enable``, micro-batches, ``after_step`` reads, a final read), returning a
+  :class:`Run`; :func:`compare_on_off`: overlap off vs on bitwise (losses,
+  values read between steps, final parameters, ranks equal per group) under
+  the wait checker (:mod:`param_sync_checker`), which every on run gets.
+- Public views of the owner (:func:`overlap_impl`, :func:`optimizer_parameters`,
+  :func:`bucket_units`, ...) and of fleet's set-up (:func:`init_fleet`,
+  :func:`sharding_configs`, :func:`sharding_v2`).
+- :func:`run_cases` / :func:`run_named`: the per-rank ``main``: fleet init,
+  the cases named in env ``BROADCAST_OVERLAP_CASES`` (all by default),
+  expected failures, a verdict agreed across the ranks, exit code non-zero
+  on any failure; ``dygraph_sharding_stage1_broadcast_overlap_groups.py``
+  runs several scripts' cases in one launch.
+
+The collective-sequence recorder (``tools/collective/collective_recorder.py``)
+needs nothing here: the launch harness installs it in every rank of every
+launch and checks its records after each launch.
 """
 
 import contextlib
@@ -36,7 +51,7 @@ import zlib
 
 import hybrid_parallel_cpu_shim
 import numpy as np
-from broadcast_overlap_checker import BroadcastWaitChecker
+from param_sync_checker import ParamSyncWaitChecker
 
 import paddle
 from paddle.distributed import fleet
@@ -285,9 +300,6 @@ def sync_registry_module():
     )
 
 
-# ---- shared helpers added by consolidation A (merged and this line removed after) ----
-
-
 def per_parameter(opt):
     """True when ``opt``'s overlap sends one broadcast per parameter (no
     buckets): the structural checks that count per-parameter tasks hold."""
@@ -425,9 +437,6 @@ def save_and_load_fresh(model, opt, build=TinyLM):
     return fleet.distributed_model(fresh), fresh_opt, model_state
 
 
-# ---- shared helpers added by consolidation B (merged and this line removed after) ----
-
-
 def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
     """Off run, then on run under the wait checker (``run``: the training
     function, default :func:`train`, called with ``overlap`` and
@@ -439,7 +448,7 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
     Returns ``(checker, the on run)``; ``on.off`` is the off run."""
     run = run or train
     off = run(build, overlap=False, **kwargs)
-    with BroadcastWaitChecker() as checker:
+    with ParamSyncWaitChecker() as checker:
         on = run(build, overlap=True, checker=checker, **kwargs)
     digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
     group = None if replicas == "world" else replicas
@@ -492,7 +501,9 @@ def sharding_configs(optional=(), **fields):
         "sharding_configs"
     ]
     fields = {
-        k: v for k, v in fields.items() if k not in optional or hasattr(config, k)
+        k: v
+        for k, v in fields.items()
+        if k not in optional or hasattr(config, k)
     }
     saved = {k: getattr(config, k) for k in fields}
     for k, v in fields.items():
@@ -510,12 +521,11 @@ def sharding_v2(buffer_mb):
     Paddle 3.x, ``comm_buffer_size_MB`` (both restored on exit); the CPU
     shim's items 8 and 9 (a no-op on GPUs)."""
     optional = ("comm_buffer_size_MB",)
-    with sharding_configs(optional, split_param=True, comm_buffer_size_MB=buffer_mb):
+    with sharding_configs(
+        optional, split_param=True, comm_buffer_size_MB=buffer_mb
+    ):
         with hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb):
             yield
-
-
-# ---- shared helpers added by consolidation C (merged and this line removed after) ----
 
 
 def enable_all_gather_overlap(opt, model):
@@ -565,9 +575,6 @@ def init_fleet(
         if hasattr(sharding_configs, "comm_buffer_size_MB"):  # Paddle 3.x
             sharding_configs.comm_buffer_size_MB = buffer_mb
     fleet.init(is_collective=True, strategy=strategy)
-
-
-# ---- shared helpers added by consolidation D (merged and this line removed after) ----
 
 
 class VariantLM(TinyLM):
@@ -691,9 +698,6 @@ def expected_warning(w):
         issubclass(w.category, category) and re.search(text, str(w.message))
         for category, text in EXPECTED_WARNINGS
     )
-
-
-# ---- shared helpers added by consolidation E (merged and this line removed after) ----
 
 
 def digests(params):

@@ -88,12 +88,12 @@ class _RecordingTask:
         return getattr(self._task, name)
 
 
-class BroadcastWaitChecker:
+class ParamSyncWaitChecker:
     """Records async broadcast tasks and checks them at every point of use.
 
     Usage::
 
-        checker = BroadcastWaitChecker()
+        checker = ParamSyncWaitChecker()
         with checker:                      # wraps paddle.distributed.broadcast
             opt._set_broadcast_overlap(True, layers=model)
             checker.watch(model, opt)      # hooks registered after overlap's
