@@ -51,16 +51,6 @@ def tensor_fusion():
         yield
 
 
-@contextlib.contextmanager
-def pp_sharding_comm_overlap():
-    pp = fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
-    pp.sharding_comm_overlap = True
-    try:
-        yield
-    finally:
-        pp.sharding_comm_overlap = False
-
-
 def dtype_name(tensor):
     name = str(tensor.dtype).rsplit(".", 1)[-1].lower()
     return {"fp32": "float32", "fp64": "float64"}.get(name, name)
@@ -524,11 +514,13 @@ def case_tensor_fusion_with_pp_sharding_comm_overlap_refused_as_paddle_does():
     model = fleet.distributed_model(TinyLM())
     limit = "Paddle cannot combine pp_configs.sharding_comm_overlap"
     with tensor_fusion():
-        with pp_sharding_comm_overlap():
+        with harness.pp_configs(sharding_comm_overlap=True):
             with harness.raises(AssertionError, "sharding_comm_overlap"):
                 fleet.distributed_optimizer(harness.adamw(model.parameters()))
         opt = fleet.distributed_optimizer(harness.adamw(model.parameters()))
-        with pp_sharding_comm_overlap(), harness.raises(ValueError, limit):
+        with harness.pp_configs(sharding_comm_overlap=True), harness.raises(
+            ValueError, limit
+        ):
             opt._set_broadcast_overlap(True, layers=model)
     assert impl_of(opt) is None
     assert harness.total_forward_pre_hooks(model) == 0

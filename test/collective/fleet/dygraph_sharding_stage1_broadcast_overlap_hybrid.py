@@ -349,16 +349,8 @@ def case_pipeline_tied_embedding_head():
 def case_pipeline_tied_head_without_guard_is_caught():
     """Negative control: with the read guard removed, the checker sees the
     last stage's tied head read the shared weight mid-broadcast."""
-    from collections import OrderedDict
-
-    guarded = training.read_guard_module().GuardedParameters
-    saved = guarded.__getitem__
-    guarded.__getitem__ = OrderedDict.__getitem__
-    try:
-        with ParamSyncWaitChecker() as checker:
-            train(lambda: pipeline_model(tied=True), True, checker=checker)
-    finally:
-        guarded.__getitem__ = saved
+    with training.read_guard_removed(), ParamSyncWaitChecker() as checker:
+        train(lambda: pipeline_model(tied=True), True, checker=checker)
     reads = [v for v in checker.violations if v[0] == "read:matmul"]
     if hcg().is_last_stage:
         assert len(reads) >= STEPS - 1, checker.violations
@@ -559,13 +551,9 @@ def case_mp_v2_step_launches_after_parameter_syncs():
 def sharding_comm_overlap(split_param):
     """``pp_configs.sharding_comm_overlap`` on and V1 or V2 for the block
     (Paddle reads both when it builds the pipeline and the optimizer)."""
-    pp = fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
-    saved, pp.sharding_comm_overlap = pp.sharding_comm_overlap, True
-    try:
+    with training.pp_configs(sharding_comm_overlap=True):
         with training.sharding_configs(split_param=split_param):
             yield
-    finally:
-        pp.sharding_comm_overlap = saved
 
 
 def build_main_grad_pipeline(tied):

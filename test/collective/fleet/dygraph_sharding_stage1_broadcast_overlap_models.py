@@ -479,14 +479,13 @@ def case_bad_input_raises_before_any_change():
                 target._set_broadcast_overlap(**kwargs)
     # comm_overlap is supported (gradient-overlap script); with the
     # pipeline's sharding_comm_overlap it is Paddle's own limit
-    pp = fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
-    saved = inner.comm_overlap
-    inner.comm_overlap, pp.sharding_comm_overlap = True, True
+    saved, inner.comm_overlap = inner.comm_overlap, True
     try:
-        with raises(ValueError, "Paddle cannot combine", "comm_overlap"):
-            opt._set_broadcast_overlap(True, layers=model)
+        with training.pp_configs(sharding_comm_overlap=True):
+            with raises(ValueError, "Paddle cannot combine", "comm_overlap"):
+                opt._set_broadcast_overlap(True, layers=model)
     finally:
-        inner.comm_overlap, pp.sharding_comm_overlap = saved, False
+        inner.comm_overlap = saved
     assert overlap_impl(inner) is None
     assert total_forward_pre_hooks(model) == hooks_before
     # turning off what was never on is a no-op

@@ -17,7 +17,6 @@ outputs too), checked by the wait checker at the read (``F.linear``,
 ``paddle.linalg.norm``, ...); negative controls must show violations."""
 
 import sys
-from collections import OrderedDict
 
 import numpy as np
 import sharding_cases as harness
@@ -123,14 +122,8 @@ def case_parameters_loop_between_steps():
 def case_guard_removed_reads_are_caught():
     """Negative control: without the read guard the checker must report
     the helper's reads of parameters with a pending broadcast."""
-    guarded = harness.read_guard_module().GuardedParameters
-    saved = (guarded.__getitem__, guarded.get)
-    guarded.__getitem__, guarded.get = OrderedDict.__getitem__, OrderedDict.get
-    try:
-        with ParamSyncWaitChecker() as checker:
-            train_reading(encode, overlap=True, checker=checker)
-    finally:
-        guarded.__getitem__, guarded.get = saved
+    with harness.read_guard_removed(), ParamSyncWaitChecker() as checker:
+        train_reading(encode, overlap=True, checker=checker)
     reads = [v for v in checker.violations if v[0] == "read:linear"]
     assert len(reads) >= 2 * 3, checker.violations  # weight + bias, 3 steps
 

@@ -149,14 +149,7 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     while not frame.f_code.co_name.startswith("case_"):
         frame = frame.f_back
     what = f"{SETUP} {frame.f_code.co_name}"  # the case
-    training.assert_bitwise_equal(
-        (off.losses, off.params), (on.losses, on.params), what
-    )
-    assert len(off.extras) == len(on.extras), (what, len(off.extras))
-    for i, (a, b) in enumerate(zip(off.extras, on.extras)):
-        assert (
-            a.dtype == b.dtype and a.tobytes() == b.tobytes()
-        ), f"{what}: value {i} read between steps differs from overlap off"
+    training.assert_runs_equal(off, on, what)
     assert replicas_equal, f"{what}: parameters differ across the replicas"
     units = [len(overlap_impl(opt).units) for opt in on.opts]
     assert units[0] >= 3, f"{what}: sync units {units}"
@@ -340,23 +333,11 @@ def launch_cases():
     return {n: cases[n] for n in pick.get(SETUP, names[:-1])}
 
 
-def main():
-    """Run the cases; stop at the first that fails (its ranks are out of
-    step: later cases would only add collectives after the one that broke,
-    and each rank's last collective would not show where)."""
-    SETUP_MODULE.init_fleet()
-    cases = launch_cases()
-    wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
-    names = [n for n in wanted.split(",") if n] or list(cases)
-    for i, name in enumerate(names):
-        if training.run_named(cases, [name]):
-            print(
-                f"stopped: {name} failed, not run: {names[i + 1 :]}", flush=True
-            )
-            return 1
-    print(f"{len(names)} passed", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        training.run_cases(
+            launch_cases(),
+            init=SETUP_MODULE.init_fleet,
+            stop_at_first_failure=True,
+        )
+    )

@@ -24,7 +24,6 @@ every rank of the sharding group, then the case's own checks.
 import os
 import sys
 
-import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
 import numpy as np
 import sharding_cases as training
 from sharding_cases import (
@@ -140,28 +139,14 @@ def batch(step, vocab=VOCAB, classes=CLASSES):
 
 def train(build, overlap=False, *, freeze, turn_on, data=batch, **kwargs):
     """``training.train`` of STEPS steps on ``data(step)``; ``freeze(raw,
-    inner)`` freezes parameters after the optimizer is built, before
+    inner)`` freezes parameters once the optimizer is built, before
     ``turn_on(opt, model)`` (overlap on), and returns ``(layout, frozen)``,
     kept on the run with ``initial`` (the weights then)."""
-    state = {}
 
-    def frozen(opt):
-        if "layout" not in state:
-            inner = sharding_optimizer(opt)
-            state["layout"], state["frozen"] = freeze(state["raw"], inner)
-            state["initial"] = snapshot(state["raw"])
-
-    def wrap_model(raw):
-        state["raw"] = raw
-        return raw
-
-    def enable(opt, model):
-        frozen(opt)
-        turn_on(opt, model)
-
-    def prepare(run):
-        frozen(run.opt)
-        vars(run).update(state)
+    def built(run):
+        inner = sharding_optimizer(run.opt)
+        run.layout, run.frozen = freeze(run.raw, inner)
+        run.initial = snapshot(run.raw)
 
     def micro_step(model, step, micro, acc_steps):
         tokens, labels = data(step)
@@ -173,9 +158,8 @@ def train(build, overlap=False, *, freeze, turn_on, data=batch, **kwargs):
         build,
         overlap,
         steps=STEPS,
-        wrap_model=wrap_model,
-        enable=enable,
-        prepare=prepare,
+        built=built,
+        enable=turn_on,
         micro_step=micro_step,
         **kwargs,
     )

@@ -48,6 +48,7 @@ import traceback
 import types
 import warnings
 import zlib
+from collections import OrderedDict
 
 import hybrid_parallel_cpu_shim
 import numpy as np
@@ -183,6 +184,7 @@ def train(
     init=build_with_initial_state,
     around=contextlib.nullcontext,
     enable=None,
+    built=None,
     model=None,
     opt=None,
     first_step=0,
@@ -196,7 +198,8 @@ def train(
     ``first_step``): ``init(build)`` (default: weights of a seeded build),
     ``wrap_model(layer)``, ``parameters(layer)`` for ``make_optimizer``;
     fleet's optimizer and model are built inside ``around()`` (a V2 set-up);
-    with ``overlap``, ``enable(opt, model)`` turns it on (default V1's
+    ``built(run)`` runs next, off and on alike (e.g. freezing parameters the
+    optimizer holds); with ``overlap``, ``enable(opt, model)`` turns it on (default V1's
     broadcast overlap with ``bucket_mb``, 0: one broadcast per parameter,
     and ``strict``). ``prepare(run)`` runs before the first step.
 
@@ -207,7 +210,7 @@ def train(
     ``run.extras``. At the end ``final(run)`` (e.g. one more forward), then
     ``run.params`` from ``model.state_dict()``.
     """
-    raw = None
+    run = Run(raw=None, model=model, opt=opt, losses=[], extras=[], reports=[])
     if model is None:
         raw = init(build)
         if wrap_model is not None:
@@ -216,6 +219,9 @@ def train(
         with around():
             opt = fleet.distributed_optimizer(make_optimizer(params))
             model = fleet.distributed_model(raw)
+        run.raw, run.model, run.opt = raw, model, opt
+        if built is not None:
+            built(run)
         if overlap:
             if enable is None:
                 enable_broadcast_overlap(
@@ -223,7 +229,6 @@ def train(
                 )
             else:
                 enable(opt, model)
-    run = Run(raw=raw, model=model, opt=opt, losses=[], extras=[], reports=[])
     if checker is not None:
         checker.watch(model, opt)
     if prepare is not None:
@@ -290,6 +295,20 @@ def read_guard_module():
     return sys.modules[
         overlap_module().__name__.rpartition(".")[0] + ".read_interception"
     ]
+
+
+@contextlib.contextmanager
+def read_guard_removed():
+    """Negative controls: inside the block a layer's ``_parameters``
+    lookups (``[]``, ``get``) are plain ``OrderedDict`` ones, so attribute
+    reads of a parameter no longer wait for its sync."""
+    guarded = read_guard_module().GuardedParameters
+    saved = (guarded.__getitem__, guarded.get)
+    guarded.__getitem__, guarded.get = OrderedDict.__getitem__, OrderedDict.get
+    try:
+        yield
+    finally:
+        guarded.__getitem__, guarded.get = saved
 
 
 def sync_registry_module():
@@ -453,7 +472,24 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
     digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
     group = None if replicas == "world" else replicas
     same = replicas is None or equal_in_group(digests, group)
-    what = f"{getattr(build, '__name__', build)} {sorted(kwargs)}"
+    assert_runs_equal(
+        off, on, f"{getattr(build, '__name__', build)} {sorted(kwargs)}"
+    )
+    assert checker.violations == [], (
+        f"reads of a parameter whose sync is pending: "
+        f"{checker.violations[:8]}"
+    )
+    assert checker.counts["launched"] > 0, "no async sync was issued"
+    # the final model.state_dict() waited for the last launch
+    assert checker.num_unwaited() == 0, checker.num_unwaited()
+    assert same, f"{build}: final parameters differ across ranks"
+    on.off = off
+    return checker, on
+
+
+def assert_runs_equal(off, on, what):
+    """Two :class:`Run` s bitwise equal: losses, values read between steps
+    (``extras``) and final parameters."""
     assert len(off.extras) == len(on.extras), what
     for i, (a, b) in enumerate(zip(off.extras, on.extras)):
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (
@@ -462,16 +498,6 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
             f"{np.abs(a.astype('float64') - b.astype('float64')).max()})"
         )
     assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
-    assert checker.violations == [], (
-        f"reads of a parameter whose sync is pending: "
-        f"{checker.violations[:8]}"
-    )
-    assert checker.counts["launched"] > 0, "no async sync was issued"
-    # the final model.state_dict() waited for the last launch
-    assert checker.num_unwaited() == 0, checker.num_unwaited()
-    assert same, f"{what}: final parameters differ across ranks"
-    on.off = off
-    return checker, on
 
 
 def equal_in_group(values, group=None):
@@ -491,15 +517,13 @@ def all_ranks_equal(values):
 
 
 @contextlib.contextmanager
-def sharding_configs(optional=(), **fields):
-    """``sharding_configs`` fields of fleet's strategy set for the block
-    (Paddle reads them when it builds the model and optimizer, the overlap
-    when it is turned on), restored on exit; the fields named in
-    ``optional`` only where this Paddle has them (3.x's
-    ``comm_buffer_size_MB``)."""
-    config = fleet.fleet._user_defined_strategy.hybrid_configs[
-        "sharding_configs"
-    ]
+def hybrid_configs(section, optional=(), **fields):
+    """Fields of fleet's ``strategy.hybrid_configs[section]``
+    (``"sharding_configs"``, ``"pp_configs"``) set for the block (Paddle
+    reads them when it builds the model and optimizer, the overlap when it
+    is turned on), restored on exit; the fields named in ``optional`` only
+    where this Paddle has them (3.x's ``comm_buffer_size_MB``)."""
+    config = fleet.fleet._user_defined_strategy.hybrid_configs[section]
     fields = {
         k: v
         for k, v in fields.items()
@@ -513,6 +537,16 @@ def sharding_configs(optional=(), **fields):
     finally:
         for k, v in saved.items():
             setattr(config, k, v)
+
+
+def sharding_configs(optional=(), **fields):
+    """:func:`hybrid_configs` of ``sharding_configs``."""
+    return hybrid_configs("sharding_configs", optional, **fields)
+
+
+def pp_configs(**fields):
+    """:func:`hybrid_configs` of ``pp_configs``."""
+    return hybrid_configs("pp_configs", **fields)
 
 
 @contextlib.contextmanager
@@ -706,12 +740,14 @@ def digests(params):
     return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
 
 
-def run_cases(cases, init=None, notices=()):
+def run_cases(cases, init=None, notices=(), stop_at_first_failure=False):
     """Per-rank main: ``init()`` (default ``init_fleet``), then the cases
     named in env BROADCAST_OVERLAP_CASES (all when unset); returns the exit
     code. Env BROADCAST_OVERLAP_EXPECTED_FAILURES: JSON ``{case: regex}``
     of cases that must fail with the regex in their error (see
-    ``run_named``)."""
+    ``run_named``). ``stop_at_first_failure``: run no case after one that
+    failed (a schedule case: its ranks are out of step, later cases would
+    only add collectives after the one that broke)."""
     (init or init_fleet)()
     wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
     names = [n for n in wanted.split(",") if n] or list(cases)
@@ -722,7 +758,12 @@ def run_cases(cases, init=None, notices=()):
     if unknown:
         print(f"unknown cases {unknown}; known: {sorted(cases)}", flush=True)
         return 2
-    failed = run_named(cases, names, expected=expected, notices=notices)
+    failed = []
+    for i, name in enumerate(names):
+        failed += run_named(cases, [name], expected=expected, notices=notices)
+        if failed and stop_at_first_failure:
+            print(f"stopped: {name} failed, not run: {names[i + 1 :]}")
+            break
     # (XFAIL counts as passed: as expected)
     print(
         f"{len(names) - len(failed)} passed, {len(failed)} failed"
