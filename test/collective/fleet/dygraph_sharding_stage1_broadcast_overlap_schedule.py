@@ -23,9 +23,9 @@ ranks' collectives form one schedule). Each case is :func:`compare`.
 
 Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with
 ``bucket_size_mb=0``), ``v2`` (2 ranks, the all-gather script's V2 set-up),
-and on 4 ranks with V1 and the hybrid script's set-up
-(``BROADCAST_OVERLAP_TOPOLOGY`` the same) ``dp2_sharding2`` and
-``pp2_sharding2``. ``BROADCAST_OVERLAP_CASES`` picks cases (default: the
+and on 4 ranks with the hybrid script's set-up (``BROADCAST_OVERLAP_TOPOLOGY``
+the topology) V1 ``dp2_sharding2`` and ``pp2_sharding2`` and V2
+``v2_dp2_sharding2`` (1 MB comm buffers). ``BROADCAST_OVERLAP_CASES`` picks cases (default: the
 set-up's); the first case that fails ends the launch.
 """
 
@@ -45,7 +45,8 @@ from paddle.distributed import fleet
 
 SETUP = os.environ.get("SCHEDULE_SETUP", "v1")
 SETUP_MODULE = training  # the module whose init_fleet sets the launch up
-if SETUP in ("dp2_sharding2", "pp2_sharding2"):
+V2 = SETUP.startswith("v2")  # "v2" (2 ranks) or "v2_dp2_sharding2" (4)
+if SETUP in ("dp2_sharding2", "pp2_sharding2", "v2_dp2_sharding2"):
     import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid
 
     SETUP_MODULE = hybrid
@@ -83,6 +84,8 @@ def build_model():
         return training.build_with_initial_state(cls)
     if SETUP == "dp2_sharding2":
         return hybrid.build_same(hybrid.flat_model)
+    if SETUP == "v2_dp2_sharding2":  # 4 comm buffers of 1 MB
+        return hybrid.build_same(hybrid.v2_model)
     return hybrid.build_same(lambda: hybrid.pipeline_model(tied=False))
 
 
@@ -97,16 +100,18 @@ def train(overlap, after_step, split=one_list, prepare=None):
     read (``run.extras``); ``prepare(run)`` before the first step."""
     raw = build_model()
     with contextlib.ExitStack() as stack:
-        if SETUP == "v2":
+        if SETUP == "v2":  # split_param set by its init_fleet
             buffer_mb = allgather.BUFFER_MB
             stack.enter_context(
                 hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb)
             )
+        elif V2:
+            stack.enter_context(training.sharding_v2(hybrid.V2_BUFFER_MB))
         opts = [fleet.distributed_optimizer(adamw(p)) for p in split(raw)]
         model = fleet.distributed_model(raw)
     for opt in opts if overlap else ():
-        if SETUP == "v2":
-            allgather.enable(opt, model)
+        if V2:
+            training.enable_all_gather_overlap(opt, model)
         else:
             opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=0)
     opt = opts[0] if len(opts) == 1 else Optimizers(opts)
@@ -143,7 +148,10 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
         on = train(True, after_step, split, prepare)
     digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
     hcg = fleet.get_hybrid_communicate_group()  # pp2: the sharding group
-    group = hcg.get_sharding_parallel_group() if SETUP[:2] == "pp" else None
+    # pp2: the sharding group; V2 in dp2: the sharding group too (Paddle's
+    # V2 leaves the data-parallel replicas unequal, off and on alike)
+    by_group = SETUP in ("pp2_sharding2", "v2_dp2_sharding2")
+    group = hcg.get_sharding_parallel_group() if by_group else None
     replicas_equal = training.equal_in_group(digests, group)
     frame = sys._getframe(1)
     while not frame.f_code.co_name.startswith("case_"):
@@ -205,7 +213,7 @@ def case_rank0_forward_then_all_reduce():
     a loss (dp2_sharding2: over the data-parallel group)."""
 
     hcg = fleet.get_hybrid_communicate_group()
-    group = hcg.get_data_parallel_group() if SETUP[:2] == "dp" else None
+    group = hcg.get_data_parallel_group() if "dp2" in SETUP else None
 
     def after_step(step, run):
         loss = paddle.zeros([1])
@@ -330,6 +338,7 @@ def launch_cases():
     cases = training.cases_of(globals())
     names = list(cases)  # the pipeline case last
     pick = {"dp2_sharding2": names[:2], "pp2_sharding2": names[-1:]}
+    pick["v2_dp2_sharding2"] = names[:2]
     return {n: cases[n] for n in pick.get(SETUP, names[:-1])}
 
 

@@ -17,6 +17,8 @@ import unittest
 from collective.test_communication_api_base import CommunicationTestDistBase
 from parameterized import parameterized
 
+import paddle
+
 SCRIPT = "dygraph_sharding_stage1_broadcast_overlap_schedule.py"
 
 
@@ -27,16 +29,29 @@ class TestDygraphShardingStage1BroadcastOverlapScheduleHybrid(
     # process): dp2_sharding2, rank 0 alone saves then a barrier of the
     # world, or runs a forward then the loss is all-reduced over the
     # data-parallel group; pp2_sharding2, the pipeline of sharding rank 0
-    # alone runs eval_batch, then a barrier.
+    # alone runs eval_batch, then a barrier; V2 (split_param) in
+    # dp2_sharding2, the first two again.
     def setUp(self):
         super().setUp(num_of_devices=4, timeout=300)
 
-    @parameterized.expand([("dp2_sharding2",), ("pp2_sharding2",)])
-    def test_schedule(self, topology):
+    @parameterized.expand(
+        [
+            ("dp2_sharding2", "dp2_sharding2"),
+            ("pp2_sharding2", "pp2_sharding2"),
+            ("v2_dp2_sharding2", "dp2_sharding2"),
+        ]
+    )
+    def test_schedule(self, setup, topology):
+        if setup.startswith("v2") and paddle.__version__.startswith("2."):
+            self.skipTest(
+                "Paddle 2.6's own V2 fails in dp2_sharding2 at its first step "
+                "(IndexError in build_groups), overlap off too: asserted by "
+                "the hybrid script's case_v2_allgather_overlap_on_off"
+            )
         self.run_test_case(
             SCRIPT,
             user_defined_envs={
-                "SCHEDULE_SETUP": topology,
+                "SCHEDULE_SETUP": setup,
                 "BROADCAST_OVERLAP_TOPOLOGY": topology,
                 "PADDLE_OVERLAY_CHECK": "1",
             },
