@@ -293,17 +293,21 @@ def train(cls=LM, overlap=False, *, raw_layers=False, **kwargs):
     )
 
 
-def compare(cls=LM, lost=None, **kwargs):
+def compare(cls=LM, lost=None, waits=(), **kwargs):
     """``training.compare_on_off`` of :func:`train` (every rank's final
     parameters equal), >= 3 comm buffers, some all-gather seen; returns
     ``(checker, on)``. ``lost``: the first read's path of the product's
-    lost-overlap warning expected on this rank (None: no warning)."""
+    lost-overlap warning expected on this rank (None: no warning);
+    ``waits``: the product's wait counters (``stats``) that must be > 0."""
     with lost_overlap_warnings() as said:
         checker, on = training.compare_on_off(
             cls, run=train, replicas="world", **kwargs
         )
     assert checker.counts["gathers"] > 0, "no all-gather of a parameter seen"
     assert len(buffers(on.opt)) >= 3, f"{len(buffers(on.opt))} comm buffers"
+    for reason in waits if IMPL == "product" else ():
+        stats = overlap_impl(on.opt).stats
+        assert stats[reason] > 0, (reason, dict(stats))
     if IMPL == "product" and lost is not None:
         units = len(overlap_impl(on.opt).units)
         assert_lost_overlap_warning(said, lost, units, units)
@@ -370,8 +374,9 @@ COMPARES = {
     "gradient_accumulation": ("Two micro-batches per step.", dict(acc_steps=2)),
     "to_static": (
         "The forward compiled by paddle.jit.to_static (AST, full_graph): its "
-        "programs read the parameters without the sublayers' Python hooks.",
-        dict(prepare=compile_forward),
+        "programs read the parameters without the sublayers' Python hooks: "
+        "the program's call waits (the product's waited_in_program).",
+        dict(prepare=compile_forward, waits=("waited_in_program",)),
     ),
     "forward_with_own_collective": (
         "A block all-reduces over another group object in its forward while "

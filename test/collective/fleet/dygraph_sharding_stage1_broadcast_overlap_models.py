@@ -310,7 +310,8 @@ def case_state_dict_and_save_without_synchronize():
             # what step() does around its update: wait, then launch every
             # unit again (the same values: a second launch on every rank)
             impl.wait_all("waited_before_update")
-            impl.launch()
+            with checker.as_step():
+                impl.launch()
             assert impl.num_pending == len(impl.units), impl.num_pending
             assert checker.num_unwaited() > 0
             wait()

@@ -169,5 +169,26 @@ def case_checker_catches_missing_wait():
     assert any(w.startswith("forward:") for w, _ in checker.violations)
 
 
+def case_checker_catches_a_sync_started_by_a_hook():
+    """Negative control: a forward pre-hook that starts a broadcast of its
+    layer's weight (what a depth-limited schedule does) is named by the
+    checker's outside-step record, and compare_on_off fails on it."""
+
+    def hook_starts_sync(step, model, opt):
+        if step == 0:
+            layer = model._layers.blocks[0].up
+
+            def start(_layer, _inputs):
+                task = paddle.distributed.broadcast(
+                    layer.weight, src=0, sync_op=False
+                )
+                task.wait()
+
+            layer.register_forward_pre_hook(start)
+
+    with harness.raises(AssertionError, "syncs started outside step()"):
+        harness.compare_on_off(on_step=hook_starts_sync)
+
+
 if __name__ == "__main__":
     sys.exit(harness.run_cases(harness.cases_of(globals())))

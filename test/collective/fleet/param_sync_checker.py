@@ -37,6 +37,7 @@ calling ``layer.forward``, ``F.linear(x, layer.weight)``, a tied head,
 weight-norm logging) is checked at the read itself.
 """
 
+import contextlib
 import functools
 
 import paddle
@@ -105,7 +106,10 @@ class ParamSyncWaitChecker:
     ``checked`` parameter uses, ``writes`` of a broadcast parameter through
     ``Tensor.set_value`` (how ``set_state_dict`` loads); ``violations`` lists
     ``(where, parameter name)`` for each use of a parameter with a pending
-    task.
+    task; ``outside_step`` each async broadcast or all-gather of watched
+    parameters issued while no ``step()``/``minimize()`` of a watched
+    optimizer ran (the schedule's invariant: every sync starts inside the
+    step, hooks and reads only wait).
     """
 
     def __init__(self):
@@ -115,6 +119,10 @@ class ParamSyncWaitChecker:
         self._handles = []
         self._hooked = []  # (layer, handle) of each checker pre-hook
         self._patched_optimizers = []
+        self._patched_steps = []  # (optimizer, method name)
+        self._in_step = 0
+        self.watching = False
+        self.outside_step = []
         self.counts = {
             "launched": 0,
             "waited": 0,
@@ -139,6 +147,7 @@ class ParamSyncWaitChecker:
             if sync_op or task is None:
                 return task
             proxy = _RecordingTask(task, self)
+            self._note_outside_step(f"broadcast of {tensor.name}")
             self._latest[id(tensor)] = (tensor, proxy)
             if id(tensor) not in self._watched:  # a bucket: its parameters
                 start, end = _memory_range(tensor)
@@ -210,6 +219,7 @@ class ParamSyncWaitChecker:
                 if not covered:
                     return task
                 proxy = _RecordingTask(task, checker)
+                checker._note_outside_step(f"all-gather of {covered[0].name}")
                 for p in covered:
                     checker._latest[id(p)] = (p, proxy)
                 checker.counts["launched"] += 1
@@ -219,6 +229,20 @@ class ParamSyncWaitChecker:
                 return proxy
 
             setattr(core.ProcessGroup, name, recording_gather)
+
+    @contextlib.contextmanager
+    def as_step(self):
+        """Syncs a case starts itself (the owner's ``launch()`` called
+        directly, as ``step()`` would) count as inside a step."""
+        self._in_step += 1
+        try:
+            yield
+        finally:
+            self._in_step -= 1
+
+    def _note_outside_step(self, what):
+        if self.watching and not self._in_step:
+            self.outside_step.append(what)
 
     def _checked_read(self, name, fn):
         @functools.wraps(fn)
@@ -251,6 +275,9 @@ class ParamSyncWaitChecker:
         for opt in self._patched_optimizers:
             del opt.__dict__["_apply_optimize"]
         self._patched_optimizers.clear()
+        for opt, name in self._patched_steps:
+            del opt.__dict__[name]
+        self._patched_steps.clear()
         return False
 
     # -- points of use --------------------------------------------------
@@ -278,6 +305,21 @@ class ParamSyncWaitChecker:
 
         inner.__dict__["_apply_optimize"] = checked_apply_optimize
         self._patched_optimizers.append(inner)
+        for name in ("step", "minimize"):  # where every sync must start
+            if name in vars(optimizer):
+                continue
+            method = getattr(optimizer, name)
+
+            def in_step(*args, _method=method, **kwargs):
+                self._in_step += 1
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    self._in_step -= 1
+
+            optimizer.__dict__[name] = in_step
+            self._patched_steps.append((optimizer, name))
+        self.watching = True
 
     def owns_hook(self, layer, hook_id):
         """True when ``hook_id`` in ``layer._forward_pre_hooks`` is one of

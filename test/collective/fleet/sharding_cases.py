@@ -463,7 +463,8 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
     parameters; the final parameters equal on every rank of ``replicas``
     (a group; ``"world"``: every rank; None: not checked), gathered before
     any assertion so a failure on one rank leaves the ranks in step; no
-    read of a pending sync, some async sync seen, none left unwaited.
+    read of a pending sync, some async sync seen, every one started inside
+    step()/minimize() (none by a hook or a read), none left unwaited.
     Returns ``(checker, the on run)``; ``on.off`` is the off run."""
     run = run or train
     off = run(build, overlap=False, **kwargs)
@@ -480,6 +481,10 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
         f"{checker.violations[:8]}"
     )
     assert checker.counts["launched"] > 0, "no async sync was issued"
+    assert checker.watching and checker.outside_step == [], (
+        "syncs started outside step()/minimize() (by a hook or a read): "
+        f"{checker.outside_step[:8]}"
+    )
     # the final model.state_dict() waited for the last launch
     assert checker.num_unwaited() == 0, checker.num_unwaited()
     assert same, f"{build}: final parameters differ across ranks"
