@@ -20,7 +20,7 @@ for var in PADDLE_OVERLAY PADDLE_OVERLAY_CHECK COVERAGE_PROCESS_START; do  # the
 done
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# Threshold on the merged figure: measured 94.2% with branches on a fresh clone, 2026-12-01.
+# Threshold on the merged figure: measured 93.9-94.2% with branches on fresh clones, 2026-12-01 and -02.
 COV_FAIL_UNDER="${COV_FAIL_UNDER:-92}"
 # the oldest and newest tested releases: paddle_overlay._patching.TESTED_PADDLE
 read -r OLDEST NEWEST < <(python3 -c 'from paddle_overlay._patching import TESTED_PADDLE as t; print(t[0], t[-1])')
