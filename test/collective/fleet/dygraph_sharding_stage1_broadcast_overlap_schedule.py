@@ -93,11 +93,12 @@ def one_list(raw):
     return [raw.parameters()]
 
 
-def train(overlap, after_step, split=one_list, prepare=None):
+def train(overlap, after_step, split=one_list, prepare=None, checker=None):
     """``training.train`` of this set-up's model with one optimizer per list
     ``split(raw)`` returns (``run.held``: their parameters), the overlap on
     each when ``overlap``; ``after_step(step, run)`` returns the values it
-    read (``run.extras``); ``prepare(run)`` before the first step."""
+    read (``run.extras``); ``prepare(run)`` before the first step; the wait
+    checker ``checker`` watches each optimizer."""
     raw = build_model()
     with contextlib.ExitStack() as stack:
         if SETUP == "v2":  # split_param set by its init_fleet
@@ -114,6 +115,8 @@ def train(overlap, after_step, split=one_list, prepare=None):
             training.enable_all_gather_overlap(opt, model)
         else:
             opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=0)
+    for opt in opts if checker is not None else ():
+        checker.watch(model, opt)
     opt = opts[0] if len(opts) == 1 else Optimizers(opts)
     kwargs = {}
     if SETUP == "pp2_sharding2":  # train_batch runs the optimizer
@@ -140,12 +143,14 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     >= 3 sync units, no racing read unless ``race`` (returns the races
     seen). ``lost``: the first read's path of the product's lost-overlap
     warning on global rank 0, whose reads alone wait for every sync of a
-    step (every other rank: no warning)."""
+    step (every other rank: no warning). Every sync of the on run started
+    inside a step (the wait checker's ``outside_step``)."""
     checker = race_checker()
     before = checker.races() if checker else {}
     off = train(False, after_step, split, prepare)
     with training.lost_overlap_warnings() as said:
-        on = train(True, after_step, split, prepare)
+        with training.ParamSyncWaitChecker() as waits:
+            on = train(True, after_step, split, prepare, checker=waits)
     digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
     hcg = fleet.get_hybrid_communicate_group()  # pp2: the sharding group
     # pp2: the sharding group; V2 in dp2: the sharding group too (Paddle's
@@ -157,6 +162,8 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     while not frame.f_code.co_name.startswith("case_"):
         frame = frame.f_back
     what = f"{SETUP} {frame.f_code.co_name}"  # the case
+    assert waits.counts["launched"] > 0, (what, waits.counts)
+    assert waits.outside_step == [], (what, waits.outside_step[:8])
     training.assert_runs_equal(off, on, what)
     assert replicas_equal, f"{what}: parameters differ across the replicas"
     units = [len(overlap_impl(opt).units) for opt in on.opts]

@@ -473,6 +473,12 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
     digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
     group = None if replicas == "world" else replicas
     same = replicas is None or equal_in_group(digests, group)
+    # first: a schedule fault (a hook or a read starting a sync) also
+    # breaks the values, and this names it
+    assert checker.watching and checker.outside_step == [], (
+        "syncs started outside step()/minimize() (by a hook or a read): "
+        f"{checker.outside_step[:8]}"
+    )
     assert_runs_equal(
         off, on, f"{getattr(build, '__name__', build)} {sorted(kwargs)}"
     )
@@ -481,10 +487,6 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
         f"{checker.violations[:8]}"
     )
     assert checker.counts["launched"] > 0, "no async sync was issued"
-    assert checker.watching and checker.outside_step == [], (
-        "syncs started outside step()/minimize() (by a hook or a read): "
-        f"{checker.outside_step[:8]}"
-    )
     # the final model.state_dict() waited for the last launch
     assert checker.num_unwaited() == 0, checker.num_unwaited()
     assert same, f"{build}: final parameters differ across ranks"
