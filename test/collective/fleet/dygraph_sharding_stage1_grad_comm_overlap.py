@@ -234,10 +234,7 @@ def check_v1_fused(tensor_fusion, acc):
         inner = sharding_optimizer(on.opt)
         assert inner.comm_overlap and bool(inner.tensor_fusion) == tensor_fusion
         assert inner._rank2fused, "Paddle fused nothing"
-        fused = [t for ts in inner._rank2fused.values() for t in ts]
-        spans = [
-            (t.data_ptr(), t.data_ptr() + 4 * int(t._numel())) for t in fused
-        ]
+        spans = training.fused_spans(on.opt)
         num_fused = len(spans)
         params = training.optimizer_parameters(on.opt)
         assert len(params) == num_params
