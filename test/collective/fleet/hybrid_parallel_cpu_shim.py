@@ -146,7 +146,10 @@ def _gloo_store_per_group():
     ``fleet.init`` with groups of 2 or 4 ranks failed in 7 of 8 launches
     here (``address.cc:30 sizeof(impl_) == bytes.size(). 136 vs 45``, or a
     gloo ``TIMEOUT``), the shim's serialized group creation
-    notwithstanding; with this, 0 of 9. A no-op for other backends."""
+    notwithstanding; with this, 0 of 9. The first rank keeps the port it
+    announces bound until the store's server has bound it as well
+    (``SO_REUSEADDR`` on both), so no other process of a loaded machine can
+    take it in between. A no-op for other backends."""
     import socket
 
     from paddle.base import core
@@ -162,17 +165,27 @@ def _gloo_store_per_group():
     ):
         if backend == "gloo" and group_id != 0:
             key = f"paddle_overlay_test_group_store/{group_id}"
+            holder = None
             if rank == 0:
                 endpoint = os.environ.get("PADDLE_CURRENT_ENDPOINT", "")
                 host = endpoint.rpartition(":")[0] or "127.0.0.1"
-                with socket.socket() as s:
-                    s.bind((host, 0))
-                    port = s.getsockname()[1]
-                store.set(key, f"{host}:{port}")
+                # the port stays bound (SO_REUSEADDR, not listening) until
+                # the store's server has bound it too: no other process
+                # can take it between the choice and the server's bind
+                holder = socket.socket()
+                holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                holder.bind((host, 0))
+                store.set(key, f"{host}:{holder.getsockname()[1]}")
             else:
                 store.wait(key)
             host, _, port = store.get(key).decode().rpartition(":")
-            store = core.TCPStore(host, int(port), rank == 0, world_size, 900)
+            try:  # the master's constructor returns once every rank joined
+                store = core.TCPStore(
+                    host, int(port), rank == 0, world_size, 900
+                )
+            finally:
+                if holder is not None:
+                    holder.close()
             stores.append(store)
         return original(
             backend, store, rank, world_size, *args, group_id=group_id, **kwargs
