@@ -191,11 +191,12 @@ def killed_ranks(launcher_log):
     """``[(rank, signal name)]`` of the ranks Paddle's launcher reports ended by a signal (``Container rank 2
     status failed cmd [...] code -11``): such a rank writes no exit record (no Python runs after SIGSEGV)."""
     killed = {}
-    for m in re.finditer(r"Container rank (\d+) status failed .*? code (-\d+)", launcher_log):
+    for m in re.finditer(r"Container rank (\d+) status failed .*? code -(\d+)", launcher_log):
+        number = int(m.group(2))
         try:
-            killed[int(m.group(1))] = signal.Signals(-int(m.group(2))).name
+            killed[int(m.group(1))] = signal.Signals(number).name
         except ValueError:  # not a signal number
-            killed[int(m.group(1))] = f"signal {-int(m.group(2))}"
+            killed[int(m.group(1))] = f"signal {number}"
     return sorted(killed.items())
 
 

@@ -3,9 +3,10 @@
 
 :func:`install_pth` puts a ``.pth`` line in the venv that runs :func:`_start` in each rank of a launch: a
 thread writes ``<dir>/rank-<id>`` once ``import paddle`` has finished, and at exit ``<dir>/exit-<id>.<pid>``
-records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``); a rank killed
-by a fatal signal (SIGSEGV) writes every thread's Python stack to its log (:mod:`faulthandler`, enabled once
-Paddle is imported). Once Paddle is imported, :mod:`collective_recorder` records each collective in ``<dir>/collectives-<id>.jsonl``. With
+records the time and how the rank ended (``sys.exit(3)``, ``uncaught RuntimeError``, ``ended``). Once Paddle
+is imported, a rank killed by a fatal signal (SIGSEGV) writes every thread's Python stack to its log
+(:mod:`faulthandler`), and :mod:`collective_recorder` records each collective in
+``<dir>/collectives-<id>.jsonl``. With
 ``$PADDLE_OVERLAY_SLOW_START`` set (``run_collective_tests.sh --slow-start``), each rank first sleeps that
 many seconds, as a loaded machine delays Paddle's import.
 """

@@ -23,17 +23,17 @@ ranks' collectives form one schedule). Each case is :func:`compare`.
 
 Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with
 ``bucket_size_mb=0``), ``v2`` (2 ranks, the all-gather script's V2 set-up),
-and on 4 ranks with the hybrid script's set-up (``BROADCAST_OVERLAP_TOPOLOGY``
-the topology) V1 ``dp2_sharding2`` and ``pp2_sharding2`` and V2
-``v2_dp2_sharding2`` (1 MB comm buffers). ``BROADCAST_OVERLAP_CASES`` picks cases (default: the
-set-up's); the first case that fails ends the launch.
+and on 4 ranks with the hybrid script's set-up
+(``BROADCAST_OVERLAP_TOPOLOGY`` the topology) V1 ``dp2_sharding2`` and
+``pp2_sharding2`` and V2 ``v2_dp2_sharding2`` (1 MB comm buffers).
+``BROADCAST_OVERLAP_CASES`` picks cases (default: the set-up's); the first
+case that fails ends the launch.
 """
 
 import contextlib
 import os
 import sys
 import tempfile
-import zlib
 
 import hybrid_parallel_cpu_shim
 import numpy as np
@@ -151,13 +151,12 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     with training.lost_overlap_warnings() as said:
         with training.ParamSyncWaitChecker() as waits:
             on = train(True, after_step, split, prepare, checker=waits)
-    digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
-    hcg = fleet.get_hybrid_communicate_group()  # pp2: the sharding group
+    hcg = fleet.get_hybrid_communicate_group()
     # pp2: the sharding group; V2 in dp2: the sharding group too (Paddle's
     # V2 leaves the data-parallel replicas unequal, off and on alike)
     by_group = SETUP in ("pp2_sharding2", "v2_dp2_sharding2")
     group = hcg.get_sharding_parallel_group() if by_group else None
-    replicas_equal = training.equal_in_group(digests, group)
+    replicas_equal = training.equal_in_group(training.digests(on.params), group)
     frame = sys._getframe(1)
     while not frame.f_code.co_name.startswith("case_"):
         frame = frame.f_back

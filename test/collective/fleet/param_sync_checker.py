@@ -106,9 +106,9 @@ class ParamSyncWaitChecker:
     ``checked`` parameter uses, ``writes`` of a broadcast parameter through
     ``Tensor.set_value`` (how ``set_state_dict`` loads); ``violations`` lists
     ``(where, parameter name)`` for each use of a parameter with a pending
-    task; ``outside_step`` each async broadcast or all-gather of watched
-    parameters issued while no ``step()``/``minimize()`` of a watched
-    optimizer ran (the schedule's invariant: every sync starts inside the
+    task; ``outside_step`` each async broadcast (of any tensor) and each
+    all-gather of watched parameters issued, once :meth:`watch` ran, while
+    no ``step()``/``minimize()`` of a watched optimizer ran (the schedule's invariant: every sync starts inside the
     step, hooks and reads only wait).
     """
 
@@ -232,8 +232,9 @@ class ParamSyncWaitChecker:
 
     @contextlib.contextmanager
     def as_step(self):
-        """Syncs a case starts itself (the owner's ``launch()`` called
-        directly, as ``step()`` would) count as inside a step."""
+        """Syncs started in the block count as inside a step: a watched
+        optimizer's ``step()``/``minimize()``, or a case that calls the
+        owner's ``launch()`` itself, as ``step()`` would."""
         self._in_step += 1
         try:
             yield
@@ -311,11 +312,8 @@ class ParamSyncWaitChecker:
             method = getattr(optimizer, name)
 
             def in_step(*args, _method=method, **kwargs):
-                self._in_step += 1
-                try:
+                with self.as_step():
                     return _method(*args, **kwargs)
-                finally:
-                    self._in_step -= 1
 
             optimizer.__dict__[name] = in_step
             self._patched_steps.append((optimizer, name))

@@ -43,6 +43,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 import traceback
 import types
@@ -198,10 +199,10 @@ def train(
     ``first_step``): ``init(build)`` (default: weights of a seeded build),
     ``wrap_model(layer)``, ``parameters(layer)`` for ``make_optimizer``;
     fleet's optimizer and model are built inside ``around()`` (a V2 set-up);
-    ``built(run)`` runs next, off and on alike (e.g. freezing parameters the
-    optimizer holds); with ``overlap``, ``enable(opt, model)`` turns it on (default V1's
-    broadcast overlap with ``bucket_mb``, 0: one broadcast per parameter,
-    and ``strict``). ``prepare(run)`` runs before the first step.
+    ``built(run)`` runs next, off and on alike (e.g. freezing parameters
+    the optimizer holds); with ``overlap``, ``enable(opt, model)`` turns it
+    on (default V1's broadcast overlap with ``bucket_mb``, 0: one broadcast
+    per parameter, and ``strict``). ``prepare(run)`` runs before the first step.
 
     Each step: ``micro_step(model, step, micro, acc_steps)`` per
     micro-batch returns its loss; the update unless ``skip_update(step)``
@@ -438,8 +439,6 @@ def save_and_load_fresh(model, opt, build=TinyLM):
     AdamW as a new process would (this process names the fresh parameters
     differently: the state's keys renamed). Returns (fleet model, fleet
     optimizer, both overlap off; the loaded model state)."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         mpath = os.path.join(tmp, f"m{rank()}.pdparams")
         opath = os.path.join(tmp, f"o{rank()}.pdopt")
@@ -470,18 +469,16 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
     off = run(build, overlap=False, **kwargs)
     with ParamSyncWaitChecker() as checker:
         on = run(build, overlap=True, checker=checker, **kwargs)
-    digests = [zlib.crc32(v.tobytes()) for _, v in sorted(on.params.items())]
     group = None if replicas == "world" else replicas
-    same = replicas is None or equal_in_group(digests, group)
+    same = replicas is None or equal_in_group(digests(on.params), group)
+    what = f"{getattr(build, '__name__', build)} {sorted(kwargs)}"
     # first: a schedule fault (a hook or a read starting a sync) also
     # breaks the values, and this names it
     assert checker.watching and checker.outside_step == [], (
         "syncs started outside step()/minimize() (by a hook or a read): "
         f"{checker.outside_step[:8]}"
     )
-    assert_runs_equal(
-        off, on, f"{getattr(build, '__name__', build)} {sorted(kwargs)}"
-    )
+    assert_runs_equal(off, on, what)
     assert checker.violations == [], (
         f"reads of a parameter whose sync is pending: "
         f"{checker.violations[:8]}"
@@ -489,7 +486,7 @@ def compare_on_off(build=TinyLM, *, replicas=None, run=None, **kwargs):
     assert checker.counts["launched"] > 0, "no async sync was issued"
     # the final model.state_dict() waited for the last launch
     assert checker.num_unwaited() == 0, checker.num_unwaited()
-    assert same, f"{build}: final parameters differ across ranks"
+    assert same, f"{what}: final parameters differ across ranks"
     on.off = off
     return checker, on
 
@@ -765,15 +762,16 @@ def run_cases(cases, init=None, notices=(), stop_at_first_failure=False):
     if unknown:
         print(f"unknown cases {unknown}; known: {sorted(cases)}", flush=True)
         return 2
-    failed = []
-    for i, name in enumerate(names):
+    failed, ran = [], 0
+    for name in names:
         failed += run_named(cases, [name], expected=expected, notices=notices)
+        ran += 1
         if failed and stop_at_first_failure:
-            print(f"stopped: {name} failed, not run: {names[i + 1 :]}")
+            print(f"stopped: {name} failed, not run: {names[ran:]}", flush=True)
             break
     # (XFAIL counts as passed: as expected)
     print(
-        f"{len(names) - len(failed)} passed, {len(failed)} failed"
+        f"{ran - len(failed)} passed, {len(failed)} failed"
         + (f": {failed}" if failed else ""),
         flush=True,
     )
