@@ -128,47 +128,6 @@ def case_guard_removed_reads_are_caught():
     assert len(reads) >= 2 * 3, checker.violations  # weight + bias, 3 steps
 
 
-def case_held_reference_is_documented_limit():
-    """A tensor taken before step() and read after it is not intercepted
-    (documented; the fix is to read ``layer.weight`` again)."""
-    held = {}
-
-    def read(raw):
-        if "w" not in held:
-            held["w"] = raw.fc.weight  # taken now, read after later steps
-            return held["w"].numpy()
-        return paddle.linalg.norm(held["w"]).numpy()
-
-    for reader, stale in ((read, 2), (weight_norm, 0)):  # re-read: waited
-        with ParamSyncWaitChecker() as checker:
-            train_reading(reader, overlap=True, checker=checker)
-        found = [v for v in checker.violations if v[0] == "read:norm"]
-        assert len(found) == stale, checker.violations  # steps 2 and 3
-        assert stale or checker.violations == [], checker.violations
-
-
-def case_checker_catches_missing_wait():
-    """Negative control: with the overlap's pre-hooks removed, the checker
-    must report violations (it would otherwise prove nothing)."""
-    with ParamSyncWaitChecker() as checker:
-
-        def drop_hooks(step, model, opt):
-            if step == 0:  # TinyLM and fleet's wrapper have no hooks
-                removed = 0
-                for layer in model.sublayers(include_self=True):
-                    for hook_id in harness.overlap_hook_ids(layer, checker):
-                        del layer._forward_pre_hooks[hook_id]
-                        removed += 1
-                hooks = harness.overlap_impl(opt).num_hooks
-                assert removed == hooks > 0, (removed, hooks)
-
-        harness.train(
-            overlap=True, steps=2, checker=checker, on_step=drop_hooks
-        )
-    assert checker.violations, "checker failed to see unwaited broadcasts"
-    assert any(w.startswith("forward:") for w, _ in checker.violations)
-
-
 def case_checker_catches_a_sync_started_by_a_hook():
     """Negative control: a forward pre-hook that starts a broadcast of its
     layer's weight (what a depth-limited schedule does) is named by the
