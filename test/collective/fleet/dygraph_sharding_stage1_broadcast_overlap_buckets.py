@@ -268,8 +268,9 @@ def head_learning_rate_3():
 
 
 def case_on_off_bitwise_with_buckets():
-    """Several windows (2 KB; also acc 2, minimize, AdamW with a decay
-    filter and a per-parameter learning rate: V1 has no dict groups), one
+    """Several windows (2 KB; also AdamW with a decay filter and a
+    per-parameter learning rate: V1 has no dict groups; acc 2 and minimize:
+    the patch's script, dygraph_sharding_stage1_broadcast_overlap.py), one
     window (256 MB), float32 and float64 parameters, odd sizes: bitwise
     equal to off (the optimizer's state too: it moves the parameters); one
     broadcast per bucket of one (window, owner, dtype), each read waited; 0
@@ -277,8 +278,6 @@ def case_on_off_bitwise_with_buckets():
     for build, cap, kwargs in (
         (TinyLM, 2 * KB, {}),
         (head_learning_rate_3, 2 * KB, {"make_optimizer": decay_by_name}),
-        (TinyLM, 2 * KB, {"acc_steps": 2}),
-        (TinyLM, 2 * KB, {"use_minimize": True}),
         (TinyLM, 256, {}),
         # SGD: Paddle's CPU AdamW has no float64 path with a float32 rate
         (MixedDtypeLM, 2 * KB, {"make_optimizer": sgd}),

@@ -30,6 +30,7 @@ import os
 import sys
 import tempfile
 import types
+from unittest import mock
 
 import numpy as np
 import sharding_cases as training
@@ -45,6 +46,7 @@ from sharding_cases import (
     lm_loss,
     lost_overlap_warnings,
     overlap_impl,
+    raises,
     rank,
     run_cases,
     total_forward_pre_hooks,
@@ -345,23 +347,16 @@ def case_bad_input_raises_before_any_change():
     for target in (opt, inner):
         for kwargs, error, text in bad:
             kwargs = dict(dict(broadcast_overlap=True, layers=model), **kwargs)
-            with training.raises(error, text):
+            with raises(error, text):
                 target._set_broadcast_overlap(**kwargs)
     # comm_overlap and tensor_fusion are supported (gradient-overlap
     # script, buckets script); with the pipeline's sharding_comm_overlap it
     # is Paddle's own limit (which Paddle checks at the build only)
+    limit = ("Paddle cannot combine", "sharding_comm_overlap")
     for flag in ("comm_overlap", "tensor_fusion"):
-        saved = getattr(inner, flag)
-        setattr(inner, flag, True)
-        try:
-            with training.pp_configs(
-                sharding_comm_overlap=True
-            ), training.raises(
-                ValueError, "Paddle cannot combine", "sharding_comm_overlap"
-            ):
+        with mock.patch.object(inner, flag, True), raises(ValueError, *limit):
+            with training.pp_configs(sharding_comm_overlap=True):
                 opt._set_broadcast_overlap(True, layers=model)
-        finally:
-            setattr(inner, flag, saved)
     assert overlap_impl(inner) is None
     assert total_forward_pre_hooks(model) == hooks_before
     # turning off what was never on is a no-op
