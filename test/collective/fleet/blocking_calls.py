@@ -23,8 +23,7 @@ counts only inside a :meth:`~BlockingCallCounter.counting` region:
   :data:`DEVICE_SYNCS` (in every module holding one); ``task.synchronize``;
 - collectives: every collective method of the ``ProcessGroup`` classes (the
   collective recorder's ``collective_methods``; every ``paddle.distributed``
-  collective calls one; a name not matching :data:`PG_COLLECTIVE` fails
-  ``__enter__``), each a :class:`Collective` ``pg.<name>``: ``sync`` is
+  collective calls one), each a :class:`Collective` ``pg.<name>``: ``sync`` is
   ``sync_op`` as passed (keyword or a last positional bool), else true for
   ``*_on_calc_stream`` only (``FusedCommBuffer``'s ``all_gather(in, out)``
   is asynchronous);
@@ -44,7 +43,6 @@ import collections
 import contextlib
 import functools
 import os
-import re
 import sys
 import types
 
@@ -70,18 +68,7 @@ DEVICE_SYNCS = {
     "device.cuda.synchronize": getattr(paddle.device, "cuda", None),
     "core._device_synchronize": core,
 }
-# what every collective method's name starts with
-PG_COLLECTIVE = re.compile(
-    r"^(all_?gather|all_?reduce|all_?to_?all|broadcast|barrier|send|recv|"
-    r"reduce|scatter|gather)"
-)
-TASK_SYNC, TASK_WAIT = "task.synchronize", "task.wait"
-HOST_SYNC_PREFIXES = (
-    "tensor.",
-    "device.",
-    "core._device_synchronize",
-    TASK_SYNC,
-)
+HOST_SYNC_PREFIXES = ("tensor.", "device.", "core.", "task.synchronize")
 
 
 def is_host_sync(key):
@@ -108,8 +95,7 @@ class Region:
     (Counter: ``task.wait`` of tasks started in the region, ``task.wait
     earlier`` of tasks started before it)."""
 
-    def __init__(self, label):
-        self.label = label
+    def __init__(self):
         self.host_syncs = collections.Counter()
         self.collectives = []
         self.waits = collections.Counter()
@@ -174,7 +160,6 @@ class BlockingCallCounter:
         self._phases = []
         self._host_depth = 0
         self._restore = []  # (target, attribute, value to put back)
-        self._entered = False
 
     # -- regions and phases -------------------------------------------
     @contextlib.contextmanager
@@ -184,7 +169,7 @@ class BlockingCallCounter:
         if self._region is not None:
             yield self._region
             return
-        region = self._region = Region(label)
+        region = self._region = Region()
         try:
             yield region
         finally:
@@ -224,9 +209,6 @@ class BlockingCallCounter:
 
     # -- install / restore ------------------------------------------------
     def __enter__(self):
-        if self._entered:
-            raise RuntimeError("BlockingCallCounter entered twice")
-        self._entered = True
         try:
             for cls in _subclasses(paddle.Tensor):
                 own = [n for n in TENSOR_HOST_SYNC_METHODS if n in vars(cls)]
@@ -250,7 +232,6 @@ class BlockingCallCounter:
             else:
                 vars(target)[name] = value
         self._restore.clear()
-        self._entered = False
         return False
 
     def _patch(self, target, name, wrapper):
@@ -275,12 +256,8 @@ class BlockingCallCounter:
 
     def _wrap_process_groups(self):
         counter = self
-        unknown = []
         for cls in _subclasses(core.ProcessGroup):
             for name in _collective_methods(cls):
-                if not PG_COLLECTIVE.match(name):
-                    unknown.append(f"{cls.__name__}.{name}")
-                    continue
                 original = getattr(cls, name)
 
                 def collective(pg, *args, _name=name, _original=original, **kw):
@@ -298,12 +275,6 @@ class BlockingCallCounter:
 
                 functools.update_wrapper(collective, original)
                 self._patch(cls, name, collective)
-        if unknown:
-            raise RuntimeError(
-                "ProcessGroup methods neither known as non-collectives nor "
-                f"matched as collectives (add them to blocking_calls): "
-                f"{unknown}"
-            )
 
     def _wrap_task(self):
         counter = self
@@ -314,17 +285,17 @@ class BlockingCallCounter:
             if region is not None:
                 task_, i = region._tasks.get(id(task), (None, None))
                 if task_ is task:
-                    region.waits[TASK_WAIT] += 1
+                    region.waits["task.wait"] += 1
                     c = region.collectives[i]
                     region.collectives[i] = c._replace(waited=True)
                 else:
-                    region.waits[TASK_WAIT + " earlier"] += 1
+                    region.waits["task.wait earlier"] += 1
             return original_wait(task, *args, **kwargs)
 
         functools.update_wrapper(wait, original_wait)
         self._patch(core.task, "wait", wait)
         if "synchronize" in vars(core.task):
-            sync = self._host_sync(TASK_SYNC, core.task.synchronize)
+            sync = self._host_sync("task.synchronize", core.task.synchronize)
             self._patch(core.task, "synchronize", sync)
 
     def _wrap_device_syncs(self):

@@ -22,8 +22,7 @@ steps, counting with ``blocking_calls.BlockingCallCounter`` in each
 inside the sharding optimizer's ``_sharding_sync_parameters`` (Paddle's
 sync) and the owner's ``launch`` (the overlap's, which fleet's
 ``HybridParallelOptimizer`` defers to the end of its step) carry the phase
-``param_sync``. :func:`check_steady_step` lists what holds after the first
-step, :func:`check_first_step` the first step's order agreement; after
+``param_sync``. :func:`check_step` lists what holds in each step; after
 every step every unit is in flight. Losses and final parameters are
 bitwise equal on vs off and equal on every rank. The optimizer is AdamW
 with ``ClipGradByGlobalNorm`` (fleet's hybrid clip all-reduces the norm
@@ -33,7 +32,7 @@ release.
 """
 
 import collections
-import functools
+import contextlib
 import operator
 import sys
 import warnings
@@ -110,13 +109,9 @@ def train(mode, overlap):
     sync), ``paddle`` (Paddle's blocking sync count), ``inner``,
     ``owner``."""
     if mode.v2:
-        settings = training.sharding_configs(
-            ("comm_buffer_size_MB",),
-            split_param=True,
-            comm_buffer_size_MB=BUFFER_MB,
-        )
-        around = functools.partial(
-            hybrid_parallel_cpu_shim.cpu_sharding_v2, BUFFER_MB
+        settings, around = (
+            training.sharding_v2(BUFFER_MB),
+            contextlib.nullcontext,
         )
     else:
         settings = training.sharding_configs(tensor_fusion=mode.tensor_fusion)
@@ -177,30 +172,35 @@ def diff(on, off):
     return {k: v for k, v in d.items() if v}
 
 
-def check_steady_step(name, s, mode, off, on):
-    """Step ``s`` (>= 1), on vs off: 1. the same count of every host
-    synchronisation name; 2. the same collectives outside ``param_sync``
-    (gradient reduce, the clip's all-reduce), per name and blocking/async;
-    3. on, ``param_sync`` is exactly one asynchronous process-group
-    collective per unit, not waited inside ``step()``, nothing else; 4.
-    off, it is Paddle's: one blocking ``pg.broadcast`` per entry of
-    ``_rank2params`` (``_rank2fused``) or ``pg.all_gather`` per comm
-    buffer; 5. no task of before ``step()`` waited in it; 6. forward +
-    backward: the same host syncs and collectives (the overlap's pre-hooks
-    only wait)."""
+def check_step(name, s, mode, off, on):
+    """Step ``s``, on vs off: 1. the same count of every host
+    synchronisation name, but at step 0 the order agreement's two
+    ``.numpy()``; 2. the same collectives outside ``param_sync`` (gradient
+    reduce, the clip's all-reduce), per name and blocking/async; 3. on,
+    ``param_sync`` is exactly one asynchronous process-group collective per
+    unit, not waited inside ``step()`` (at step 0 after the agreement's two
+    blocking int64 broadcasts of the group), nothing else; 4. off, it is
+    Paddle's: one blocking ``pg.broadcast`` per entry of ``_rank2params``
+    (``_rank2fused``) or ``pg.all_gather`` per comm buffer; 5. no task of
+    before ``step()`` waited in it; 6. forward + backward: the same host
+    syncs and collectives (the overlap's pre-hooks only wait)."""
     a, b = off.steps[s], on.steps[s]
     what = f"{name} step {s}"
     host = diff(b.host_syncs, a.host_syncs)
-    assert not host, f"{what}: host syncs inside step() on - off: {host}"
+    agreement = {"tensor.numpy": 2} if s == 0 else {}
+    assert host == agreement, f"{what}: host syncs in step() on - off: {host}"
     other = diff(outside_phase(b), outside_phase(a))
     assert (
         not other
     ), f"{what}: collectives outside the parameter sync, on - off: {other}"
     kind = "all_gather" if mode.v2 else "broadcast"
-    mine = [c.key for c in b.collectives_of(phase=PARAM_SYNC)]
-    assert mine == [f"pg.{kind} async"] * len(on.owner.units), (
-        f"{what}: on, param_sync issued {mine}, expected "
-        f"{len(on.owner.units)} x pg.{kind} async (one per unit)"
+    mine = sorted(c.key for c in b.collectives_of(phase=PARAM_SYNC))
+    units = len(on.owner.units)
+    expected = ["pg.broadcast blocking"] * len(agreement) * 2
+    expected += [f"pg.{kind} async"] * units
+    assert mine == sorted(expected), (
+        f"{what}: on, param_sync issued {mine}, expected {units} x "
+        f"pg.{kind} async (one per unit)"
     )
     theirs = [c.key for c in a.collectives_of(phase=PARAM_SYNC)]
     assert theirs == [f"pg.{kind} blocking"] * off.paddle, (
@@ -217,22 +217,6 @@ def check_steady_step(name, s, mode, off, on):
     )
 
 
-def check_first_step(name, mode, off, on):
-    """Step 0, on: the order agreement (two blocking int64 broadcasts of
-    the group, read with ``.numpy()``) on top of the launch."""
-    a, b = off.steps[0], on.steps[0]
-    host = diff(b.host_syncs, a.host_syncs)
-    assert host == {"tensor.numpy": 2}, f"{name} step 0: host syncs {host}"
-    other = diff(outside_phase(b), outside_phase(a))
-    assert not other, f"{name} step 0: other collectives on - off: {other}"
-    mine = [c.key for c in b.collectives_of(phase=PARAM_SYNC)]
-    kind = "all_gather" if mode.v2 else "broadcast"
-    units = len(on.owner.units)
-    assert sorted(mine) == sorted(
-        ["pg.broadcast blocking"] * 2 + [f"pg.{kind} async"] * units
-    ), mine
-
-
 def check_mode(name, *mode):
     """The checks of the module docstring for ``Mode(*mode)``; returns
     ``(off, on, the owner's number of units)``."""
@@ -245,9 +229,8 @@ def check_mode(name, *mode):
     units = len(on.owner.units)
     # after each step every unit needs a sync and is left in flight
     assert on.pending == [(units, units)] * STEPS, (on.pending, units)
-    for s in range(1, STEPS):
-        check_steady_step(name, s, mode, off, on)
-    check_first_step(name, mode, off, on)
+    for s in range(STEPS):
+        check_step(name, s, mode, off, on)
     return off, on, units
 
 
