@@ -120,9 +120,8 @@ class Region:
 
 
 def _collective_methods(cls):
-    """tools/collective/collective_recorder.py's: the launch harness's rank
-    hook loaded it; elsewhere (a benchmark) it is imported from this
-    checkout's tools/collective."""
+    """The collective recorder's (tools/collective: loaded in every launched
+    rank, imported from there elsewhere, e.g. by a benchmark)."""
     if "collective_recorder" not in sys.modules:
         here = os.path.dirname(os.path.abspath(__file__))
         sys.path.append(
@@ -161,7 +160,6 @@ class BlockingCallCounter:
         self._host_depth = 0
         self._restore = []  # (target, attribute, value to put back)
 
-    # -- regions and phases -------------------------------------------
     @contextlib.contextmanager
     def counting(self, label):
         """Count inside the block, into a new :class:`Region` appended to
@@ -196,7 +194,7 @@ class BlockingCallCounter:
         self._inside(obj, method, self.phase, label)
 
     def _inside(self, obj, name, context, label):
-        """``obj.name`` (an instance attribute) runs inside ``context(label)``."""
+        """``obj.name`` (instance attribute) runs inside ``context(label)``."""
         original = getattr(obj, name)
 
         @functools.wraps(original)
@@ -207,7 +205,6 @@ class BlockingCallCounter:
         self._restore.append((obj, name, vars(obj).get(name, _MISSING)))
         vars(obj)[name] = wrapped
 
-    # -- install / restore ------------------------------------------------
     def __enter__(self):
         try:
             for cls in _subclasses(paddle.Tensor):

@@ -32,7 +32,6 @@ import sys
 import tempfile
 import zlib
 
-import hybrid_parallel_cpu_shim
 import sharding_cases as training
 from sharding_cases import (
     all_ranks_equal,
@@ -133,12 +132,12 @@ class Tables(nn.Layer):
 
     def __init__(self, n=6):
         super().__init__()
-        self.tables = [self.create_parameter([1024, HIDDEN]) for _ in range(n)]
-        for i, t in enumerate(self.tables):
-            self.add_parameter(f"table_{i}", t)
+        for i in range(n):
+            table = self.create_parameter([1024, HIDDEN])
+            self.add_parameter(f"table_{i}", table)
 
     def forward(self, tokens):
-        return sum(F.embedding(tokens, t) for t in self.tables)
+        return sum(F.embedding(tokens, t) for t in self.parameters())
 
 
 class EncodeLM(LM):
@@ -158,21 +157,13 @@ class EncodeLM(LM):
         return self.encoder(tokens).mean(axis=1)
 
 
-class BF16Linear(nn.Layer):
+class BF16Linear(nn.Linear):
     """Linear with bfloat16 weight and bias, computing in fp32 (the CPU has
     no bfloat16 matmul)."""
 
     def __init__(self, n_in, n_out):
-        super().__init__()
-        ref = nn.Linear(n_in, n_out)
-        self.weight, self.bias = (
-            self.create_parameter(
-                v.shape,
-                dtype="bfloat16",
-                default_initializer=nn.initializer.Assign(v.astype("bfloat16")),
-            )
-            for v in (ref.weight, ref.bias)
-        )
+        super().__init__(n_in, n_out)
+        self.to(dtype="bfloat16")
 
     def forward(self, x):
         w, b = self.weight.astype("float32"), self.bias.astype("float32")
@@ -213,15 +204,6 @@ def init_fleet():
         assert overlay is None or not overlay.is_applied(), (
             "ALLGATHER_OVERLAP_IMPL=upstream but paddle_overlay is applied "
             "(set PADDLE_OVERLAY=0)"
-        )
-        from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-            dygraph_sharding_optimizer as dso,
-        )
-
-        v2 = dso.DygraphShardingOptimizerV2
-        assert hasattr(v2, "_set_all_gather_overlap_forward"), (
-            f"Paddle {paddle.__version__} has no upstream "
-            "_set_all_gather_overlap_forward"
         )
     print(
         f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, {world} ranks"
@@ -264,7 +246,7 @@ def train(cls=LM, overlap=False, *, raw_layers=False, **kwargs):
     return training.train(
         cls,
         overlap,
-        around=lambda: hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB),
+        around=lambda: training.sharding_v2(BUFFER_MB),
         enable=on,
         final=final_forward,
         **{"steps": STEPS, **kwargs},

@@ -33,6 +33,7 @@ release.
 
 import collections
 import contextlib
+import functools
 import operator
 import sys
 import warnings
@@ -64,10 +65,8 @@ PARAM_SYNC = "param_sync"
 Mode = collections.namedtuple("Mode", "v2 bucket_mb tensor_fusion")
 
 
-def WideLM():
-    """TinyLM with 3 blocks of width 256 (about 3.2 MB fp32: 4 V2 comm
-    buffers of 1 MB)."""
-    return TinyLM(num_blocks=3, hidden=256)
+# about 3.2 MB fp32: 4 V2 comm buffers of 1 MB
+WideLM = functools.partial(TinyLM, num_blocks=3, hidden=256)
 
 
 def make_optimizer(parameters):
@@ -217,6 +216,66 @@ def check_step(name, s, mode, off, on):
     )
 
 
+# ----------------------------------------------------------------------
+# the counter itself, on this release
+def case_counter_sees_every_name():
+    """Every name the counter wraps is counted once per call, only inside a
+    region, nested host syncs once; waits mark their collective
+    blocking."""
+    group = paddle.distributed.collective._get_default_group()
+    originals = (vars(core.task)["wait"], vars(paddle.Tensor)["numpy"])
+    x, i, t = paddle.to_tensor(1.5), paddle.to_tensor(2), paddle.ones([4])
+    full, shard = paddle.zeros([4]), paddle.ones([2])
+    calls = {  # each host-sync method of this release, by what calls it
+        "numpy": lambda: x.numpy(),
+        "item": lambda: x.item(),
+        "tolist": lambda: x.tolist(),
+        "__array__": lambda: np.asarray(x),
+        "__bool__": lambda: bool(x),
+        "__float__": lambda: float(x),
+        "__int__": lambda: int(i),
+        "__index__": lambda: operator.index(i),
+        "__complex__": lambda: complex(x),
+        "cpu": lambda: x.cpu(),
+        "__repr__": lambda: repr(x),
+        "__str__": lambda: str(x),
+        "__format__": lambda: format(x, ""),
+    }
+    calls = {m: c for m, c in calls.items() if m in vars(paddle.Tensor)}
+    with BlockingCallCounter() as counter:
+        x.numpy()  # outside any region: not counted
+        with counter.counting("probe") as region:
+            for call in calls.values():
+                call()
+            for device in (paddle.device, paddle.device.cuda):
+                with contextlib.suppress(Exception), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # cuda's is deprecated
+                    device.synchronize()  # the CPU build may refuse: counted
+            paddle.distributed.all_reduce(t)  # sync_op=True: Paddle waits
+            # waited in the region: blocking
+            paddle.distributed.broadcast(t, src=0, sync_op=False).wait()
+            late = paddle.distributed.broadcast(t, src=0, sync_op=False)
+            gather = group.process_group.all_gather(shard, full)
+        late.wait()
+        gather.wait()
+        with counter.counting("barrier") as barrier:
+            paddle.distributed.barrier()
+    expected = collections.Counter(f"tensor.{m}" for m in calls)
+    expected.update(["device.synchronize", "device.cuda.synchronize"])
+    expected.update(["pg.all_reduce blocking", "pg.broadcast blocking"])
+    expected.update(["pg.broadcast async", "pg.all_gather async"])
+    expected.update(["task.wait"] * 2)
+    got = region.counts()
+    assert got == expected, diff(got, expected)
+    assert counter.regions["probe"] == [region]
+    # the barrier's process-group call and waits are the release's own
+    assert barrier.collectives_of(), "no process-group call seen"
+    now = (vars(core.task)["wait"], vars(paddle.Tensor)["numpy"])
+    assert all(a is b for a, b in zip(now, originals)), "not restored"
+    if rank() == 0:
+        print(f"counter probe on Paddle {paddle.__version__}: {dict(got)}")
+
+
 def check_mode(name, *mode):
     """The checks of the module docstring for ``Mode(*mode)``; returns
     ``(off, on, the owner's number of units)``."""
@@ -275,78 +334,5 @@ def case_v2_comm_buffers():
     assert units == off.paddle >= 3, (units, off.paddle)
 
 
-# ----------------------------------------------------------------------
-# the counter itself, on this release
-def case_counter_sees_every_name():
-    """Every name the counter wraps is counted once per call, only inside a
-    region, nested host syncs once; waits mark their collective
-    blocking."""
-    group = paddle.distributed.collective._get_default_group()
-    originals = (vars(core.task)["wait"], vars(paddle.Tensor)["numpy"])
-    x, i, t = paddle.to_tensor(1.5), paddle.to_tensor(2), paddle.ones([4])
-    full, shard = paddle.zeros([4]), paddle.ones([2])
-    calls = {  # each host-sync method of this release, by what calls it
-        "numpy": lambda: x.numpy(),
-        "item": lambda: x.item(),
-        "tolist": lambda: x.tolist(),
-        "__array__": lambda: np.asarray(x),
-        "__bool__": lambda: bool(x),
-        "__float__": lambda: float(x),
-        "__int__": lambda: int(i),
-        "__index__": lambda: operator.index(i),
-        "__complex__": lambda: complex(x),
-        "cpu": lambda: x.cpu(),
-        "__repr__": lambda: repr(x),
-        "__str__": lambda: str(x),
-        "__format__": lambda: format(x, ""),
-    }
-    calls = {m: c for m, c in calls.items() if m in vars(paddle.Tensor)}
-    with BlockingCallCounter() as counter:
-        x.numpy()  # outside any region: not counted
-        with counter.counting("probe") as region:
-            for call in calls.values():
-                call()
-            for sync in (
-                paddle.device.synchronize,
-                paddle.device.cuda.synchronize,
-            ):
-                try:
-                    with warnings.catch_warnings():  # cuda's is deprecated
-                        warnings.simplefilter("ignore")
-                        sync()
-                except Exception:  # the CPU build refuses; still counted
-                    pass
-            paddle.distributed.all_reduce(t)  # sync_op=True: Paddle waits
-            # waited in the region: blocking
-            paddle.distributed.broadcast(t, src=0, sync_op=False).wait()
-            late = paddle.distributed.broadcast(t, src=0, sync_op=False)
-            gather = group.process_group.all_gather(shard, full)
-        late.wait()
-        gather.wait()
-        with counter.counting("barrier") as barrier:
-            paddle.distributed.barrier()
-    expected = collections.Counter(f"tensor.{m}" for m in calls)
-    expected.update(["device.synchronize", "device.cuda.synchronize"])
-    expected.update(["pg.all_reduce blocking", "pg.broadcast blocking"])
-    expected.update(["pg.broadcast async", "pg.all_gather async"])
-    expected.update(["task.wait"] * 2)
-    got = region.counts()
-    assert got == expected, diff(got, expected)
-    assert counter.regions["probe"] == [region]
-    # the barrier's process-group call and waits are the release's own
-    assert barrier.collectives_of(), "no process-group call seen"
-    now = (vars(core.task)["wait"], vars(paddle.Tensor)["numpy"])
-    assert all(a is b for a, b in zip(now, originals)), "not restored"
-    if rank() == 0:
-        print(f"counter probe on Paddle {paddle.__version__}: {dict(got)}")
-
-
-def launch_cases():
-    """The counter's own case first."""
-    cases = cases_of(globals())
-    first = {"counter_sees_every_name": cases.pop("counter_sees_every_name")}
-    return {**first, **cases}
-
-
 if __name__ == "__main__":
-    sys.exit(run_cases(launch_cases()))
+    sys.exit(run_cases(cases_of(globals())))
