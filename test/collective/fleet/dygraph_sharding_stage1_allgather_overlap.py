@@ -31,18 +31,17 @@ import os
 import sys
 import tempfile
 import zlib
-from unittest import mock
 
-import hybrid_parallel_cpu_shim
 import sharding_cases as training
-from param_sync_checker import ParamSyncWaitChecker
 from sharding_cases import (
     all_ranks_equal,
     assert_bitwise_equal,
     assert_lost_overlap_warning,
+    batch,
     cases_of,
     lost_overlap_warnings,
     overlap_impl,
+    raises,
     rank,
     sharding_optimizer,
     total_forward_pre_hooks,
@@ -61,7 +60,7 @@ PADDLE_NOTICES = (
     # paddle.jit.to_static (PIR) reads .place (Value on 3.2, Tensor on 3.3)
     r"^(Tensor|Value) do not have 'place' interface for pir graph mode",
 )
-VOCAB, HIDDEN, SEQ, BATCH = 64, 256, 6, 4
+VOCAB, HIDDEN = 64, 256
 STEPS = 3
 # comm_buffer_size_MB on Paddle 3.x (an int: 1 is the smallest), the CPU
 # shim's item 9 on 2.6
@@ -89,12 +88,10 @@ class LM(training.TinyLM):
     the optimizer does not hold (frozen adapter, teacher, ...) after the
     embedding; ``collective``: block 1 is a CollectiveBlock."""
 
-    tied = False
-
     def __init__(self, tied=False, adapter=False, collective=False):
         super().__init__(num_blocks=3, vocab=VOCAB, hidden=HIDDEN)
+        self.tied = tied
         if tied:
-            self.tied = True
             del self.head
         if adapter:
             self.adapter = nn.Linear(HIDDEN, HIDDEN)
@@ -122,8 +119,8 @@ class RootParamLM(LM):
 
     def __init__(self):
         super().__init__()
-        self.pos_table = self.create_parameter([SEQ, HIDDEN])
-        self.register_buffer("pos_onehot", paddle.eye(SEQ))
+        self.pos_table = self.create_parameter([training.SEQ, HIDDEN])
+        self.register_buffer("pos_onehot", paddle.eye(training.SEQ))
 
     def embedded(self, tokens):
         pos = paddle.matmul(self.pos_onehot, self.pos_table)  # root's read
@@ -135,12 +132,12 @@ class Tables(nn.Layer):
 
     def __init__(self, n=6):
         super().__init__()
-        self.tables = [self.create_parameter([1024, HIDDEN]) for _ in range(n)]
-        for i, t in enumerate(self.tables):
-            self.add_parameter(f"table_{i}", t)
+        for i in range(n):
+            table = self.create_parameter([1024, HIDDEN])
+            self.add_parameter(f"table_{i}", table)
 
     def forward(self, tokens):
-        return sum(F.embedding(tokens, t) for t in self.tables)
+        return sum(F.embedding(tokens, t) for t in self.parameters())
 
 
 class EncodeLM(LM):
@@ -150,6 +147,7 @@ class EncodeLM(LM):
 
     def __init__(self):
         nn.Layer.__init__(self)
+        self.tied = False
         self.encoder = Tables()  # first in parameters()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
         self.blocks = nn.LayerList([training.Block(HIDDEN) for _ in range(3)])
@@ -159,21 +157,13 @@ class EncodeLM(LM):
         return self.encoder(tokens).mean(axis=1)
 
 
-class BF16Linear(nn.Layer):
+class BF16Linear(nn.Linear):
     """Linear with bfloat16 weight and bias, computing in fp32 (the CPU has
     no bfloat16 matmul)."""
 
     def __init__(self, n_in, n_out):
-        super().__init__()
-        ref = nn.Linear(n_in, n_out)
-        self.weight, self.bias = (
-            self.create_parameter(
-                v.shape,
-                dtype="bfloat16",
-                default_initializer=nn.initializer.Assign(v.astype("bfloat16")),
-            )
-            for v in (ref.weight, ref.bias)
-        )
+        super().__init__(n_in, n_out)
+        self.to(dtype="bfloat16")
 
     def forward(self, x):
         w, b = self.weight.astype("float32"), self.bias.astype("float32")
@@ -193,25 +183,10 @@ class MixedLM(LM):
 
 
 # ----------------------------------------------------------------------
-# data, set-up, the on/off comparison
-batch = functools.partial(training.batch, vocab=VOCAB)  # (step, micro=0)
-
-
-def micro_step(model, step, micro, acc_steps):
-    tokens, labels = batch(step, micro)
-    loss = F.cross_entropy(model(tokens), labels).mean()
-    (loss / acc_steps).backward()
-    return loss
-
-
+# set-up, the on/off comparison
 def sgd(parameters):
     """For bfloat16 parameters: the CPU has no bfloat16 adamw kernel."""
     return paddle.optimizer.SGD(learning_rate=0.05, parameters=parameters)
-
-
-def build(cls):
-    paddle.seed(2026)
-    return cls()
 
 
 def snapshot(model):
@@ -230,15 +205,6 @@ def init_fleet():
             "ALLGATHER_OVERLAP_IMPL=upstream but paddle_overlay is applied "
             "(set PADDLE_OVERLAY=0)"
         )
-        from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-            dygraph_sharding_optimizer as dso,
-        )
-
-        v2 = dso.DygraphShardingOptimizerV2
-        assert hasattr(v2, "_set_all_gather_overlap_forward"), (
-            f"Paddle {paddle.__version__} has no upstream "
-            "_set_all_gather_overlap_forward"
-        )
     print(
         f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, {world} ranks"
     )
@@ -255,17 +221,6 @@ def buffer_of(opt):
     return {p.name: i for i, ps in enumerate(buffers(opt)) for p in ps}
 
 
-def enable(opt, model):
-    """The overlap on as PaddleFormers turns it on (two positional
-    arguments); the product's owner checked."""
-    opt._set_all_gather_overlap_forward(True, model)
-    if IMPL == "product":
-        assert overlap_impl(opt) is not None, (
-            "the product is not applied to V2: _set_all_gather_overlap_"
-            "forward left no overlap owner (Paddle's own method ran)"
-        )
-
-
 def final_forward(run):
     """One more forward before the final read (every implementation syncs
     what a forward uses; reads right after step() are the cases')."""
@@ -275,19 +230,24 @@ def final_forward(run):
 
 def train(cls=LM, overlap=False, *, raw_layers=False, **kwargs):
     """``training.train`` of V2, the overlap on as PaddleFormers turns it
-    on; ``raw_layers``: ``layers`` is the user's layer, not fleet's wrapper
-    of it."""
+    on (the product's owner checked); ``raw_layers``: ``layers`` is the
+    user's layer, not fleet's wrapper of it."""
 
     def on(opt, model):
-        enable(opt, model._layers if raw_layers else model)
+        opt._set_all_gather_overlap_forward(
+            True, model._layers if raw_layers else model
+        )
+        if IMPL == "product":
+            assert overlap_impl(opt) is not None, (
+                "the product is not applied to V2: _set_all_gather_overlap_"
+                "forward left no overlap owner (Paddle's own method ran)"
+            )
 
     return training.train(
         cls,
         overlap,
-        init=build,
-        around=lambda: hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB),
+        around=lambda: training.sharding_v2(BUFFER_MB),
         enable=on,
-        micro_step=micro_step,
         final=final_forward,
         **{"steps": STEPS, **kwargs},
     )
@@ -443,20 +403,17 @@ def case_freeze_parameters_after_first_step():
 def case_hooks_constant_and_removed():
     """Item 6: the hook count is constant over steps, and
     ``_set_all_gather_overlap_forward(False, model)`` removes every hook;
-    training goes on bitwise equal to overlap off."""
-    counts, owner_counts = [], []
+    one more step is then bitwise equal to overlap off's."""
+    counts = []
 
     def count(step, run):
         counts.append(total_forward_pre_hooks(run.raw))
-        if IMPL == "product":
-            owner_counts.append(overlap_impl(run.opt).num_hooks)
         return []
 
-    base = total_forward_pre_hooks(build(LM))
+    base = total_forward_pre_hooks(LM())
     off = train(LM, steps=6)
     on = train(LM, overlap=True, steps=6, after_step=count)
     assert len(set(counts)) == 1, f"hook count changed over steps: {counts}"
-    assert len(set(owner_counts)) <= 1, f"num_hooks changed: {owner_counts}"
     assert counts[0] > base, f"no hook registered: {counts} vs {base}"
     on.opt._set_all_gather_overlap_forward(False, on.model)
     after = total_forward_pre_hooks(on.raw)
@@ -464,22 +421,15 @@ def case_hooks_constant_and_removed():
         f"_set_all_gather_overlap_forward(False) left {after - base} "
         f"forward pre-hooks ({counts[0]} while on, {base} without)"
     )
-    if IMPL == "product":
-        impl = overlap_impl(on.opt)
-        assert impl is None or (impl.num_hooks == 0 and impl.num_pending == 0)
-    for run in (off, on):  # one more step without overlap, equal to off
-        more = training.train(
-            model=run.model,
-            opt=run.opt,
-            first_step=50,
-            steps=1,
-            micro_step=micro_step,
-            final=final_forward,
-        )
-        run.losses += more.losses
-        run.params = snapshot(run.raw)
+    assert IMPL != "product" or overlap_impl(on.opt) is None
+    off2, on2 = (  # one more step without overlap
+        training.train(model=r.model, opt=r.opt, first_step=50, steps=1)
+        for r in (off, on)
+    )
     assert_bitwise_equal(
-        (off.losses, off.params), (on.losses, on.params), "after False"
+        (off.losses + off2.losses, off2.params),
+        (on.losses + on2.losses, on2.params),
+        "after False",
     )
 
 
@@ -487,8 +437,10 @@ def case_hooks_constant_and_removed():
 # cases: order, layout, dtypes
 def case_gather_order_follows_forward():
     """Item 1: after each step the buffers are all-gathered in the order
-    forward first uses them (MixedLM: on 3.x not Paddle's buffer order),
-    the same on every rank."""
+    forward first uses them, the same on every rank. MixedLM: bfloat16
+    linears beside fp32 embedding, norms and head, two dtypes of buffers
+    (the CPU has no float16 matmul or optimizer kernels; bfloat16 has an
+    SGD kernel); on 3.x not in Paddle's buffer order."""
     first_use = []
 
     def record_first_use(run):
@@ -526,6 +478,8 @@ def case_gather_order_follows_forward():
             f"{list(range(len(buffers(on.opt))))})"
         )
     assert same_on_ranks, "ranks launched different orders"
+    dtypes = {str(ps[0].dtype) for ps in buffers(on.opt)}
+    assert len(dtypes) == 2, dtypes
 
 
 def case_layer_spanning_two_buffers():
@@ -550,14 +504,6 @@ def case_layer_spanning_two_buffers():
         return [F.linear(x, layer.weight, layer.bias).numpy()]
 
     compare(LM, prepare=find_linears, after_step=read_split_layer)
-
-
-def case_fp32_norms_beside_bf16_weights():
-    """bfloat16 linears, fp32 embedding and norms (the CPU has no float16
-    matmul or optimizer kernels; bfloat16 has an SGD kernel)."""
-    _, on = compare(MixedLM, make_optimizer=sgd)
-    dtypes = {str(ps[0].dtype) for ps in buffers(on.opt)}
-    assert len(dtypes) == 2, dtypes
 
 
 def case_color_groups():
@@ -594,7 +540,7 @@ def saving(folder, only_rank0=False):
             if only_rank0:
                 values = [v.numpy() for v in loaded.values()]
             else:
-                fresh = build(LM)
+                fresh = LM()
                 fresh.set_state_dict(loaded)
                 values = list(snapshot(fresh).values())
         if only_rank0:
@@ -623,96 +569,27 @@ def case_rank0_only_save():
         compare(LM, after_step=saving(folder, only_rank0=True), lost=lost)
 
 
-def gathers_per_step(checker):
-    """Train LM with the overlap under ``checker``, counting the all-gathers
-    started inside each ``step()`` and between steps, and ``(num_pending,
-    units that need a sync)`` right after each step; reads between steps
-    one parameter, then (after step 0) the whole model."""
-    inside, between, pending, last = [], [], [], [0]
-
-    def count_step(run):
-        original = run.opt.step
-
-        def step():
-            before = checker.counts["gathers"]
-            between.append(before - last[0])
-            original()
-            last[0] = checker.counts["gathers"]
-            inside.append(last[0] - before)
-            impl = overlap_impl(run.opt)
-            due = sum(u.needs_sync() for u in impl.units)
-            pending.append((impl.num_pending, due))
-
-        run.opt.step = step
-
-    def read(step, run):
-        values = [run.raw.head.weight.numpy()]
-        if step == 0:  # waits for every gather: said once
-            values += list(snapshot(run.raw).values())
-        return values
-
-    run = train(
-        LM, overlap=True, checker=checker, prepare=count_step, after_step=read
-    )
-    between.append(checker.counts["gathers"] - last[0])
-    return run, inside, between, pending
-
-
-def case_every_gather_starts_inside_step():
-    """Product only: ``step()`` starts the all-gather of every comm buffer
-    on every rank, all left in flight; the next forward's pre-hooks, reads
-    (of one parameter, then the whole model: said once) and the final
-    state_dict() start none. The removed depth setting's environment
-    variable (PADDLE_OVERLAY_MAX_IN_FLIGHT) changes nothing."""
-    for env in (None, "1"):
-        with mock.patch.dict(os.environ):  # restored after
-            os.environ.pop("PADDLE_OVERLAY_MAX_IN_FLIGHT", None)
-            if env is not None:
-                os.environ["PADDLE_OVERLAY_MAX_IN_FLIGHT"] = env
-            with ParamSyncWaitChecker() as checker:
-                with lost_overlap_warnings() as lost:
-                    run, inside, between, pending = gathers_per_step(checker)
-        assert checker.violations == [], checker.violations[:8]
-        assert checker.num_unwaited() == 0, checker.num_unwaited()
-        units, n = len(overlap_impl(run.opt).units), len(buffers(run.opt))
-        assert_lost_overlap_warning(lost, "attribute", units, units)
-        assert units == n >= 3, (units, n)
-        assert inside == [n] * 3, (env, inside, n)
-        assert between == [0] * 4, (env, between)
-        assert pending == [(n, n)] * 3, (env, pending)
-        assert all_ranks_equal(inside + between), (inside, between)
-
-
 def case_bad_arguments_refused_before_any_change():
-    """Product only: a bad flag, ``layers`` or ``strict``, or the removed
-    ``max_in_flight`` keyword, raises TypeError/ValueError naming it and
-    leaves no hook and no owner behind."""
+    """Product only: a bad ``layers`` or ``strict`` passed to fleet's
+    optimizer raises naming it and leaves no hook and no owner behind (the
+    flag's type, the removed ``max_in_flight`` and the delegation to V2:
+    test/unit/test_hybrid_overlap_delegation.py)."""
     run = train(LM, steps=0)
-    raw, opt, model = run.raw, run.opt, run.model
-    base = total_forward_pre_hooks(raw)
-    other = build(LM)
+    base = total_forward_pre_hooks(run.raw)
     method = "_set_all_gather_overlap_forward"
     bad = [
-        ((1, model), {}, TypeError, "all_gather_overlap_forward"),
-        (("yes", model), {}, TypeError, "bool"),
         ((True, None), {}, ValueError, f"{method}(True, model)"),
         ((True, "model"), {}, TypeError, "paddle.nn.Layer"),
-        ((True, other), {}, ValueError, "owns none"),
-        ((True, model), {"strict": 1}, TypeError, "strict"),
-        ((True, model), {"max_in_flight": 1}, TypeError, "max_in_flight"),
+        ((True, LM()), {}, ValueError, "owns none"),
+        ((True, run.model), {"strict": 1}, TypeError, "strict"),
     ]
-    for target in (opt, sharding_optimizer(opt)):
-        for args, kwargs, error, text in bad:
-            try:
-                getattr(target, method)(*args, **kwargs)
-            except error as e:
-                assert text in str(e), (args, kwargs, str(e))
-            else:
-                raise AssertionError(f"{args} {kwargs} accepted")
-            assert total_forward_pre_hooks(raw) == base, (args, kwargs)
-            assert overlap_impl(opt) is None, (args, kwargs)
-    opt._set_all_gather_overlap_forward(False, model)  # a no-op when off
-    assert overlap_impl(opt) is None
+    for args, kwargs, error, text in bad:
+        with raises(error, text):
+            run.opt._set_all_gather_overlap_forward(*args, **kwargs)
+        assert total_forward_pre_hooks(run.raw) == base, (args, kwargs)
+        assert overlap_impl(run.opt) is None, (args, kwargs)
+    run.opt._set_all_gather_overlap_forward(False, run.model)  # no-op: off
+    assert overlap_impl(run.opt) is None
 
 
 if __name__ == "__main__":
