@@ -261,7 +261,11 @@ def compare(cls=LM, lost=None, waits=(), **kwargs):
     ``waits``: the product's wait counters (``stats``) that must be > 0."""
     with lost_overlap_warnings() as said:
         checker, on = training.compare_on_off(
-            cls, run=train, replicas="world", **kwargs
+            cls,
+            run=train,
+            replicas="world",
+            started_in_step=IMPL == "product",
+            **kwargs,
         )
     assert checker.counts["gathers"] > 0, "no all-gather of a parameter seen"
     assert len(buffers(on.opt)) >= 3, f"{len(buffers(on.opt))} comm buffers"
