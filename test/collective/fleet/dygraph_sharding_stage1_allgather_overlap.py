@@ -612,17 +612,6 @@ def case_save_right_after_step_and_reload():
         compare(LM, after_step=saving(folder), lost="iteration")
 
 
-def case_rank0_only_save():
-    """``if rank == 0: paddle.save(net.state_dict())`` right after step(),
-    then a barrier on every rank: no hang (step() started every gather on
-    every rank), rank 0's file equal to overlap off's; the lost-overlap
-    warning on rank 0 alone."""
-    prefix = f"allgather_overlap_r{rank()}_"
-    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
-        lost = "iteration" if rank() == 0 else None
-        compare(LM, after_step=saving(folder, only_rank0=True), lost=lost)
-
-
 def gathers_per_step(checker):
     """Train LM with the overlap under ``checker``, counting the all-gathers
     started inside each ``step()`` and between steps, and ``(num_pending,
