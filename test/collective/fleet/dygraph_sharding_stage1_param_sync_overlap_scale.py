@@ -24,6 +24,7 @@ every rank of the sharding group, then the case's own checks.
 import os
 import sys
 
+import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid
 import numpy as np
 import sharding_cases as training
 from sharding_cases import (
@@ -57,7 +58,6 @@ SMALL_BUCKET_MB = 0.004
 V2_BUFFER_MB = 1
 HIDDEN, VOCAB, CLASSES = 32, 512, 16  # V1
 V2_HIDDEN, V2_VOCAB = 256, 64  # about 3.3 MB of fp32: 4 comm buffers
-PP_VOCAB, PP_HIDDEN = 32, 16
 
 
 def init_fleet():
@@ -322,72 +322,12 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
 
 
 # ----------------------------------------------------------------------
-# pp2_sharding4: a pipeline with a tied embedding/head, V1 buckets
-class EmbPipe(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.embedding_weight = self.create_parameter([PP_VOCAB, PP_HIDDEN])
-
-    def forward(self, tokens):
-        return F.embedding(tokens, self.embedding_weight)
-
-
-class BlockPipe(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(PP_HIDDEN, PP_HIDDEN)
-
-    def forward(self, x):
-        return paddle.tanh(self.fc(x))
-
-
-def tied_head(emb, x):
-    """PaddleNLP's tied LM head: reads the shared weight without calling
-    the shared layer (on the last stage it is never called)."""
-    return paddle.matmul(x, emb.embedding_weight, transpose_y=True)
-
-
-def pp_loss(logits, labels):
-    return F.cross_entropy(logits, labels).mean()
-
-
-def pipeline_model():
-    from paddle.distributed.fleet.meta_parallel import (
-        LayerDesc,
-        PipelineLayer,
-        SharedLayerDesc,
-    )
-
-    shared = dict(shared_weight_attr="embedding_weight")
-    descs = [SharedLayerDesc("embed", EmbPipe, **shared)]
-    descs += [LayerDesc(BlockPipe) for _ in range(4)]
-    descs.append(
-        SharedLayerDesc("embed", EmbPipe, forward_func=tied_head, **shared)
-    )
-    hcg = fleet.get_hybrid_communicate_group()
-    paddle.seed(2026 + hcg.get_stage_id())  # every build: the same weights
-    return PipelineLayer(layers=descs, topology=hcg.topology(), loss_fn=pp_loss)
-
-
-def pp_data(step):
-    """The same on both stages of a pipeline, different per sharding rank."""
-    hcg = fleet.get_hybrid_communicate_group()
-    rng = np.random.RandomState(
-        1000 * step + 7 * hcg.get_sharding_parallel_rank()
-    )
-    tokens = rng.randint(0, PP_VOCAB, size=(BATCH, SEQ)).astype("int64")
-    labels = rng.randint(0, PP_VOCAB, size=(BATCH, SEQ, 1)).astype("int64")
-    return [paddle.to_tensor(tokens), paddle.to_tensor(labels)]
-
-
+# pp2_sharding4: the hybrid script's pipeline with a tied embedding/head
 def case_pipeline_tied_embedding_head_buckets():
-    """pp2 x sharding4, V1 buckets, a tied embedding/head: the tied weight
-    equal on both stages; the last stage's head waited on the attribute."""
+    """pp2 x sharding4 (4 blocks: every sharding rank owns parameters), V1
+    buckets, a tied embedding/head: the tied weight equal on both stages;
+    the last stage's head waited on the attribute."""
     hcg = fleet.get_hybrid_communicate_group()
-    runs = []
-
-    def micro_step(model, step, micro, acc_steps):
-        return model.train_batch(pp_data(step), runs[-1].opt)
 
     def tied_equal(run):  # collectives before compare_on_off's assertions
         params = snapshot(run.model)
@@ -401,13 +341,8 @@ def case_pipeline_tied_embedding_head_buckets():
         bucket_mb = SMALL_BUCKET_MB / 8
         training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
 
-    checker, on = training.compare_on_off(
-        pipeline_model,
-        replicas=sharding_group(),
-        steps=STEPS,
-        micro_step=micro_step,
-        skip_update=lambda step: True,  # train_batch runs the update
-        prepare=runs.append,
+    checker, on = hybrid.compare(
+        lambda: hybrid.pipeline_model(tied=True, blocks=4),
         enable=enable,
         final=tied_equal,
     )
@@ -420,12 +355,6 @@ def case_pipeline_tied_embedding_head_buckets():
         # tied_head read the shared weight while its broadcast could be
         # pending and waited for it there (the shared layer never runs)
         assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
-    print(
-        f"rank {rank()} pp2_sharding4 stage {hcg.get_stage_id()}: "
-        f"{len(due)} broadcasts per step, checker {checker.counts}, "
-        f"stats {impl.stats}, read paths {dict(impl.read_paths)}",
-        flush=True,
-    )
 
 
 # ----------------------------------------------------------------------
