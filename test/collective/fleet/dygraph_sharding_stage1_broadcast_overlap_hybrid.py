@@ -24,7 +24,6 @@ group does not start at rank 0; there the ``v2_*``/``mp_v2_*`` cases run V2
 ``training.sharding_v2``) with the all-gather overlap.
 """
 
-import contextlib
 import functools
 import os
 import sys
@@ -359,20 +358,15 @@ def case_pipeline_eval_batch_and_save_after_step():
 
 # ----------------------------------------------------------------------
 # dp2_sharding2, mp2_sharding2
-def case_flat_model_on_off():
-    """Overlap on equals overlap off."""
-    compare(flat_model)
-
-
 def case_sharding_group_layout():
-    """The second sharding group does not start at rank 0; each rank's
-    broadcast sources are global ranks of its own group."""
+    """Overlap on equals overlap off; the second sharding group does not
+    start at rank 0, each rank's broadcast sources are global ranks of its
+    own group, and both ranks of a group own parameters and send them."""
     group = hcg().get_sharding_parallel_group()
     _, on = compare(flat_model)
     units = overlap_impl(on.opt).units
     sources = [u.src for u in units]
     assert units and all(u.kind == "broadcast" for u in units)
-    # both ranks of the group own parameters, and send them
     assert sorted(set(sources)) == sorted(group.ranks), (sources, group.ranks)
     if rank() >= 2 and TOPOLOGY == "dp2_sharding2":
         assert group.ranks == [2, 3], group.ranks
@@ -459,15 +453,6 @@ def case_mp_v2_step_launches_after_parameter_syncs():
 # V2: 1); parameter syncs, V1 default bucket_size_mb: one bucket of the
 # overlap's own storage per owner rank, 0: one per parameter; V2: one
 # all-gather per pipeline buffer (V2 takes them).
-@contextlib.contextmanager
-def sharding_comm_overlap(split_param):
-    """``pp_configs.sharding_comm_overlap`` on and V1 or V2 for the block
-    (Paddle reads both when it builds the pipeline and the optimizer)."""
-    with training.pp_configs(sharding_comm_overlap=True):
-        with training.sharding_configs(split_param=split_param):
-            yield
-
-
 def build_main_grad_pipeline(tied):
     raw = build_same(lambda: pipeline_model(tied))
     base = grad_comm.with_main_grad(raw, training.adamw(raw.parameters()))
@@ -482,13 +467,16 @@ def pipeline_buffers(on):
 
 def check_comm_overlap(v2, tied):
     """``grad_comm.compare`` (collectives counted) of the pipeline with V1
-    (in both bucket modes) or V2."""
+    (in both bucket modes) or V2, ``pp_configs.sharding_comm_overlap`` on
+    (Paddle reads it and ``split_param`` when it builds the pipeline and
+    the optimizer)."""
     for bucket_mb in (None,) if v2 else (None, 0):
         if v2:
             enable = training.enable_all_gather_overlap
         else:
             enable = grad_comm.enable_v1(bucket_mb)
-        with sharding_comm_overlap(split_param=v2):
+        pp = training.pp_configs(sharding_comm_overlap=True)
+        with pp, training.sharding_configs(split_param=v2):
             on, checker, impl, buffers = grad_comm.compare(
                 functools.partial(build_main_grad_pipeline, tied),
                 enable,
@@ -524,25 +512,23 @@ def check_comm_overlap(v2, tied):
             assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
 
 
-PIPELINE_COMM_OVERLAP = []  # pp2_sharding2 cases, in this order
-for _v2 in (False, True):
-    for _tied in (False, True):
-        _name = f"v{1 + _v2}_sharding_comm_overlap_"
-        _name += "tied_embedding_head" if _tied else "plain"
-        PIPELINE_COMM_OVERLAP.append(_name)
-
-        def _case(v2=_v2, tied=_tied):
-            """The pipeline's comm overlap: :func:`check_comm_overlap`."""
-            check_comm_overlap(v2, tied)
-
-        globals()["case_" + _name] = _case
+# the pipeline's comm overlap (:func:`check_comm_overlap`), pp2_sharding2
+PIPELINE_COMM_OVERLAP = {
+    f"v{1 + v2}_sharding_comm_overlap_"
+    + ("tied_embedding_head" if tied else "plain"): functools.partial(
+        check_comm_overlap, v2, tied
+    )
+    for v2 in (False, True)
+    for tied in (False, True)
+}
 
 
 def launch_cases():
     """The cases of this launch's topology (env BROADCAST_OVERLAP_TOPOLOGY)."""
+    cases = {**training.cases_of(globals()), **PIPELINE_COMM_OVERLAP}
     return {
         k: v
-        for k, v in training.cases_of(globals()).items()
+        for k, v in cases.items()
         if (k.startswith("pipeline") or k in PIPELINE_COMM_OVERLAP) == PP
         and (MP or not k.startswith("mp_"))
     }

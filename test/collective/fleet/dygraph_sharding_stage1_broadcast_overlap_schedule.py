@@ -35,7 +35,6 @@ import os
 import sys
 import tempfile
 
-import hybrid_parallel_cpu_shim
 import numpy as np
 import sharding_cases as training
 from sharding_cases import adamw, overlap_impl, rank
@@ -100,14 +99,8 @@ def train(overlap, after_step, split=one_list, prepare=None, checker=None):
     read (``run.extras``); ``prepare(run)`` before the first step; the wait
     checker ``checker`` watches each optimizer."""
     raw = build_model()
-    with contextlib.ExitStack() as stack:
-        if SETUP == "v2":  # split_param set by its init_fleet
-            buffer_mb = allgather.BUFFER_MB
-            stack.enter_context(
-                hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb)
-            )
-        elif V2:
-            stack.enter_context(training.sharding_v2(hybrid.V2_BUFFER_MB))
+    # the V2 set-ups' comm buffers of 1 MB
+    with training.sharding_v2(1) if V2 else contextlib.nullcontext():
         opts = [fleet.distributed_optimizer(adamw(p)) for p in split(raw)]
         model = fleet.distributed_model(raw)
     for opt in opts if overlap else ():

@@ -24,6 +24,7 @@ comm_overlap fails in backward at the second step). CPU ranks:
 ``hybrid_parallel_cpu_shim`` item 6 around building V1, 7 to 9 for V2.
 """
 
+import functools
 import sys
 from unittest import mock
 
@@ -254,20 +255,13 @@ def check_v1_fused(tensor_fusion, acc):
                 assert num_fused < units < num_params, (units, num_fused)
 
 
-# (case name, tensor_fusion, accumulate_steps)
-V1_CASES = [
-    ("v1_tensor_fusion_comm_overlap", True, 1),
-    ("v1_tensor_fusion_comm_overlap_accumulate", True, 2),
-    ("v1_comm_overlap_alone", False, 1),
-    ("v1_comm_overlap_alone_accumulate", False, 2),
-]
-for _name, _fusion, _acc in V1_CASES:  # the cases, in this order
-
-    def _case(tensor_fusion=_fusion, acc=_acc):
-        """V1 with comm_overlap: see :func:`check_v1_fused`."""
-        check_v1_fused(tensor_fusion, acc)
-
-    globals()["case_" + _name] = _case
+# V1 cases: (tensor_fusion, accumulate_steps) of :func:`check_v1_fused`
+V1_CASES = {
+    "v1_tensor_fusion_comm_overlap": (True, 1),
+    "v1_tensor_fusion_comm_overlap_accumulate": (True, 2),
+    "v1_comm_overlap_alone": (False, 1),
+    "v1_comm_overlap_alone_accumulate": (False, 2),
+}
 
 
 # ----------------------------------------------------------------------
@@ -295,5 +289,10 @@ def case_v2_comm_overlap():
         assert_one_gather_per_buffer(impl, checker, buffers)
 
 
+def launch_cases():
+    v1 = {k: functools.partial(check_v1_fused, *a) for k, a in V1_CASES.items()}
+    return {**v1, **training.cases_of(globals())}
+
+
 if __name__ == "__main__":
-    sys.exit(training.run_cases(training.cases_of(globals())))
+    sys.exit(training.run_cases(launch_cases()))
