@@ -32,7 +32,6 @@ FAULTS = {
     "parameters_loop_ema_right_after_step": ("2", DIFFERS, "bitwise"),
     "save_right_after_step_and_reload": ("2", DIFFERS, "bitwise, reload equal"),
     "layer_spanning_two_buffers": ("2", DIFFERS, "bitwise"),
-    "rank0_only_save": ("2", DIFFERS, "bitwise, no hang (every gather starts inside `step()`)"),
     # the ranks start the helper's buffers in a set's iteration order, different per process
     "encode_helper_between_steps": ("3: helper between steps", r"EncodeLM \['after_step', 'prepare'\]: (parameter "
                                     r"(_layers\.)?encoder\.table_\d+|value \d+ read between steps) differs", "bitwise"),

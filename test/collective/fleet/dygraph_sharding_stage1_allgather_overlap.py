@@ -528,28 +528,18 @@ def case_color_groups():
 
 # ----------------------------------------------------------------------
 # cases: checkpoints, the schedule, arguments
-def saving(folder, only_rank0=False):
-    """after_step: paddle.save(state_dict()) right after step() and load it
-    (into a fresh model, unless ``only_rank0``: rank 0 alone saves, then a
-    barrier on every rank)."""
+def saving(folder):
+    """after_step: paddle.save(state_dict()) right after step(), loaded
+    into a fresh model (rank 0 alone saving: the schedule script)."""
     counter = [0]
 
     def after_step(step, run):
-        values = []
-        if rank() == 0 or not only_rank0:
-            counter[0] += 1
-            path = os.path.join(folder, f"model_{counter[0]}.pdparams")
-            paddle.save(run.raw.state_dict(), path)
-            loaded = paddle.load(path)
-            if only_rank0:
-                values = [v.numpy() for v in loaded.values()]
-            else:
-                fresh = LM()
-                fresh.set_state_dict(loaded)
-                values = list(snapshot(fresh).values())
-        if only_rank0:
-            paddle.distributed.barrier()
-        return values
+        counter[0] += 1
+        path = os.path.join(folder, f"model_{counter[0]}.pdparams")
+        paddle.save(run.raw.state_dict(), path)
+        fresh = LM()
+        fresh.set_state_dict(paddle.load(path))
+        return list(snapshot(fresh).values())
 
     return after_step
 
@@ -560,17 +550,6 @@ def case_save_right_after_step_and_reload():
     prefix = f"allgather_overlap_r{rank()}_"
     with tempfile.TemporaryDirectory(prefix=prefix) as folder:
         compare(LM, after_step=saving(folder), lost="iteration")
-
-
-def case_rank0_only_save():
-    """``if rank == 0: paddle.save(net.state_dict())`` right after step(),
-    then a barrier on every rank: no hang (step() started every gather on
-    every rank), rank 0's file equal to overlap off's; the lost-overlap
-    warning on rank 0 alone."""
-    prefix = f"allgather_overlap_r{rank()}_"
-    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
-        lost = "iteration" if rank() == 0 else None
-        compare(LM, after_step=saving(folder, only_rank0=True), lost=lost)
 
 
 def case_bad_arguments_refused_before_any_change():

@@ -524,46 +524,5 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
         opt._set_broadcast_overlap(False)
 
 
-def case_rank0_only_save_then_barrier():
-    """Rank 0 alone reads the model after every step, then a barrier: no
-    hang, no stale value, the lost overlap said once on rank 0 only."""
-    saved, pending_after_step = [], []
-
-    def rank0_reads(step, model, opt):
-        impl = impl_of(opt)
-        if impl is not None:
-            # every unit in flight right after step(), nothing started since
-            due = sum(u.needs_sync() for u in impl.units)
-            pending_after_step.append((impl.num_pending, due))
-        if rank() == 0:
-            state = model.state_dict().items()
-            saved.append({k: v.numpy().copy() for k, v in state})
-        paddle.distributed.barrier()
-
-    with harness.lost_overlap_warnings() as lost:
-        _, on, opt = compare_buckets(on_step=rank0_reads)
-    impl = impl_of(opt)
-    units, waited = len(impl.units), impl.stats["waited_on_read"]
-    assert len(buckets(opt)) > 2  # several buckets in flight at once
-    assert pending_after_step == [(units, units)] * STEPS, pending_after_step
-    # reads and forwards started nothing: one launch of each unit per step
-    assert impl.stats["launched"] == STEPS * units, impl.stats
-    assert harness.all_ranks_equal([impl.stats["launched"]])
-    if rank() == 0:
-        # the off run reads too: 2 * STEPS reads on rank 0
-        assert len(saved) == 2 * STEPS and waited > 0, (len(saved), waited)
-        final = {k: v.numpy() for k, v in on.model.state_dict().items()}
-        for k, v in saved[-1].items():
-            assert v.tobytes() == final[k].tobytes(), k
-        harness.assert_lost_overlap_warning(lost, "iteration", units, units)
-        # every unit of every step waited by rank 0's reads (the final
-        # state_dict()s found nothing pending)
-        assert impl.stats["waited_on_read"] == STEPS * units, impl.stats
-    else:
-        # only train()'s final state_dict() read here
-        assert waited == units, impl.stats
-        assert lost == [], lost
-
-
 if __name__ == "__main__":
     sys.exit(harness.run_cases(harness.cases_of(globals())))

@@ -11,25 +11,22 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Per-rank script: broadcast overlap in hybrid topologies on 4 ranks.
+"""Per-rank script: the parameter-sync overlap in hybrid topologies on 4
+ranks, overlap off against on (``training.compare_on_off``).
 
-Env ``BROADCAST_OVERLAP_TOPOLOGY`` picks one (``fleet.init`` runs once per
-process): ``pp2_sharding2`` (``train_batch``/``eval_batch``, plain and with
-a tied embedding/head built from ``SharedLayerDesc``; also with the
-pipeline's gradient-communication overlap, ``*_sharding_comm_overlap_*``),
-``dp2_sharding2`` and ``mp2_sharding2`` (``mp_configs.sync_param`` on); in
-the last two the second sharding group does not start at rank 0, and the
-``v2_*``/``mp_v2_*`` cases run sharding stage 1 V2 (``split_param`` and comm
-buffers of :data:`V2_BUFFER_MB` MB set around building the optimizer,
-``training.sharding_v2``) with the all-gather overlap on a model of a few
-MB. The cases compare overlap off and on (``training.compare_on_off``).
+Env ``BROADCAST_OVERLAP_TOPOLOGY`` (``fleet.init`` runs once per process):
+``pp2_sharding2`` (``train_batch``/``eval_batch``, plain and with a tied
+embedding/head; with the pipeline's gradient-communication overlap,
+``*_sharding_comm_overlap_*``, V1 and V2), ``dp2_sharding2`` and
+``mp2_sharding2`` (``mp_configs.sync_param`` on), whose second sharding
+group does not start at rank 0; there the ``v2_*``/``mp_v2_*`` cases run V2
+(``split_param``, comm buffers of :data:`V2_BUFFER_MB` MB,
+``training.sharding_v2``) with the all-gather overlap.
 """
 
-import contextlib
 import functools
 import os
 import sys
-import traceback
 import zlib
 
 import dygraph_sharding_stage1_grad_comm_overlap as grad_comm
@@ -37,7 +34,7 @@ import hybrid_parallel_cpu_shim as shim
 import numpy as np
 import sharding_cases as training
 from param_sync_checker import ParamSyncWaitChecker
-from sharding_cases import equal_in_group, overlap_impl, rank
+from sharding_cases import overlap_impl, rank
 
 import paddle
 from paddle.distributed import fleet
@@ -115,7 +112,9 @@ def tied_head(emb, x):
     return paddle.matmul(x, emb.embedding_weight, transpose_y=True)
 
 
-def pipeline_model(tied):
+def pipeline_model(tied, blocks=2):
+    """``blocks`` :class:`BlockPipe` s between the embedding and the head
+    (``tied``: the embedding's weight, :func:`tied_head`), 2 stages."""
     from paddle.distributed.fleet.meta_parallel import (
         LayerDesc,
         PipelineLayer,
@@ -133,7 +132,7 @@ def pipeline_model(tied):
     else:
         first = LayerDesc(EmbPipe)
         last = LayerDesc(paddle.nn.Linear, HIDDEN, VOCAB)
-    descs = [first, LayerDesc(BlockPipe), LayerDesc(BlockPipe), last]
+    descs = [first] + [LayerDesc(BlockPipe) for _ in range(blocks)] + [last]
     paddle.seed(2026 + hcg().get_stage_id())
     return PipelineLayer(
         layers=descs, topology=hcg().topology(), loss_fn=cross_entropy
@@ -257,77 +256,59 @@ def compare(build, run=train, prepare=None, on_step=None, **kwargs):
     )
     impl = overlap_impl(on.opt)
     print(
-        f"rank {rank()} {TOPOLOGY}: checker {checker.counts} stats "
+        f"rank {rank()} stage {hcg().get_stage_id()}: checker "
+        f"{checker.counts} stats "
         f"{impl.stats} read paths {dict(impl.read_paths)}",
         flush=True,
     )
     return checker, on
 
 
-def record_update_and_syncs(opt, record):
-    """``record("update begin")`` and ``record("update")`` around the
-    sharding optimizer's ``step()``, ``record("sync")`` at each of the
-    hybrid optimizer's mp/pp parameter syncs (all go through
-    ``_insert_sync``)."""
-    inner, insert_sync = opt._inner_opt, opt._insert_sync
-    inner_step = inner.step
-
-    def recording_step():
-        record("update begin")
-        inner_step()
-        record("update")
-
-    def recording_sync(*args, **kwargs):
-        record("sync")
-        return insert_sync(*args, **kwargs)
-
-    inner.step, opt._insert_sync = recording_step, recording_sync
-
-
 def check_launch_order(compare_fn, key, first_step=0):
-    """``compare_fn(prepare=, on_step=)`` (overlap off and on) recording,
-    from ``first_step`` on, the on run's updates and parameter syncs
-    (:func:`record_update_and_syncs`) with the checker's ``counts[key]``
-    so far; per step: the update, then at least one parameter sync,
-    nothing launched from the update's start (from the previous step's end
-    when ``first_step``) to the last sync, and every unit of the owner
-    launched by the step's end."""
+    """``compare_fn(prepare=, on_step=)`` (overlap off and on) recording the
+    on run's updates (the sharding optimizer's ``step()``) and the hybrid
+    optimizer's mp/pp parameter syncs (``_insert_sync``), each with the
+    checker's ``counts[key]`` so far; per step from ``first_step`` on: the
+    update, then at least one sync, nothing launched from the previous
+    step's end to the last sync, every unit of the owner launched by the
+    step's end."""
     assert hcg().get_model_parallel_world_size() == 2, "needs mp_degree 2"
-    steps, ends, checkers = [[] for _ in range(STEPS)], [], []
+    log, checkers = [[]], []  # per step [(what, launched so far)]
 
-    def record(what):  # per step: (what, launched so far); its end
-        n = checkers[0].counts[key]
-        if what == "step end":
-            ends.append(n)
-        else:
-            steps[len(ends)].append((what, n))
+    def record(what):
+        log[-1].append((what, checkers[0].counts[key]))
 
     def prepare(opt, checker):
         checkers.append(checker)
-        if first_step == 0:
-            record_update_and_syncs(opt, record)
+        inner, insert_sync = opt._inner_opt, opt._insert_sync
+        inner_step = inner.step
 
-    def on_step(step, _model, opt):
-        record("step end")
-        if step + 1 == first_step:  # record the next steps
-            record_update_and_syncs(opt, record)
+        def recording_step():
+            inner_step()
+            record("update")
+
+        def recording_sync(*args, **kwargs):
+            record("sync")
+            return insert_sync(*args, **kwargs)
+
+        inner.step, opt._insert_sync = recording_step, recording_sync
+
+    def on_step(step, _model, _opt):
+        record("end")
+        log.append([])
 
     on = compare_fn(prepare=prepare, on_step=on_step)
     units = len(overlap_impl(on.opt).units)
-    assert len(ends) == STEPS, ends
+    assert len(log) == STEPS + 1, log
     for i in range(first_step, STEPS):
-        whats = [w for w, _ in steps[i]]
-        assert "update" in whats, steps[i]
+        whats = [w for w, _ in log[i]]
         update = whats.index("update")
         syncs = [j for j, w in enumerate(whats) if w == "sync" and j > update]
-        assert syncs, steps[i]
-        if first_step:
-            counts = {n for _, n in steps[i]} | {ends[i - 1]}
-        else:
-            begin = whats.index("update begin")
-            counts = {n for _, n in steps[i][begin : syncs[-1] + 1]}
-        assert len(counts) == 1, (counts, steps[i])
-        assert ends[i] - counts.pop() == units, (steps[i], ends[i], units)
+        assert syncs, log[i]
+        start = log[i - 1][-1][1] if i else 0
+        counts = {n for _, n in log[i][: syncs[-1] + 1]}
+        assert counts == {start}, (start, log[i])
+        assert log[i][-1][1] - start == units, (log[i], start, units)
 
 
 # ----------------------------------------------------------------------
@@ -377,20 +358,15 @@ def case_pipeline_eval_batch_and_save_after_step():
 
 # ----------------------------------------------------------------------
 # dp2_sharding2, mp2_sharding2
-def case_flat_model_on_off():
-    """Overlap on equals overlap off."""
-    compare(flat_model)
-
-
 def case_sharding_group_layout():
-    """The second sharding group does not start at rank 0; each rank's
-    broadcast sources are global ranks of its own group."""
+    """Overlap on equals overlap off; the second sharding group does not
+    start at rank 0, each rank's broadcast sources are global ranks of its
+    own group, and both ranks of a group own parameters and send them."""
     group = hcg().get_sharding_parallel_group()
     _, on = compare(flat_model)
     units = overlap_impl(on.opt).units
     sources = [u.src for u in units]
     assert units and all(u.kind == "broadcast" for u in units)
-    # both ranks of the group own parameters, and send them
     assert sorted(set(sources)) == sorted(group.ranks), (sources, group.ranks)
     if rank() >= 2 and TOPOLOGY == "dp2_sharding2":
         assert group.ranks == [2, 3], group.ranks
@@ -400,8 +376,8 @@ def case_mp_step_launches_after_parameter_syncs():
     """HybridParallelOptimizer._step syncs the parameters the
     model-parallel ranks replicate (mp_configs.sync_param: the biases and
     the head here) after the sharding update; the async sharding broadcast
-    starts only after those syncs, at every step (recorded from the second
-    one)."""
+    starts only after those syncs, at every step (checked from the second
+    one: the first agrees on the order)."""
     on_run = lambda **hooks: compare(flat_model, **hooks)[1]  # noqa: E731
     check_launch_order(on_run, "launched", first_step=1)
 
@@ -423,109 +399,39 @@ def train_v2(build=v2_model, overlap=False, **kwargs):
     )
 
 
-def param_digests(raw, replicated_only):
-    return [
-        zlib.crc32(p.numpy().tobytes())
-        for p in raw.parameters()
-        if not (replicated_only and p.is_distributed)
-    ]
-
-
 def compare_v2(**hooks):
-    """:func:`compare` of V2 (``hooks``: its ``prepare``, ``on_step``),
-    every gather waited, several comm
-    buffers, and the parameters equal on the data-parallel group and the
-    ones model parallelism replicates on every rank; in dp2_sharding2 the
-    data-parallel replicas differ, off and on alike: Paddle's own V2 fault,
-    asserted on ``run.dp_params`` (per step, how many parameters
-    ``_hybrid_sync_grad`` handed to the data-parallel gradient all-reduce:
-    V2's ``filter_parameters``). Returns the on run."""
+    """:func:`compare` of V2 (``hooks``: its ``prepare``, ``on_step``): some
+    all-gather seen, >= 3 comm buffers; in mp2_sharding2 the parameters
+    model parallelism replicates equal on every rank (in dp2_sharding2
+    Paddle's own V2 leaves the data-parallel replicas unequal, off and on
+    alike: its first step all-reduces no data-parallel gradient). Returns
+    the on run."""
 
-    def run(build, overlap, checker=None, prepare=None, on_step=None):
-        def start(r):
-            inner = r.opt._inner_opt
-            assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
-            r.dp_params, filter_parameters = [], inner.filter_parameters
-
-            def counted_filter_parameters(*args, **kwargs):
-                kept = filter_parameters(*args, **kwargs)
-                r.dp_params.append(len(kept))
-                return kept
-
-            inner.filter_parameters = counted_filter_parameters
-            if prepare is not None:
-                prepare(r)
-
-        r = train_v2(
-            build, overlap, checker=checker, prepare=start, on_step=on_step
-        )
-        # the collectives on every rank before any assertion
-        digests = param_digests(r.raw, False)
-        r.dp_equal = equal_in_group(digests, hcg().get_data_parallel_group())
-        r.replicated_equal = training.all_ranks_equal(
-            param_digests(r.raw, True)
-        )
+    def run(build, overlap, **kwargs):
+        r = train_v2(build, overlap, **kwargs)
+        if MP:  # the collective on every rank before any assertion
+            replicated = [p for p in r.raw.parameters() if not p.is_distributed]
+            digests = [zlib.crc32(p.numpy().tobytes()) for p in replicated]
+            r.replicated_equal = training.all_ranks_equal(digests)
         return r
 
     checker, on = compare(v2_model, run=run, **hooks)
     assert checker.counts["gathers"] > 0, checker.counts
-    if TOPOLOGY == "dp2_sharding2":
-        assert_paddle_v2_dp_replicas_differ(on.off.dp_params, on.dp_equal)
-    else:
-        assert on.dp_equal, "parameters differ across the data-parallel group"
-        assert on.replicated_equal, "replicated parameters differ across ranks"
-    num_buffers = len(training.sharding_optimizer(on.opt)._comm_buffer_list)
-    assert num_buffers >= 3, f"{num_buffers} comm buffers"
+    assert not MP or on.replicated_equal, "replicated parameters differ"
+    inner = training.sharding_optimizer(on.opt)
+    assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
+    assert len(inner._comm_buffer_list) >= 3, len(inner._comm_buffer_list)
     return on
 
 
-def assert_paddle_v2_dp_replicas_differ(dp_params, dp_equal):
-    """Paddle 3.x's V2 with data parallelism fills the slice parameters
-    ``_hybrid_sync_grad`` all-reduces (``V2.filter_parameters(...)``) only
-    inside its own ``step()``: the first step all-reduces none (2.6 raises),
-    so the replicas differ from then on. Asserted on the off run's counts:
-    this fails once Paddle changes; then require ``dp_equal``."""
-    assert len(dp_params) == STEPS, dp_params
-    assert dp_params[0] == 0 and all(n > 0 for n in dp_params[1:]), (
-        f"Paddle {paddle.__version__}'s V2 now hands {dp_params} parameters "
-        "per step to the data-parallel gradient all-reduce (0 at the first "
-        "step was its known fault): require equal data-parallel replicas"
-    )
-    assert not dp_equal, (
-        "data-parallel replicas equal although Paddle skipped the first "
-        "step's data-parallel gradient all-reduce"
-    )
-    print(f"rank {rank()} V2 dp gradients per step {dp_params} (known)")
-
-
-def assert_paddle_2_v2_dp_fails():
-    """Paddle 2.6's V2: at the first step ``_hybrid_sync_grad`` hands
-    ``fused_allreduce_gradients`` an empty list (the slice parameters are
-    filled only inside V2's ``step()``), which fails in ``build_groups``
-    (``dtype = vars[0].dtype``). Asserted with overlap off."""
-    steps_done = []
-    try:
-        train_v2(on_step=lambda step, _model, _opt: steps_done.append(step))
-    except IndexError as e:
-        tb = traceback.format_exc()
-        assert "list index out of range" in str(e), tb
-        assert "build_groups" in tb and "_hybrid_sync_grad" in tb, tb
-        assert steps_done == [], steps_done
-        print(f"rank {rank()} V2 fails in build_groups (known)")
-        return
-    raise AssertionError(
-        f"Paddle {paddle.__version__} trained V2 in dp2_sharding2 without "
-        "its known IndexError in build_groups: run compare_v2() here"
-    )
-
-
 def case_v2_allgather_overlap_on_off():
-    """V2 with the all-gather overlap equals V2 without it. In
-    dp2_sharding2 Paddle's own V2 is faulty: 3.x skips the first step's
-    data-parallel gradient all-reduce (asserted in :func:`compare_v2`), 2.6
-    fails there (asserted here); both fail once Paddle changes."""
+    """V2 with the all-gather overlap equals V2 without it. Paddle 2.6's own
+    V2 fails in dp2_sharding2 at its first step, overlap off
+    (``_hybrid_sync_grad`` hands ``fused_allreduce_gradients`` no
+    parameter): asserted, so the case is not silently empty there."""
     if PADDLE_2 and TOPOLOGY == "dp2_sharding2":
-        assert_paddle_2_v2_dp_fails()
+        with training.raises(IndexError, "list index out of range"):
+            train_v2()
         return
     compare_v2()
 
@@ -547,15 +453,6 @@ def case_mp_v2_step_launches_after_parameter_syncs():
 # V2: 1); parameter syncs, V1 default bucket_size_mb: one bucket of the
 # overlap's own storage per owner rank, 0: one per parameter; V2: one
 # all-gather per pipeline buffer (V2 takes them).
-@contextlib.contextmanager
-def sharding_comm_overlap(split_param):
-    """``pp_configs.sharding_comm_overlap`` on and V1 or V2 for the block
-    (Paddle reads both when it builds the pipeline and the optimizer)."""
-    with training.pp_configs(sharding_comm_overlap=True):
-        with training.sharding_configs(split_param=split_param):
-            yield
-
-
 def build_main_grad_pipeline(tied):
     raw = build_same(lambda: pipeline_model(tied))
     base = grad_comm.with_main_grad(raw, training.adamw(raw.parameters()))
@@ -570,13 +467,16 @@ def pipeline_buffers(on):
 
 def check_comm_overlap(v2, tied):
     """``grad_comm.compare`` (collectives counted) of the pipeline with V1
-    (in both bucket modes) or V2."""
+    (in both bucket modes) or V2, ``pp_configs.sharding_comm_overlap`` on
+    (Paddle reads it and ``split_param`` when it builds the pipeline and
+    the optimizer)."""
     for bucket_mb in (None,) if v2 else (None, 0):
         if v2:
             enable = training.enable_all_gather_overlap
         else:
             enable = grad_comm.enable_v1(bucket_mb)
-        with sharding_comm_overlap(split_param=v2):
+        pp = training.pp_configs(sharding_comm_overlap=True)
+        with pp, training.sharding_configs(split_param=v2):
             on, checker, impl, buffers = grad_comm.compare(
                 functools.partial(build_main_grad_pipeline, tied),
                 enable,
@@ -612,25 +512,23 @@ def check_comm_overlap(v2, tied):
             assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
 
 
-PIPELINE_COMM_OVERLAP = []  # pp2_sharding2 cases, in this order
-for _v2 in (False, True):
-    for _tied in (False, True):
-        _name = f"v{1 + _v2}_sharding_comm_overlap_"
-        _name += "tied_embedding_head" if _tied else "plain"
-        PIPELINE_COMM_OVERLAP.append(_name)
-
-        def _case(v2=_v2, tied=_tied):
-            """The pipeline's comm overlap: :func:`check_comm_overlap`."""
-            check_comm_overlap(v2, tied)
-
-        globals()["case_" + _name] = _case
+# the pipeline's comm overlap (:func:`check_comm_overlap`), pp2_sharding2
+PIPELINE_COMM_OVERLAP = {
+    f"v{1 + v2}_sharding_comm_overlap_"
+    + ("tied_embedding_head" if tied else "plain"): functools.partial(
+        check_comm_overlap, v2, tied
+    )
+    for v2 in (False, True)
+    for tied in (False, True)
+}
 
 
 def launch_cases():
     """The cases of this launch's topology (env BROADCAST_OVERLAP_TOPOLOGY)."""
+    cases = {**training.cases_of(globals()), **PIPELINE_COMM_OVERLAP}
     return {
         k: v
-        for k, v in training.cases_of(globals()).items()
+        for k, v in cases.items()
         if (k.startswith("pipeline") or k in PIPELINE_COMM_OVERLAP) == PP
         and (MP or not k.startswith("mp_"))
     }

@@ -22,10 +22,10 @@ to start after ``step()`` would be started by the reading ranks alone
 ranks' collectives form one schedule). Each case is :func:`compare`.
 
 Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with
-``bucket_size_mb=0``), ``v2`` (2 ranks, the all-gather script's V2 set-up),
-and on 4 ranks with the hybrid script's set-up
-(``BROADCAST_OVERLAP_TOPOLOGY`` the topology) V1 ``dp2_sharding2`` and
-``pp2_sharding2`` and V2 ``v2_dp2_sharding2`` (1 MB comm buffers).
+2 KB buckets), ``v2`` (2 ranks, the all-gather script's V2 set-up), and on
+4 ranks with the hybrid script's set-up (``BROADCAST_OVERLAP_TOPOLOGY`` the
+topology) V1 ``dp2_sharding2`` and ``pp2_sharding2`` (one broadcast per
+parameter) and V2 ``v2_dp2_sharding2`` (1 MB comm buffers).
 ``BROADCAST_OVERLAP_CASES`` picks cases (default: the set-up's); the first
 case that fails ends the launch.
 """
@@ -35,7 +35,6 @@ import os
 import sys
 import tempfile
 
-import hybrid_parallel_cpu_shim
 import numpy as np
 import sharding_cases as training
 from sharding_cases import adamw, overlap_impl, rank
@@ -100,21 +99,16 @@ def train(overlap, after_step, split=one_list, prepare=None, checker=None):
     read (``run.extras``); ``prepare(run)`` before the first step; the wait
     checker ``checker`` watches each optimizer."""
     raw = build_model()
-    with contextlib.ExitStack() as stack:
-        if SETUP == "v2":  # split_param set by its init_fleet
-            buffer_mb = allgather.BUFFER_MB
-            stack.enter_context(
-                hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb)
-            )
-        elif V2:
-            stack.enter_context(training.sharding_v2(hybrid.V2_BUFFER_MB))
+    # the V2 set-ups' comm buffers of 1 MB
+    with training.sharding_v2(1) if V2 else contextlib.nullcontext():
         opts = [fleet.distributed_optimizer(adamw(p)) for p in split(raw)]
         model = fleet.distributed_model(raw)
     for opt in opts if overlap else ():
         if V2:
             training.enable_all_gather_overlap(opt, model)
         else:
-            opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=0)
+            bucket_mb = 2 / 1024 if SETUP == "v1" else 0
+            training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
     for opt in opts if checker is not None else ():
         checker.watch(model, opt)
     opt = opts[0] if len(opts) == 1 else Optimizers(opts)
@@ -143,20 +137,37 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     >= 3 sync units, no racing read unless ``race`` (returns the races
     seen). ``lost``: the first read's path of the product's lost-overlap
     warning on global rank 0, whose reads alone wait for every sync of a
-    step (every other rank: no warning). Every sync of the on run started
-    inside a step (the wait checker's ``outside_step``)."""
+    step (every other rank: no warning). The schedule of the on run: every
+    sync started inside a step (the wait checker's ``outside_step``), every
+    unit of each owner pending right after each step (before
+    ``after_step``), each launched once per step, as often on every rank of
+    the sharding group."""
     checker = race_checker()
     before = checker.races() if checker else {}
+    pending = []
+
+    def checked_after_step(step, run):
+        impls = [overlap_impl(opt) for opt in run.opts]
+        if impls[0] is not None:
+            due = [sum(u.needs_sync() for u in i.units) for i in impls]
+            pending.append([(i.num_pending, n) for i, n in zip(impls, due)])
+        return after_step(step, run)
+
     off = train(False, after_step, split, prepare)
     with training.lost_overlap_warnings() as said:
         with training.ParamSyncWaitChecker() as waits:
-            on = train(True, after_step, split, prepare, checker=waits)
+            on = train(True, checked_after_step, split, prepare, waits)
+    impls = [overlap_impl(opt) for opt in on.opts]
+    units = [len(impl.units) for impl in impls]
+    launched = [impl.stats["launched"] for impl in impls]
     hcg = fleet.get_hybrid_communicate_group()
     # pp2: the sharding group; V2 in dp2: the sharding group too (Paddle's
     # V2 leaves the data-parallel replicas unequal, off and on alike)
     by_group = SETUP in ("pp2_sharding2", "v2_dp2_sharding2")
     group = hcg.get_sharding_parallel_group() if by_group else None
     replicas_equal = training.equal_in_group(training.digests(on.params), group)
+    sharding = hcg.get_sharding_parallel_group()
+    launched_equal = training.equal_in_group(launched, sharding)
     frame = sys._getframe(1)
     while not frame.f_code.co_name.startswith("case_"):
         frame = frame.f_back
@@ -165,8 +176,11 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     assert waits.outside_step == [], (what, waits.outside_step[:8])
     training.assert_runs_equal(off, on, what)
     assert replicas_equal, f"{what}: parameters differ across the replicas"
-    units = [len(overlap_impl(opt).units) for opt in on.opts]
     assert units[0] >= 3, f"{what}: sync units {units}"
+    steps = training.STEPS
+    assert pending == [[(n, n) for n in units]] * steps, (what, pending)
+    assert launched == [steps * n for n in units], (what, launched, units)
+    assert launched_equal, f"{what}: launches differ across the group"
     if lost is None or rank() != 0:
         assert said == [], (what, said)
     else:  # once per owner, each naming its own count, all read
@@ -181,7 +195,7 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
         races = {k: n for k, n in races.items() if n}
     print(
         f"rank {rank()} {what}: sync units {units}, {len(on.extras)} values "
-        f"read, stats {overlap_impl(on.opts[0]).stats}, racing reads "
+        f"read, stats {impls[0].stats}, racing reads "
         f"{sum(races.values()) if checker else '(race check off)'}",
         flush=True,
     )
@@ -194,6 +208,11 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
 # ----------------------------------------------------------------------
 # cases
 def rank0_save_then_barrier(split=one_list):
+    """Rank 0 alone saves ``state_dict()`` right after each step (and loads
+    it: the values compared off and on), then a barrier of the world: rank
+    0's reads waited for every unit of every step, the last file holds the
+    final parameters; every other rank waited on a read only at the final
+    ``state_dict()``, once per unit."""
     with tempfile.TemporaryDirectory(prefix=f"schedule_r{rank()}_") as d:
 
         def after_step(step, run):
@@ -201,11 +220,18 @@ def rank0_save_then_barrier(split=one_list):
             if rank() == 0:
                 path = os.path.join(d, "model.pdparams")
                 paddle.save(run.model.state_dict(), path)
-                values = list(paddle.load(path).values())
+                run.saved = paddle.load(path)
+                values = list(run.saved.values())
             paddle.distributed.barrier()
             return values
 
-        compare(after_step, split, lost="iteration")
+        on, _ = compare(after_step, split, lost="iteration")
+    steps = training.STEPS if rank() == 0 else 1
+    for impl in map(overlap_impl, on.opts):
+        waited = impl.stats["waited_on_read"]
+        assert waited == steps * len(impl.units), (waited, dict(impl.stats))
+    for k, v in getattr(on, "saved", {}).items():
+        assert np.array(v).tobytes() == on.params[k].tobytes(), k
 
 
 def case_rank0_save_then_barrier():

@@ -13,18 +13,17 @@
 # limitations under the License.
 """Per-rank script: the parameter sync overlap on 8 ranks.
 
-Env ``PARAM_SYNC_SCALE_TOPOLOGY`` picks the launch's topology (``fleet.init``
-runs once per process): ``sharding8`` (sharding degree 8: the V1 and V2
-cases) or ``pp2_sharding4`` (two pipeline stages, each a sharding group of
-4: the pipeline case). Every case is ``training.compare_on_off`` (bitwise
-equal off and on, the waits checked) with the final parameters equal on
-every rank of the sharding group, then the case's own checks.
+Env ``PARAM_SYNC_SCALE_TOPOLOGY`` (``fleet.init`` runs once per process):
+``sharding8`` (the V1 and V2 cases) or ``pp2_sharding4`` (the pipeline
+case). Every case is ``training.compare_on_off`` (bitwise equal off and on,
+the waits checked), the final parameters equal on every rank of the
+sharding group, then the case's own checks.
 """
 
 import os
 import sys
 
-import numpy as np
+import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid
 import sharding_cases as training
 from sharding_cases import (
     Block,
@@ -47,7 +46,7 @@ DEGREES = {
     "pp2_sharding4": dict(pp_degree=2, sharding_degree=4),
 }
 STEPS = 3
-BATCH, SEQ = 4, 4
+BATCH = 4  # (pipeline micro-batches of 2)
 # 4 KB buckets: the V1 model's order closes a window after each of its
 # 8 KB linear weights and after the 64 KB embedding, so the tiny parameters
 # of one owner share buckets between them
@@ -57,7 +56,6 @@ SMALL_BUCKET_MB = 0.004
 V2_BUFFER_MB = 1
 HIDDEN, VOCAB, CLASSES = 32, 512, 16  # V1
 V2_HIDDEN, V2_VOCAB = 256, 64  # about 3.3 MB of fp32: 4 comm buffers
-PP_VOCAB, PP_HIDDEN = 32, 16
 
 
 def init_fleet():
@@ -76,15 +74,6 @@ def names_of(raw):
 
 def sharding_group():
     return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
-
-
-def gather_ints(values, group):
-    """The int list ``values`` of every rank of ``group`` (same length on
-    each), in group rank order; every rank of the group must call it."""
-    gathered = []
-    mine = paddle.to_tensor(list(values), dtype="int64")
-    paddle.distributed.all_gather(gathered, mine, group=group)
-    return [g.numpy().tolist() for g in gathered]
 
 
 # ----------------------------------------------------------------------
@@ -131,21 +120,21 @@ def V2LM():
 
 
 def batch(step, vocab=VOCAB, classes=CLASSES):
-    rng = np.random.RandomState(1000 * step + rank())
-    tokens = rng.randint(0, vocab, size=(BATCH, SEQ)).astype("int64")
-    labels = rng.randint(0, classes, size=(BATCH, SEQ)).astype("int64")
-    return paddle.to_tensor(tokens), paddle.to_tensor(labels)
+    tokens, labels = training.batch(step, vocab=vocab)
+    return tokens, labels % classes
 
 
-def train(build, overlap=False, *, freeze, turn_on, data=batch, **kwargs):
-    """``training.train`` of STEPS steps on ``data(step)``; ``freeze(raw,
+def compare_frozen(build, *, freeze, enable, data=batch, **kwargs):
+    """``training.compare_on_off`` of STEPS steps on ``data(step)``, the
+    final parameters equal across the sharding group; ``freeze(raw,
     inner)`` freezes parameters once the optimizer is built, before
-    ``turn_on(opt, model)`` (overlap on), and returns ``(layout, frozen)``,
-    kept on the run with ``initial`` (the weights then)."""
+    ``enable(opt, model)``, and returns ``(layout, frozen)`` (on the run).
+    Off and on froze the same, the frozen parameters ended as they started,
+    each unit needing a sync launched once per step. Returns (checker, on
+    run, owner, units needing a sync)."""
 
     def built(run):
-        inner = sharding_optimizer(run.opt)
-        run.layout, run.frozen = freeze(run.raw, inner)
+        run.layout, run.frozen = freeze(run.raw, sharding_optimizer(run.opt))
         run.initial = snapshot(run.raw)
 
     def micro_step(model, step, micro, acc_steps):
@@ -154,24 +143,14 @@ def train(build, overlap=False, *, freeze, turn_on, data=batch, **kwargs):
         loss.backward()
         return loss
 
-    return training.train(
+    checker, on = training.compare_on_off(
         build,
-        overlap,
+        replicas=sharding_group(),
         steps=STEPS,
         built=built,
-        enable=turn_on,
+        enable=enable,
         micro_step=micro_step,
         **kwargs,
-    )
-
-
-def compare_frozen(build, **kwargs):
-    """``training.compare_on_off`` of :func:`train`, the final parameters
-    equal across the sharding group; off and on froze the same, the frozen
-    parameters ended as they started, each unit needing a sync launched
-    once per step. Returns (checker, on run, owner, units needing a sync)."""
-    checker, on = training.compare_on_off(
-        build, run=train, replicas=sharding_group(), **kwargs
     )
     assert (on.layout, on.frozen) == (on.off.layout, on.off.frozen)
     final = snapshot(on.raw)
@@ -180,6 +159,7 @@ def compare_frozen(build, **kwargs):
     impl = overlap_impl(on.opt)
     due = [u for u in impl.units if u.needs_sync()]
     assert impl.stats["launched"] == STEPS * len(due), (impl.stats, len(due))
+    print(f"rank {rank()}: checker {checker.counts}, stats {impl.stats}")
     return checker, on, impl, due
 
 
@@ -206,25 +186,19 @@ def freeze_rank(raw, inner):
 
 
 def compare_v1(bucket_mb):
-    def turn_on(opt, model):
+    def enable(opt, model):
         training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
 
-    checker, on, impl, due = compare_frozen(
-        UnevenLM, freeze=freeze_rank, turn_on=turn_on
-    )
+    _, on, _, due = compare_frozen(UnevenLM, freeze=freeze_rank, enable=enable)
     group, layout, frozen = sharding_group(), on.layout, on.frozen
     assert len(layout) == paddle.distributed.get_world_size(), layout
     # very different loads: one rank holds the embedding alone, another
     # holds many small parameters
     assert ["embed.weight"] in layout.values(), layout
     assert max(len(ns) for ns in layout.values()) >= 10, layout
-    # no broadcast of the overlap came from the frozen rank
-    src_of_frozen = group.ranks[frozen]
-    assert due and all(u.src != src_of_frozen for u in due), [
-        (u.label, u.src) for u in due
-    ]
-    sources = {u.src for u in due}
-    assert sources == set(group.ranks) - {src_of_frozen}, sources
+    # every owner but the frozen rank broadcast, the frozen rank nothing
+    sources = [u.src for u in due]
+    assert set(sources) == set(group.ranks) - {group.ranks[frozen]}, sources
     if bucket_mb:
         assert len(due) >= 8, due
         assert max(len(u.params) for u in due) >= 2, due
@@ -232,13 +206,7 @@ def compare_v1(bucket_mb):
         assert all(len(u.params) == 1 for u in due), due
         trainable = sum(not p.stop_gradient for p in on.raw.parameters())
         assert len(due) == trainable, (len(due), trainable)
-    print(
-        f"rank {rank()} V1 bucket_size_mb={bucket_mb}: {len(due)} broadcasts "
-        f"from {len(sources)} owners, frozen rank {frozen} {layout[frozen]}, "
-        f"params per rank {[len(layout[r]) for r in sorted(layout)]}, "
-        f"checker {checker.counts}, stats {impl.stats}",
-        flush=True,
-    )
+    print(f"rank {rank()}: frozen rank {frozen} {layout[frozen]}, {layout}")
 
 
 def case_v1_buckets_uneven_owners_frozen_rank():
@@ -269,8 +237,7 @@ def freeze_buffer(raw, inner):
 
 def padding_per_rank(run):
     """Each group rank's padding per comm buffer (every rank calls it)."""
-    group = sharding_group()
-    pads = []
+    group, pads = sharding_group(), []
     for buffer in sharding_optimizer(run.opt)._comm_buffer_list:
         shard = int(buffer.param_storage._numel()) // group.nranks
         begin = shard * max(group.rank, 0)
@@ -280,21 +247,19 @@ def padding_per_rank(run):
             stop = start + int(p._numel())
             real += max(0, min(stop, begin + shard) - max(start, begin))
         pads.append(shard - real)
-    run.padding = gather_ints(pads, group)
+    gathered = []
+    mine = paddle.to_tensor(pads, dtype="int64")
+    paddle.distributed.all_gather(gathered, mine, group=group)
+    run.padding = [g.numpy().tolist() for g in gathered]
 
 
 def case_v2_odd_sizes_frozen_buffer_uneven_padding():
     """V2 (1 MB comm buffers): parameters of 5 and 201 elements, a frozen
     buffer never gathered, per-rank padding that differs."""
-
-    def turn_on(opt, model):
-        opt._set_all_gather_overlap_forward(True, model)  # as PaddleFormers
-        assert overlap_impl(opt) is not None, "no overlap owner on V2"
-
-    checker, on, impl, due = compare_frozen(
+    checker, on, _, due = compare_frozen(
         V2LM,
         freeze=freeze_buffer,
-        turn_on=turn_on,
+        enable=training.enable_all_gather_overlap,
         data=lambda step: batch(step, V2_VOCAB, V2_VOCAB),
         around=lambda: training.sharding_v2(V2_BUFFER_MB),
         final=padding_per_rank,
@@ -313,81 +278,16 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
     assert len(due) == len(buffers) - 1, (len(due), len(buffers))
     # each rank's shards hold a different share of padding
     assert len({tuple(p) for p in on.padding}) > 1, on.padding
-    print(
-        f"rank {rank()} V2: {len(buffers)} comm buffers (frozen: {frozen}), "
-        f"padding per rank and buffer {on.padding}, checker "
-        f"{checker.counts}, stats {impl.stats}",
-        flush=True,
-    )
+    print(f"rank {rank()}: frozen buffer {frozen}, padding {on.padding}")
 
 
 # ----------------------------------------------------------------------
-# pp2_sharding4: a pipeline with a tied embedding/head, V1 buckets
-class EmbPipe(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.embedding_weight = self.create_parameter([PP_VOCAB, PP_HIDDEN])
-
-    def forward(self, tokens):
-        return F.embedding(tokens, self.embedding_weight)
-
-
-class BlockPipe(nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(PP_HIDDEN, PP_HIDDEN)
-
-    def forward(self, x):
-        return paddle.tanh(self.fc(x))
-
-
-def tied_head(emb, x):
-    """PaddleNLP's tied LM head: reads the shared weight without calling
-    the shared layer (on the last stage it is never called)."""
-    return paddle.matmul(x, emb.embedding_weight, transpose_y=True)
-
-
-def pp_loss(logits, labels):
-    return F.cross_entropy(logits, labels).mean()
-
-
-def pipeline_model():
-    from paddle.distributed.fleet.meta_parallel import (
-        LayerDesc,
-        PipelineLayer,
-        SharedLayerDesc,
-    )
-
-    shared = dict(shared_weight_attr="embedding_weight")
-    descs = [SharedLayerDesc("embed", EmbPipe, **shared)]
-    descs += [LayerDesc(BlockPipe) for _ in range(4)]
-    descs.append(
-        SharedLayerDesc("embed", EmbPipe, forward_func=tied_head, **shared)
-    )
-    hcg = fleet.get_hybrid_communicate_group()
-    paddle.seed(2026 + hcg.get_stage_id())  # every build: the same weights
-    return PipelineLayer(layers=descs, topology=hcg.topology(), loss_fn=pp_loss)
-
-
-def pp_data(step):
-    """The same on both stages of a pipeline, different per sharding rank."""
-    hcg = fleet.get_hybrid_communicate_group()
-    rng = np.random.RandomState(
-        1000 * step + 7 * hcg.get_sharding_parallel_rank()
-    )
-    tokens = rng.randint(0, PP_VOCAB, size=(BATCH, SEQ)).astype("int64")
-    labels = rng.randint(0, PP_VOCAB, size=(BATCH, SEQ, 1)).astype("int64")
-    return [paddle.to_tensor(tokens), paddle.to_tensor(labels)]
-
-
+# pp2_sharding4: the hybrid script's pipeline with a tied embedding/head
 def case_pipeline_tied_embedding_head_buckets():
-    """pp2 x sharding4, V1 buckets, a tied embedding/head: the tied weight
-    equal on both stages; the last stage's head waited on the attribute."""
+    """pp2 x sharding4 (4 blocks: every sharding rank owns parameters), V1
+    buckets, a tied embedding/head: the tied weight equal on both stages;
+    the last stage's head waited on the attribute."""
     hcg = fleet.get_hybrid_communicate_group()
-    runs = []
-
-    def micro_step(model, step, micro, acc_steps):
-        return model.train_batch(pp_data(step), runs[-1].opt)
 
     def tied_equal(run):  # collectives before compare_on_off's assertions
         params = snapshot(run.model)
@@ -401,13 +301,8 @@ def case_pipeline_tied_embedding_head_buckets():
         bucket_mb = SMALL_BUCKET_MB / 8
         training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
 
-    checker, on = training.compare_on_off(
-        pipeline_model,
-        replicas=sharding_group(),
-        steps=STEPS,
-        micro_step=micro_step,
-        skip_update=lambda step: True,  # train_batch runs the update
-        prepare=runs.append,
+    checker, on = hybrid.compare(
+        lambda: hybrid.pipeline_model(tied=True, blocks=4),
         enable=enable,
         final=tied_equal,
     )
@@ -420,12 +315,6 @@ def case_pipeline_tied_embedding_head_buckets():
         # tied_head read the shared weight while its broadcast could be
         # pending and waited for it there (the shared layer never runs)
         assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
-    print(
-        f"rank {rank()} pp2_sharding4 stage {hcg.get_stage_id()}: "
-        f"{len(due)} broadcasts per step, checker {checker.counts}, "
-        f"stats {impl.stats}, read paths {dict(impl.read_paths)}",
-        flush=True,
-    )
 
 
 # ----------------------------------------------------------------------

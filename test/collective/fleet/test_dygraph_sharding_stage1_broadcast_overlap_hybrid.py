@@ -33,16 +33,16 @@ LAUNCHES = [
         "dp2_sharding2",
         HYBRID,
         {
-            "BROADCAST_OVERLAP_CASES": "flat_model_on_off,"
-            "sharding_group_layout,v2_allgather_overlap_on_off"
+            "BROADCAST_OVERLAP_CASES": "sharding_group_layout,"
+            "v2_allgather_overlap_on_off"
         },
     ),
     (
         "mp2_sharding2",
         HYBRID,
         {
-            "BROADCAST_OVERLAP_CASES": "flat_model_on_off,"
-            "sharding_group_layout,mp_step_launches_after_parameter_syncs,"
+            "BROADCAST_OVERLAP_CASES": "sharding_group_layout,"
+            "mp_step_launches_after_parameter_syncs,"
             "v2_allgather_overlap_on_off,"
             "mp_v2_step_launches_after_parameter_syncs"
         },
