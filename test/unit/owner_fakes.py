@@ -310,6 +310,10 @@ def num_hooks(model):
     return sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True))
 
 
+def num_post_hooks(model):
+    return sum(len(l._forward_post_hooks) for l in model.sublayers(include_self=True))
+
+
 def in_buffer(buffer, param):
     begin = buffer.data_ptr()
     end = begin + int(buffer._numel()) * broadcast_buckets.itemsize(buffer.dtype)

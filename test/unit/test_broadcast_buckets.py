@@ -238,6 +238,8 @@ class TestStorage(unittest.TestCase):
         self.assertEqual(storage.bucket_of(0), storage.bucket_of(2))
         unit = [u for u in plan.units() if 2 in u.indices][0]
         self.assertEqual((unit.indices, unit.src), ((2, 0), 0))  # owner of its first position
+        # every position in exactly one unit: the repeat is not sent a second time on its own
+        self.assertEqual(sorted(i for u in plan.units() for i in u.indices), [0, 1, 2])
 
     def test_optimizer_bitwise_equal_and_state_keys_unchanged(self):
         def train(bucketed):

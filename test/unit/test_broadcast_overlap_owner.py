@@ -25,6 +25,7 @@ from owner_fakes import (
     make_owner,
     names_of,
     num_hooks,
+    num_post_hooks,
     record_forwards,
     wait_before_update,
 )
@@ -260,16 +261,17 @@ def test_disagreeing_parameter_lists_raise_naming_the_rank():
 def test_hooks_and_guards_constant_then_all_removed_on_close():
     model = Net()
     owner, comm = make_owner(model)
-    hooks = sum(len(l._forward_pre_hooks) for l in model.sublayers(True))
+    counts = []  # (pre-hooks, post-hooks) after each launch
     for _ in range(5):
         model(X)
         wait_before_update(owner)
         owner.launch()
-    assert sum(len(l._forward_pre_hooks) for l in model.sublayers(True)) == hooks
+        counts.append((num_hooks(model), num_post_hooks(model)))
+    assert counts == [counts[0]] * 5 and counts[0][1] == 1, counts
     assert type(model.first._parameters) is guard.GuardedParameters
     owner.close()
     assert owner.state is State.CLOSED and owner.num_pending == 0
-    assert num_hooks(model) == 0
+    assert (num_hooks(model), num_post_hooks(model)) == (0, 0)
     assert type(model.first._parameters) is OrderedDict
     owner.close()  # idempotent
 
