@@ -499,11 +499,14 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
             model._layers.to(dtype="float64")
             harness.lm_loss(model, 2).backward()
             texts = ("_set_broadcast_overlap(False)", "float32", "float64")
-            with harness.raises(ValueError, *texts):
+            with harness.raises(ValueError, *texts) as refused:
                 opt.step()
             opt.clear_grad()
             assert checker.counts["launched"] == sent, checker.counts
         harness.assert_lost_overlap_warning(lost, "iteration")
+        params = harness.optimizer_parameters(opt)
+        named = [p.name for p in params if f" {p.name} " in refused.message]
+        assert len(named) == 1, (named, refused.message)
         assert impl.stats["launched"] == 2 * len(impl.units), impl.stats
         assert impl.num_pending == 0
         # every rank refused it: the next collective still pairs up

@@ -395,12 +395,13 @@ def overlap_hook_ids(layer, checker):
 @contextlib.contextmanager
 def raises(error, *texts):
     """The block must raise ``error`` with each of ``texts`` in its message;
-    yields a namespace whose ``message`` is set to it."""
-    caught = types.SimpleNamespace(message=None)
+    yields a namespace whose ``message`` and ``traceback`` are set to the
+    error's."""
+    caught = types.SimpleNamespace(message=None, traceback=None)
     try:
         yield caught
     except error as e:
-        caught.message = str(e)
+        caught.message, caught.traceback = str(e), traceback.format_exc()
     else:
         raise AssertionError(f"no {error.__name__} raised")
     for text in texts:
