@@ -131,13 +131,24 @@ class PaddleInternalsChanged(UnsupportedPaddleVersion):
     method it adds would shadow one the installed Paddle defines."""
 
 
-def wraps_of(overlay_module, class_name):
+def wraps_of(overlay_module, class_name, target=None):
     """The names ``class_name``'s overlay wraps: the module's ``OVERLAY_WRAPS``
-    tuple, or its entry when it is a dict keyed by class name."""
+    tuple, or its entry when it is a dict keyed by class name; with
+    ``target`` (the installed class), without the names of the module's
+    ``EDITED_WHERE_DEFINED`` entry that ``target`` does not define."""
     wraps = overlay_module.OVERLAY_WRAPS
     if isinstance(wraps, dict):
-        return tuple(wraps.get(class_name, ()))
-    return tuple(wraps)
+        wraps = wraps.get(class_name, ())
+    optional = getattr(overlay_module, "EDITED_WHERE_DEFINED", {}).get(class_name, ())
+    if target is None:
+        return tuple(wraps)
+    return tuple(w for w in wraps if w not in optional or w in vars(target))
+
+
+def _skipped_edits(target, overlay_module):
+    """The edits of ``EDITED_WHERE_DEFINED`` that ``target`` does not define."""
+    wraps = wraps_of(overlay_module, target.__name__)
+    return set(wraps) - set(wraps_of(overlay_module, target.__name__, target))
 
 
 def origin_name(name):
@@ -290,7 +301,7 @@ def _check_methods(target, overlay_module, overlay_cls):
     """Problems (list of str) with wrapped and added methods of one class."""
     problems = []
     name = target.__name__
-    wraps = wraps_of(overlay_module, name)
+    wraps = wraps_of(overlay_module, name, target)
     for method in wraps:
         if method not in vars(target):
             problems.append(f"{name}.{method} (wrapped by the overlay) is not defined by the installed class")
@@ -301,7 +312,7 @@ def _check_methods(target, overlay_module, overlay_cls):
         if hasattr(target, origin_name(method)):
             problems.append(f"{name}.{origin_name(method)} already exists; the overlay keeps {method}'s original there")
     for method in overlay_methods(overlay_cls):
-        if method in wraps or method in REPLACES_UPSTREAM:
+        if method in wraps or method in REPLACES_UPSTREAM or method in _skipped_edits(target, overlay_module):
             continue
         if hasattr(target, method):
             problems.append(
@@ -417,8 +428,11 @@ def apply(check=None):
     _check_structure(version, targets)
     plan = []
     for target, overlay_module, overlay_cls in targets:
-        wraps = wraps_of(overlay_module, target.__name__)
+        wraps = wraps_of(overlay_module, target.__name__, target)
+        skipped = _skipped_edits(target, overlay_module)
         for name, fn in overlay_methods(overlay_cls).items():
+            if name in skipped:
+                continue
             if name in wraps:
                 plan.append((target, origin_name(name), vars(target)[name]))
                 fn = edit_wrapper(overlay_module, fn, origin_name(name))

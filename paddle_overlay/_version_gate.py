@@ -37,9 +37,12 @@ CALL_PATHS = (
      ("_rank2params", "_origin_parameter_list", "_sharding_world_size", "_hcg", "_inner_opt"),
      "the overlay reads these attributes to know each parameter's owner rank and group"),
     ("HybridParallelOptimizer", "step", ("_step",),
-     "step() must go through _step, where the launch waits for the mp/pp parameter syncs"),
+     "step() must go through _step, whose first statement plans what its mp/pp syncs read into the first units"),
     ("HybridParallelOptimizer", "_step", ("_inner_opt.step",),
      "_step must run the sharding optimizer's step before its mp/pp syncs"),
+    ("HybridParallelOptimizer", None, ("_insert_sync", "_hcg"),
+     "every mp/pp parameter sync after the update goes through _insert_sync, which waits for the parameter's "
+     "sharding sync first"),
     ("DygraphShardingOptimizer", "__init__", ("self.tensor_fusion", "self.comm_overlap", "self._rank2fused"),
      "_set_broadcast_overlap reads them to send slices of Paddle's fused buffers (tensor_fusion, comm_overlap)"),
     ("DygraphShardingOptimizerV2", "__init__",
@@ -314,6 +317,17 @@ def _storage_freeing_detected():
     return None
 
 
+def _hybrid_sync_filters():
+    """The filters ``HybridParallelOptimizer._params_synced_after_update`` calls: Paddle 3.x's
+    ``_mp_filter_fn`` and ``_pp_filter_fn`` (with ``_get_pp_sync_params``), 2.6's ``_filter_fn``."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import hybrid_parallel_optimizer
+
+    cls = hybrid_parallel_optimizer.HybridParallelOptimizer
+    names = ("_mp_filter_fn", "_pp_filter_fn") if "_get_pp_sync_params" in vars(cls) else ("_filter_fn",)
+    missing = [n for n in names if not callable(vars(cls).get(n))]
+    return f"it defines no {', '.join(missing)}" if missing else None
+
+
 def _tensor_methods():
     import paddle
 
@@ -343,8 +357,10 @@ REQUIRED_INTERNALS = (
      "comm_unit.PaddleComm.all_gather copies its group.process_group.all_gather(shard, full) on "
      "param_storage", _fused_sync_gathers_shard_into_full),
     ("FusedCommBuffer._clear_param_storage",
-     "a V2 all-gather unit finds a parameter storage freed by clear_param_storage with "
+     "the V2 plan finds a parameter storage freed by clear_param_storage with "
      "param_storage._is_initialized()", _storage_freeing_detected),
+    ("HybridParallelOptimizer", "the parameters its mp/pp syncs read after the update are chosen by Paddle's "
+     "own filters and planned into the first units", _hybrid_sync_filters),
     ("paddle.Tensor", "the units call these on the storages they gather, send or share", _tensor_methods),
 )
 

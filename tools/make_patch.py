@@ -225,9 +225,18 @@ def _has_prepend(tree):
     return any(a.arg == "prepend" for a in fn.args.args + fn.args.kwonlyargs)
 
 
+def _has_pp_sync(tree):
+    """Whether the tree's ``HybridParallelOptimizer`` syncs the pipeline's shared weights after the update
+    (``_get_pp_sync_params``, ``pp_configs.sync_param``: Paddle 3.x)."""
+    path = os.path.join(tree, TREE_OPT_DIR, "hybrid_parallel_optimizer.py")
+    if not os.path.isfile(path):
+        raise PatchError(f"{path} not found: the release flags are read from it")
+    return _find_def(ast.parse(_read(path)), "HybridParallelOptimizer", "_get_pp_sync_params") is not None
+
+
 # module-level bools of the overlay source that depend on the release: a patch keeps the branch of
 # ``if FLAG:`` that its release takes, without the flag
-RELEASE_FLAGS = {"_HAS_PREPEND": _has_prepend}
+RELEASE_FLAGS = {"_HAS_PREPEND": _has_prepend, "_HAS_PP_SYNC": _has_pp_sync}
 
 
 def release_flags(tree):
@@ -586,6 +595,9 @@ def splice(target_text, overlay_text, class_name, target_name="<target>", overla
     target_mod = ast.parse(text, target_name)
     t_lines = text.splitlines()
     t_cls, t_methods = _find_class(target_mod, class_name)
+    # edits of methods this release does not define (EDITED_WHERE_DEFINED): left out, not added
+    optional = _literal(overlay_mod, "EDITED_WHERE_DEFINED", overlay_name, class_name, ())
+    o_methods = {k: v for k, v in o_methods.items() if k not in optional or k in t_methods}
     missing = _imports_needed(overlay_mod, overlay_text, target_mod, class_name, o_methods, overlay_name,
                               target_name, package)
     # Method edits, as (first line, last line, new lines) on the target; 1-based, inclusive.

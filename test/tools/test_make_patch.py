@@ -339,13 +339,19 @@ def test_each_edited_method_is_the_overlays_statements_around_paddles_body(versi
             upstream, make_patch._superseded(overlay_mod, module, class_name), class_name)
         _, t_methods = make_patch._find_class(ast.parse(upstream), class_name)
         _, p_methods = make_patch._find_class(ast.parse(files[make_patch.tree_path(module)]), class_name)
+        optional = make_patch._literal(overlay_mod, "EDITED_WHERE_DEFINED", module, class_name, ())
         for name in wraps:
+            if name in optional and name not in t_methods:  # edited where the release defines it
+                assert name not in p_methods, (version, class_name, name)
+                continue
             o_body = body_dumps(o_methods[name])
             mark = next((i for i, d in enumerate(o_body) if "Ellipsis" in d and d.startswith("Expr")), len(o_body))
             expected = o_body[:mark] + body_dumps(t_methods[name]) + o_body[mark + 1 :]
             assert body_dumps(p_methods[name]) == expected, (version, class_name, name)
             checked += 1
-    assert checked == 7, checked  # V1 step/minimize/sync, V2 step/sync, HPO _step, StaticFunction.__call__
+    # V1 step/minimize/sync, V2 step/sync (3.x: rebuild/clear_param_storage too), HPO _step/_insert_sync,
+    # StaticFunction.__call__
+    assert checked == (8 if version.startswith("2.") else 10), checked
 
 
 def test_apply_builds_its_wrappers_from_the_same_statements():

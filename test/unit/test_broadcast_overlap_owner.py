@@ -404,7 +404,8 @@ def test_public_views():
     assert set(owner.stats) == set(
         "launched waited_in_forward waited_in_program waited_before_update "
         "waited_unreachable waited_on_read waited_on_demand "
-        "waited_by_other_owner waited_out_of_order rebound".split()
+        "waited_by_other_owner waited_for_hybrid_sync waited_out_of_order "
+        "rebound".split()
     )
     assert owner.stats["launched"] == 4
 

@@ -109,13 +109,20 @@ BucketSpec = collections.namedtuple(
 
 
 def plan_buckets(
-    order, params, src_ranks, cap_bytes, align_bytes=ALIGN_BYTES, alone=()
+    order,
+    params,
+    src_ranks,
+    cap_bytes,
+    align_bytes=ALIGN_BYTES,
+    alone=(),
+    lead=0,
 ):
     """list[BucketSpec] in launch order, no memory touched; ``alone`` (no
-    layer waits for them): never bucketed. ValueError: ``order`` not a
-    permutation, lengths differ, cap <= 0."""
+    layer waits for them): never bucketed; no window spans the first
+    ``lead`` positions of ``order`` and the rest. ValueError: ``order`` not
+    a permutation, lengths differ, cap <= 0."""
     specs = []
-    windows = _windows(order, params, src_ranks, cap_bytes, alone)
+    windows = _windows(order, params, src_ranks, cap_bytes, alone, lead)
     for window_no, window in enumerate(windows):
         groups = {}  # (src, dtype) -> [indices], in first-use order
         for i in window:
@@ -133,7 +140,7 @@ def plan_buckets(
     return specs
 
 
-def _windows(order, params, src_ranks, cap_bytes, alone):
+def _windows(order, params, src_ranks, cap_bytes, alone, lead=0):
     n = len(params)
     if len(src_ranks) != n:
         raise ValueError(
@@ -150,7 +157,10 @@ def _windows(order, params, src_ranks, cap_bytes, alone):
         )
     placed, alone = set(), frozenset(alone)  # placed: id() of tied tensors
     windows, window, window_bytes = [], [], 0
-    for i in order:
+    for k, i in enumerate(order):
+        if k == lead and window:  # the first part ends: close its window
+            windows.append(window)
+            window, window_bytes = [], 0
         param = params[i]
         numel = numel_of(param)
         if (
@@ -169,12 +179,15 @@ def _windows(order, params, src_ranks, cap_bytes, alone):
     return windows + [window] if window else windows
 
 
-def plan_fused_slices(order, params, src_ranks, cap_bytes, storages, alone=()):
+def plan_fused_slices(
+    order, params, src_ranks, cap_bytes, storages, alone=(), lead=0
+):
     """[(spec, buffer index, first element)]: slices of Paddle's fused
-    ``storages``, one per run of neighbours in a window; ValueError if a
-    parameter lies in no buffer of its dtype."""
+    ``storages``, one per run of neighbours in a window (windows as in
+    :func:`plan_buckets`); ValueError if a parameter lies in no buffer of
+    its dtype."""
     bounds = [(t.data_ptr(), end_ptr(t)) for t in storages]
-    windows = _windows(order, params, src_ranks, cap_bytes, alone)
+    windows = _windows(order, params, src_ranks, cap_bytes, alone, lead)
     where = {}  # position -> (storage index, element offset)
     for i in (i for window in windows for i in window):
         ptr = params[i].data_ptr()

@@ -62,15 +62,8 @@ def _start_broadcast(unit, comm):
 # series: v2
 def _start_all_gather(unit, comm):
     """Every rank's ``unit.shard_range`` (elements ``[begin, end)``) of the
-    1-D ``unit.tensor``, a comm buffer's parameter storage; RuntimeError if
-    that storage was freed."""
-    if not unit.tensor._is_initialized():
-        raise RuntimeError(
-            f"parameter all-gather: the storage of comm buffer "
-            f"{unit.label} was freed (clear_param_storage) before "
-            "its gather; call the optimizer's reset_param_storage() "
-            "before step()."
-        )
+    1-D ``unit.tensor``, a comm buffer's parameter storage (the plan checks
+    that it holds memory)."""
     begin, end = unit.shard_range
     shard = unit.tensor._slice(begin, end)
     return comm.all_gather(shard, unit.tensor, unit.group)

@@ -25,6 +25,9 @@ same source text into Paddle's ``dygraph_sharding_optimizer.py``:
   what follows it goes at the end. ``apply()`` runs the same statements
   around Paddle's original, kept as ``_origin_<name without leading
   underscores>``; the signature must be Paddle's.
+* ``EDITED_WHERE_DEFINED``: edits of methods only some releases define
+  (3.x's V2 ``rebuild``, ``clear_param_storage``): where Paddle's class
+  lacks one, neither ``apply()`` nor the patch adds it.
 * every other method replaces Paddle's of the same name or is new.
 * ``SUPERSEDED``: upstream's own overlap code these methods replace, which
   the patch deletes (the overlay leaves it in place, unreachable).
@@ -58,7 +61,19 @@ OVERLAY_WRAPS = {
         "step",
     ),
     # series: v2
-    "DygraphShardingOptimizerV2": ("_sharding_sync_parameters", "step"),
+    "DygraphShardingOptimizerV2": (
+        "_sharding_sync_parameters",
+        "clear_param_storage",
+        "rebuild",
+        "step",
+    ),
+    # series: end
+}
+# Per class: the edits of OVERLAY_WRAPS applied only where the release
+# defines the method (Paddle 2.6's V2 has neither).
+EDITED_WHERE_DEFINED = {
+    # series: v2
+    "DygraphShardingOptimizerV2": ("clear_param_storage", "rebuild"),
     # series: end
 }
 
@@ -322,6 +337,16 @@ class DygraphShardingOptimizerV2:
     def step(self):
         """Before the update: wait for pending all-gathers."""
         wait_param_sync(self)
+
+    def rebuild(self):
+        """Before V2 builds new comm buffers from the parameters: wait for
+        pending all-gathers (the next launch plans the new buffers)."""
+        wait_param_sync(self, "waited_on_demand")
+
+    def clear_param_storage(self, color):
+        """Before V2 frees the parameter storage of ``color``'s comm
+        buffers: wait for pending all-gathers."""
+        wait_param_sync(self, "waited_on_demand")
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending gathers."""

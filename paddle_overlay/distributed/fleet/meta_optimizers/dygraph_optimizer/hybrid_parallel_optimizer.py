@@ -18,6 +18,10 @@ Single source for ``paddle_overlay.apply()`` and ``tools/make_patch.py``
 ``_step``'s body is the statements put around Paddle's, at ``...``).
 """
 
+from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+    hybrid_parallel_optimizer as paddle_hybrid_parallel_optimizer,
+)
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizer,
     DygraphShardingOptimizerV2,
@@ -29,12 +33,20 @@ from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
 # series: end
 from .param_sync_overlap import (
     check_overlap_flag,
-    defer_param_sync,
-    start_deferred_param_sync,
+    plan_hybrid_synced_first,
+    wait_before_hybrid_sync,
 )
 
 # Paddle's methods these edit.
-OVERLAY_WRAPS = ("_step",)
+OVERLAY_WRAPS = ("_insert_sync", "_step")
+
+# Paddle 3.x syncs the pipeline's shared weights after the update too
+# (pp_configs.sync_param); 2.6 has no such setting. A release flag:
+# tools/make_patch.py keeps the branch of the release a patch is made for.
+_HAS_PP_SYNC = hasattr(
+    paddle_hybrid_parallel_optimizer.HybridParallelOptimizer,
+    "_get_pp_sync_params",
+)
 
 
 class HybridParallelOptimizer:
@@ -113,10 +125,40 @@ class HybridParallelOptimizer:
         self._layers = layers if flag else None
 
     def _step(self, parameters_list):
-        # with overlap on, the sharding parameter sync starts after the mp/pp
-        # parameter syncs below, as without overlap
-        defer_param_sync(self)
+        # the sharding parameter sync starts inside the inner step(), where
+        # Paddle's blocking sync was; the parameters the mp/pp syncs after it
+        # read go into its first units (_insert_sync waits for them)
+        plan_hybrid_synced_first(
+            self, lambda: self._params_synced_after_update(parameters_list)
+        )
 
-        ...  # Paddle's body: the inner step(), then the mp/pp syncs
+    def _insert_sync(self, sync_var, src, mp_group, sync_mode):
+        # every mp/pp sync of a parameter after the update: its sharding sync
+        # first, so it sends and receives the blocking order's values
+        wait_before_hybrid_sync(sync_var)
 
-        start_deferred_param_sync(self)
+    def _params_synced_after_update(self, parameters_list):
+        """list[paddle.Tensor]: the parameters of ``parameters_list`` that
+        ``_step`` syncs across the model-parallel group
+        (``mp_configs.sync_param``) or, on Paddle 3.x, a pipeline shared
+        weight's group (``pp_configs.sync_param``) after the inner update,
+        chosen by Paddle's own filters."""
+        strategy = fleet.fleet._user_defined_strategy
+        configs = strategy.hybrid_configs
+        synced = []
+        if (
+            self._hcg.get_model_parallel_world_size() > 1
+            and configs["mp_configs"].sync_param
+        ):
+            if _HAS_PP_SYNC:
+                mp_filter = self._mp_filter_fn
+            else:
+                mp_filter = self._filter_fn
+            synced += [p for p in parameters_list if mp_filter(p, strategy)]
+        if _HAS_PP_SYNC:
+            if (
+                self._hcg.get_pipe_parallel_world_size() > 1
+                and configs["pp_configs"].sync_param
+            ):
+                synced += [p for p in parameters_list if self._pp_filter_fn(p)]
+        return synced

@@ -29,8 +29,9 @@ rules:
   once from rank 0 of the group: all ranks issue the same collectives in
   the same order (PR #63945 sorted V1's by ``param.name``; V2's hooks
   started gathers in ``set`` order, which differs across processes).
-* Schedule: every unit starts inside ``step()``, on every rank, in the
-  agreed order; no hook, read or compiled program ever issues a collective.
+* Schedule: every unit starts inside ``step()``, where Paddle's blocking
+  sync was (right after the update), on every rank, in the agreed order; no
+  hook, read or compiled program ever issues a collective.
   So whatever user code runs between ``step()`` and the next forward (reads
   or forwards on one rank alone, then a barrier or an all-reduce), as long
   as that code issues the same collectives on every rank, every rank of
@@ -40,6 +41,15 @@ rules:
 * Waits: a pre-hook (first in its layer's order) per layer owning managed
   parameters, the optimizer's ``state_dict()`` and ``step()``; safe to call
   again, never in a GC finalizer.
+* Paddle's own step code after the update: every parameter it reads or
+  writes holds, when it does, the value overlap off gives it, and no
+  collective of it runs on memory a unit is still writing.
+  ``HybridParallelOptimizer._insert_sync`` (its model- and
+  pipeline-parallel parameter syncs, both ``sync_mode`` s) waits for the
+  parameter's unit first; the parameters those syncs cover are planned
+  into the first units (``lead_with``, agreed with the order), so only
+  they lose the overlap. V2's ``rebuild()`` and ``clear_param_storage()``
+  wait for everything first, and the plan follows rebuilt comm buffers.
 # series: reads
 * Reads: every Python read of a parameter waits for its own unit, a
   compiled program for every unit (``read_interception``). Not seen: a
@@ -129,9 +139,9 @@ def switch_owner(optimizer, new):
 
 
 def launch_param_sync(optimizer):
-    """Start the parameter sync of ``optimizer`` when its overlap is on
-    (held back while :func:`defer_param_sync` holds it) and return True;
-    False when the overlap is off: the caller syncs without overlap."""
+    """Start the parameter sync of ``optimizer`` when its overlap is on and
+    return True; False when the overlap is off: the caller syncs without
+    overlap."""
     overlap = get_param_sync_overlap(optimizer)
     if overlap is None:
         return False
@@ -142,8 +152,8 @@ def launch_param_sync(optimizer):
 
 def wait_param_sync(optimizer, reason="waited_before_update"):
     """Wait for the pending parameter syncs of ``optimizer`` (counted as
-    ``reason``); before an update, raise if the last one was never
-    started (see :meth:`ParamSyncOverlap.before_update`)."""
+    ``reason``); before an update, raise if the last launch stopped part way
+    (see :meth:`ParamSyncOverlap.before_update`)."""
     overlap = get_param_sync_overlap(optimizer)
     if overlap is None:
         return
@@ -153,27 +163,38 @@ def wait_param_sync(optimizer, reason="waited_before_update"):
         overlap.wait_all(reason)
 
 
-def defer_param_sync(optimizer):
-    """Hold the next launch of ``optimizer``'s parameter sync back until
-    :func:`start_deferred_param_sync`: ``HybridParallelOptimizer._step``
-    runs its mp/pp parameter syncs first, as without overlap."""
-    overlap = get_param_sync_overlap(optimizer)
-    if overlap is not None:
-        overlap.defer_launch()
+def wait_before_hybrid_sync(tensor):
+    """Wait for the pending sync of ``tensor`` (a parameter of any open
+    owner), before ``HybridParallelOptimizer._insert_sync`` sends or
+    all-reduces it across the model- or pipeline-parallel group: that sync
+    then reads and writes the value overlap off gives it, and never memory a
+    sharding collective is still writing."""
+    if sync_registry.PENDING:
+        sync_registry.wait_for(tensor, "waited_for_hybrid_sync")
 
 
-def start_deferred_param_sync(optimizer):
-    """Start the launch that :func:`defer_param_sync` held back, if any."""
+def plan_hybrid_synced_first(optimizer, params):
+    """Plan ``params`` (the parameters ``HybridParallelOptimizer._step``
+    syncs across its model- or pipeline-parallel group after the update)
+    into the first units of ``optimizer``'s parameter sync, issued first:
+    the wait before each such sync (:func:`wait_before_hybrid_sync`) then
+    costs the least. Read only before the first launch plans the units;
+    ``params`` may be a callable returning them (called only then)."""
     overlap = get_param_sync_overlap(optimizer)
-    if overlap is not None:
-        with paddle.no_grad():
-            overlap.start_deferred()
+    if overlap is not None and overlap.state is ParamSyncState.RECORDING:
+        overlap.lead_with(params() if callable(params) else params)
 
 
 class ParamSyncState(enum.Enum):
     RECORDING = "recording"  # hooks record the first-use order
     ORDERED = "ordered"  # order agreed; units launched after each update
     CLOSED = "closed"  # nothing pending; hooks removed (or to be)
+
+
+class LaunchState(enum.Enum):
+    IDLE = "idle"  # every unit of the last launch started (or none yet)
+    CHECKED = "checked"  # before_update() checked the plan; launch is next
+    STARTING = "starting"  # starting units; left so if a launch raised
 
 
 class _Hook:
@@ -209,7 +230,8 @@ _HAS_PREPEND = (
 _STATS = (
     "launched waited_in_forward waited_in_program waited_before_update "
     "waited_unreachable waited_on_read waited_on_demand "
-    "waited_by_other_owner waited_out_of_order rebound"
+    "waited_by_other_owner waited_for_hybrid_sync waited_out_of_order "
+    "rebound"
 ).split()
 
 
@@ -299,6 +321,7 @@ class ParamSyncOverlap:
         self._state = ParamSyncState.RECORDING
         self._recorded = {}  # first-use order while RECORDING (dict as set)
         self._order = self._plan = None
+        self._lead = {}  # positions planned into the first units (as set)
         self._use_units([])
         self._first_unsynced = 0  # the order check looks from here
         self._order_check_armed = self._in_root_forward = False
@@ -311,9 +334,7 @@ class ParamSyncOverlap:
         # series: end
         self._pre_hook_handles = {}  # id(layer) -> handle
         self._post_hook_handle = self._finalizer = None
-        # defer_launch(): the next launch() waits for start_deferred()
-        self._defer_next = self._launch_deferred = False
-        self._prepared = False  # before_update() checked the plan this step
+        self._launch = LaunchState.IDLE
         # public counters (get_param_sync_overlap); waited_out_of_order: a
         # layer waited while an earlier unit was not synced (less overlap)
         self.stats = dict.fromkeys(_STATS, 0)
@@ -402,6 +423,12 @@ class ParamSyncOverlap:
         """list[int] | None: the agreed order (positions in the optimizer's
         parameter list); None while recording."""
         return None if self._order is None else list(self._order)
+
+    @property
+    def lead(self):
+        """list[int]: the positions planned into the first units (agreed at
+        the first step; :meth:`lead_with`), in the agreed order."""
+        return [i for i in self._order or () if i in self._lead]
 
     @property
     def units(self):
@@ -510,54 +537,44 @@ class ParamSyncOverlap:
         # series: end
         self._recorded = {}
 
-    def defer_launch(self):
-        """Hold the next :meth:`launch` back until :meth:`start_deferred`
-        (``HybridParallelOptimizer._step``: its mp/pp parameter syncs
-        come first, as in the blocking order)."""
-        self._check_launch_started()
-        self._defer_next = True
-
-    def start_deferred(self):
-        """Run the launch :meth:`defer_launch` held back, if one was."""
-        self._defer_next = False
-        if self._launch_deferred:
-            self.launch()  # clears the flag once every unit has started
-
     def before_update(self):
         """Wait for every pending unit before the optimizer updates; after
         the first step also check the parameters against the plan and put
         replaced memory back into its slot (local, no collective).
 
         Raises:
-            RuntimeError: the last held-back launch never started (the
-                step that held it raised before its end), so the ranks'
-                parameters differ; nothing is waited.
+            RuntimeError: the last launch raised after starting part of its
+                units, so the ranks' parameters differ; nothing is waited.
             ValueError: a parameter's dtype or size changed (names it and
                 the fix); raised before the update changes anything.
         """
-        self._check_launch_started()
+        self._check_launch_finished()
         self.wait_all("waited_before_update")
         if self._state is not ParamSyncState.ORDERED:
             return
         # a shared parameter's other owner may still be writing its bucket
         self._wait_for_other_owners(self._units)
-        try:
-            self.stats["rebound"] += self._plan.prepare(self._method)
-        except ValueError:
-            self._defer_next = False  # the step stops here: nothing held
-            raise
-        self._prepared = True
+        self.stats["rebound"] += self._plan.prepare(self._method)
+        self._launch = LaunchState.CHECKED
 
-    def _check_launch_started(self):
-        if self._launch_deferred:
+    def _check_launch_finished(self):
+        if self._launch is LaunchState.STARTING:
             raise RuntimeError(
-                f"rank {self._comm.rank()}: the last optimizer step stopped "
-                f"after its update and before its parameter {self._collective}"
-                " was started (an exception inside the step), so the ranks' "
-                "parameters differ; restore them from a checkpoint (turning "
-                f"the overlap off with optimizer.{self._method}(False) and on "
-                "again clears this error)."
+                f"rank {self._comm.rank()}: the last optimizer step raised "
+                f"while starting its parameter {self._collective}s, so the "
+                "ranks' parameters differ; restore them from a checkpoint "
+                f"(turning the overlap off with optimizer.{self._method}"
+                "(False) and on again clears this error)."
             )
+
+    def lead_with(self, params):
+        """Plan ``params`` (those of this owner's parameters that Paddle's
+        own step code reads after the update) into the first units, issued
+        first; only while recording (the first launch plans the units).
+        The set is agreed with the order (rank 0's)."""
+        self._check_state(ParamSyncState.RECORDING)
+        found = (self._index_of.get(id(p)) for p in params)
+        self._lead = {i: None for i in found if i is not None}
 
     def launch(self):
         """Start every unit that needs a sync after an update, in the agreed
@@ -572,12 +589,10 @@ class ParamSyncOverlap:
                 step (names it and the fix). Nothing is sent when raised.
         """
         self._check_state(ParamSyncState.RECORDING, ParamSyncState.ORDERED)
-        if self._defer_next:
-            self._defer_next, self._launch_deferred = False, True
-            return
-        # set until every unit has started: a launch that raised part way
-        # is refused at the next update (_check_launch_started)
-        self._launch_deferred = True
+        checked = self._launch is LaunchState.CHECKED
+        # until every unit has started: a launch that raised part way is
+        # refused at the next update (_check_launch_finished)
+        self._launch = LaunchState.STARTING
         if self.num_pending:
             raise RuntimeError(
                 f"rank {self._comm.rank()}: parameter sync launch with "
@@ -585,16 +600,21 @@ class ParamSyncOverlap:
                 "minimize() wait for them before the update."
             )
         if self._state is ParamSyncState.RECORDING:
-            order = self._agree_order()
+            order, lead = self._agree_order()
+            first = [i for i in order if i in lead]
+            rest = [i for i in order if i not in lead]
             # a planner error leaves the recorded order for the retry
             self._plan = self._planner.plan(
-                order, self._params, self._group, self._unreachable
+                first + rest,
+                self._params,
+                self._group,
+                self._unreachable,
+                lead=len(first),
             )
-            self._order, self._recorded = order, {}
+            self._order, self._lead, self._recorded = order, lead, {}
             self._state = ParamSyncState.ORDERED
-        elif not self._prepared:
+        elif not checked:
             self.stats["rebound"] += self._plan.prepare(self._method)
-        self._prepared = False
         # series: reads
         read_interception.refresh(self)
         # series: end
@@ -619,7 +639,7 @@ class ParamSyncOverlap:
                 # series: reads
                 self._started_now += 1
                 # series: end
-        self._launch_deferred = False
+        self._launch = LaunchState.IDLE
         self.wait(self._unreachable_units, "waited_unreachable")
 
     def _wait_for_other_owners(self, units):
@@ -635,7 +655,8 @@ class ParamSyncOverlap:
     def _agree_order(self):
         # rank 0 of the group decides: the count (int64 [1]) is checked
         # before the order (int64 [n]) is sent, so ranks with different
-        # lists stop with an error instead of pairing the wrong tensors
+        # lists stop with an error instead of pairing the wrong tensors; a
+        # position planned first (lead_with) is sent as position + n
         n = len(self._params)
         first_rank = self._group.ranks[0]
         count = self._broadcast_int64([n], first_rank)
@@ -648,13 +669,17 @@ class ParamSyncOverlap:
             )
         proposal = list(self._recorded)
         proposal += [i for i in range(n) if i not in self._recorded]
+        proposal = [i + n if i in self._lead else i for i in proposal]
         agreed = self._broadcast_int64(proposal, first_rank)
-        if sorted(agreed) != list(range(n)):
+        order = [v % n for v in agreed]
+        if sorted(order) != list(range(n)) or not all(
+            0 <= v < 2 * n for v in agreed
+        ):
             raise RuntimeError(
                 f"rank {self._comm.rank()}: the order received from "
                 f"rank {first_rank} is not a permutation of 0..{n - 1}."
             )
-        return agreed
+        return order, {v - n: None for v in agreed if v >= n}
 
     def _broadcast_int64(self, values, src):
         message = paddle.to_tensor(values, dtype="int64")

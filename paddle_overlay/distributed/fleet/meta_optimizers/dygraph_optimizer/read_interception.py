@@ -35,10 +35,7 @@ _odict_popitem = OrderedDict.popitem
 
 
 def _wait_for(param, path):
-    entry = PENDING.get(id(param))
-    if entry is not None:
-        owner, unit = entry
-        owner.wait((unit,), "waited_on_read", path)
+    sync_registry.wait_for(param, "waited_on_read", path)
 
 
 def _wait_for_all(params, path):

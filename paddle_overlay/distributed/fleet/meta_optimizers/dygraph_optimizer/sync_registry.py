@@ -53,6 +53,15 @@ def abandon(owner):
     _ABANDONED.append(owner)
 
 
+def wait_for(param, reason, path=None):
+    """Wait for the pending sync of ``param`` (any owner's), counted by its
+    owner under ``reason`` (and ``path``); nothing when none is pending."""
+    entry = PENDING.get(id(param))
+    if entry is not None:
+        owner, unit = entry
+        owner.wait((unit,), reason, path)
+
+
 def sweep_abandoned():
     while _ABANDONED:
         _ABANDONED.pop(0).release_abandoned()

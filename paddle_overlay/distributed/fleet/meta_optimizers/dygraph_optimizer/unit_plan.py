@@ -15,7 +15,10 @@
 """The planners of the parameter sync: the one place units are built.
 
 A planner turns the agreed order into a plan, locally and the same on every
-rank; a plan never communicates. Each launch calls the plan's
+rank; a plan never communicates. ``plan(order, params, group, alone, lead)``:
+``order`` puts first the ``lead`` positions that Paddle's own step code
+reads after the update (the owner's ``lead_with``), then the rest, each part
+in forward's first-use order; no unit spans the two parts. Each launch calls the plan's
 ``prepare()``: it checks the parameters locally (and puts replaced memory
 back in its slot), so nothing has to be agreed across ranks after the first
 step. The planners:
@@ -66,7 +69,7 @@ class PerParameter:
     def __init__(self, src_ranks):
         self.src_ranks = list(src_ranks)
 
-    def plan(self, order, params, group, alone=()):
+    def plan(self, order, params, group, alone=(), lead=0):
         _check_sources(params, self.src_ranks)
         units = [
             _param_unit(params[i], (i,), group, self.src_ranks[i])
@@ -90,10 +93,15 @@ class Buckets:
             )
         self.src_ranks, self.cap_bytes = list(src_ranks), cap_bytes
 
-    def plan(self, order, params, group, alone=()):
+    def plan(self, order, params, group, alone=(), lead=0):
         _check_sources(params, self.src_ranks)
         specs = broadcast_buckets.plan_buckets(
-            order, params, self.src_ranks, self.cap_bytes, alone=alone
+            order,
+            params,
+            self.src_ranks,
+            self.cap_bytes,
+            alone=alone,
+            lead=lead,
         )
         storage = broadcast_buckets.BucketStorage(
             specs, params, self.src_ranks, order
@@ -110,7 +118,7 @@ class FusedSlices(Buckets):
         super().__init__(src_ranks, cap_bytes)
         self.storages = list(storages)
 
-    def plan(self, order, params, group, alone=()):
+    def plan(self, order, params, group, alone=(), lead=0):
         _check_sources(params, self.src_ranks)
         outside = _outside(self.storages, params)
         plan = broadcast_buckets.plan_fused_slices(
@@ -120,6 +128,7 @@ class FusedSlices(Buckets):
             self.cap_bytes,
             self.storages,
             alone=set(alone) | outside,
+            lead=lead,
         )
         specs = [spec for spec, _, _ in plan]
         storage = broadcast_buckets.BucketStorage(
@@ -139,16 +148,16 @@ class FusedSlices(Buckets):
 class CommBuffers:
     """V2: one all-gather per comm buffer (``FusedCommBuffer``) of >= 2
     ranks holding managed parameters; ``buffers``: a list, or a callable
-    returning it at planning (V2 builds them with the optimizer)."""
+    returning the optimizer's current list (V2 builds them with the
+    optimizer, and ``rebuild()`` replaces them: the plan follows)."""
 
     collective = "all_gather"
 
     def __init__(self, buffers):
         self.buffers = buffers
 
-    def plan(self, order, params, group, alone=()):
-        buffers = self.buffers() if callable(self.buffers) else self.buffers
-        return _FixedPlan(_comm_buffer_units(order, params, buffers), [])
+    def plan(self, order, params, group, alone=(), lead=0):
+        return _CommBufferPlan(self.buffers, order, params)
 
 
 # series: end
@@ -190,6 +199,43 @@ def _comm_buffer_units(order, params, buffers):
         )
         ranked.append((min(rank_of[i] for i in indices), b, unit))
     return [unit for *_, unit in sorted(ranked, key=lambda r: r[:2])]
+
+
+class _CommBufferPlan:
+    """V2's units, made again at a launch whose comm buffers are not the
+    planned ones (``DygraphShardingOptimizerV2.rebuild()`` replaced them):
+    local, from the agreed order, the same on every rank."""
+
+    def __init__(self, buffers, order, params):
+        self._source, self._order, self._params = buffers, order, params
+        self._planned, self._units = (), []
+        self.prepare(None)
+
+    def prepare(self, method):
+        """Plan again if the comm buffers changed; returns 0 (nothing
+        rebound). RuntimeError, before anything is sent, if a buffer's
+        parameter storage holds no memory."""
+        buffers = self._source() if callable(self._source) else self._source
+        same = len(buffers) == len(self._planned) and all(
+            a is b for a, b in zip(buffers, self._planned)
+        )
+        if not same:
+            self._units = _comm_buffer_units(self._order, self._params, buffers)
+            self._planned = tuple(buffers)
+        for unit in self._units:
+            if not unit.tensor._is_initialized():
+                raise RuntimeError(
+                    f"parameter all-gather: the parameter storage of "
+                    f"{unit.label} holds no memory at its launch (freed "
+                    "since the last step, e.g. by _clear_to_zero_allocation"
+                    "(), which V2's step() does not undo); call the "
+                    "optimizer's rebuild() after freeing its comm buffers. "
+                    "Nothing was sent."
+                )
+        return 0
+
+    def units(self):
+        return self._units
 
 
 # series: end
