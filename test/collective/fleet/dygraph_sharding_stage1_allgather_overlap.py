@@ -552,6 +552,58 @@ def case_save_right_after_step_and_reload():
         compare(LM, after_step=saving(folder), lost="iteration")
 
 
+def rebuild_after_step(clear, launched_current):
+    """An ``on_step`` of Paddle's own rebuild test
+    (``hybrid_parallel_sharding_model_rebuild.py``): after each step V2's
+    comm buffers are built again (``clear``: first the slice parameters'
+    and the buffers' parameter storage freed, as that test does), with
+    this script's buffer size (and, on the CPU, the shim's items 8 and 9).
+    Appends to ``launched_current`` whether the step's units gathered the
+    current buffers' storage (overlap on, product)."""
+
+    def on_step(step, model, opt):
+        inner = sharding_optimizer(opt)
+        impl = overlap_impl(opt) if IMPL == "product" else None
+        if impl is not None:
+            storages = {id(b.param_storage) for b in inner._comm_buffer_list}
+            launched_current.append(
+                {id(u.tensor) for u in impl.units} == storages
+            )
+        if clear:
+            for param in inner._slice_params.values():
+                param._clear_to_zero_allocation()
+            inner._slice_params = {}
+            for buffer in inner._comm_buffer_list:
+                buffer.param_storage._clear_to_zero_allocation()
+        with training.sharding_v2(BUFFER_MB):
+            opt.rebuild()
+
+    return on_step
+
+
+def case_rebuild_between_steps():
+    """V2's ``rebuild()`` after every step, without and with the storage
+    freed first: the all-gathers pending from the step are waited before
+    the rebuild reads the parameters (``waited_on_demand``: every unit of
+    every step) and each launch gathers the buffers of the latest rebuild
+    (the plan follows them), equal to overlap off. Paddle 2.6's V2 has no
+    ``rebuild``: asserted there."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+        dygraph_sharding_optimizer as dso,
+    )
+
+    if not hasattr(dso.DygraphShardingOptimizerV2, "rebuild"):
+        assert paddle.__version__.startswith("2."), paddle.__version__
+        return
+    for clear in (False, True):
+        launched_current = []
+        _, on = compare(on_step=rebuild_after_step(clear, launched_current))
+        if IMPL == "product":
+            stats = overlap_impl(on.opt).stats
+            assert stats["waited_on_demand"] == stats["launched"], stats
+            assert launched_current == [True] * STEPS, launched_current
+
+
 def case_bad_arguments_refused_before_any_change():
     """Product only: a bad ``layers`` or ``strict`` passed to fleet's
     optimizer raises naming it and leaves no hook and no owner behind (the

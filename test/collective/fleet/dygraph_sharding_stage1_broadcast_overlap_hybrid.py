@@ -27,6 +27,7 @@ group does not start at rank 0; there the ``v2_*``/``mp_v2_*`` cases run V2
 import functools
 import os
 import sys
+import tempfile
 import zlib
 
 import dygraph_sharding_stage1_grad_comm_overlap as grad_comm
@@ -264,53 +265,6 @@ def compare(build, run=train, prepare=None, on_step=None, **kwargs):
     return checker, on
 
 
-def check_launch_order(compare_fn, key, first_step=0):
-    """``compare_fn(prepare=, on_step=)`` (overlap off and on) recording the
-    on run's updates (the sharding optimizer's ``step()``) and the hybrid
-    optimizer's mp/pp parameter syncs (``_insert_sync``), each with the
-    checker's ``counts[key]`` so far; per step from ``first_step`` on: the
-    update, then at least one sync, nothing launched from the previous
-    step's end to the last sync, every unit of the owner launched by the
-    step's end."""
-    assert hcg().get_model_parallel_world_size() == 2, "needs mp_degree 2"
-    log, checkers = [[]], []  # per step [(what, launched so far)]
-
-    def record(what):
-        log[-1].append((what, checkers[0].counts[key]))
-
-    def prepare(opt, checker):
-        checkers.append(checker)
-        inner, insert_sync = opt._inner_opt, opt._insert_sync
-        inner_step = inner.step
-
-        def recording_step():
-            inner_step()
-            record("update")
-
-        def recording_sync(*args, **kwargs):
-            record("sync")
-            return insert_sync(*args, **kwargs)
-
-        inner.step, opt._insert_sync = recording_step, recording_sync
-
-    def on_step(step, _model, _opt):
-        record("end")
-        log.append([])
-
-    on = compare_fn(prepare=prepare, on_step=on_step)
-    units = len(overlap_impl(on.opt).units)
-    assert len(log) == STEPS + 1, log
-    for i in range(first_step, STEPS):
-        whats = [w for w, _ in log[i]]
-        update = whats.index("update")
-        syncs = [j for j, w in enumerate(whats) if w == "sync" and j > update]
-        assert syncs, log[i]
-        start = log[i - 1][-1][1] if i else 0
-        counts = {n for _, n in log[i][: syncs[-1] + 1]}
-        assert counts == {start}, (start, log[i])
-        assert log[i][-1][1] - start == units, (log[i], start, units)
-
-
 # ----------------------------------------------------------------------
 # pp2_sharding2
 def case_pipeline_train_batch_plain():
@@ -370,16 +324,6 @@ def case_sharding_group_layout():
     assert sorted(set(sources)) == sorted(group.ranks), (sources, group.ranks)
     if rank() >= 2 and TOPOLOGY == "dp2_sharding2":
         assert group.ranks == [2, 3], group.ranks
-
-
-def case_mp_step_launches_after_parameter_syncs():
-    """HybridParallelOptimizer._step syncs the parameters the
-    model-parallel ranks replicate (mp_configs.sync_param: the biases and
-    the head here) after the sharding update; the async sharding broadcast
-    starts only after those syncs, at every step (checked from the second
-    one: the first agrees on the order)."""
-    on_run = lambda **hooks: compare(flat_model, **hooks)[1]  # noqa: E731
-    check_launch_order(on_run, "launched", first_step=1)
 
 
 # ----------------------------------------------------------------------
@@ -442,12 +386,363 @@ def case_v2_allgather_overlap_on_off():
     compare_v2()
 
 
-def case_mp_v2_step_launches_after_parameter_syncs():
-    """V2's ``step()`` inside ``HybridParallelOptimizer._step`` is followed
-    by the model-parallel parameter syncs (the norms and biases here); no
-    all-gather starts between the update's start and the last of those
-    syncs, and every gather of the step starts by its end, at every step."""
-    check_launch_order(compare_v2, "gathers")
+# ----------------------------------------------------------------------
+# Paddle's own syncs after the update: HybridParallelOptimizer._step syncs
+# the parameters model parallelism replicates (mp_configs.sync_param, on in
+# mp2_sharding2) and, on Paddle 3.x, the pipeline's shared weights
+# (pp_configs.sync_param) across their groups, by broadcast or, with
+# sync_mode "average", all-reduce. Each case builds a model where a synced
+# parameter's sharding owner differs across that group (asserted before
+# training): there the sync reads a copy its own sharding sync must have
+# brought up to date first. The parameters those syncs read are planned
+# into the first units, waited right before each such sync
+# (waited_for_hybrid_sync, once per step each); every other unit is waited
+# first by a forward pre-hook (and, after the last step, by the final
+# read); the wait checker sees no blocking collective on a tensor whose
+# sync is in flight (compare_on_off).
+class OwnerShiftPipe(paddle.nn.Layer):
+    """Owns one parameter [16, 64], larger than the embedding [32, 16]:
+    on the last stage V1's partition (largest first) gives it to sharding
+    rank 0 and the shared embedding to rank 1, on the first stage the
+    embedding goes to rank 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = self.create_parameter([HIDDEN, 4 * HIDDEN])
+
+    def forward(self, x):
+        y = paddle.tanh(paddle.matmul(x, self.big))
+        return x + 0.1 * y.reshape(x.shape + [4]).mean(-1)
+
+
+def owner_shift_pipeline():
+    """Embedding (shared, ``SharedLayerDesc``) and a block on stage 0;
+    :class:`OwnerShiftPipe` and the tied head on stage 1."""
+    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
+
+    tied = functools.partial(
+        pipeline_shared_desc, forward_func=tied_head
+    )
+    descs = [pipeline_shared_desc(), LayerDesc(BlockPipe)]
+    descs += [LayerDesc(OwnerShiftPipe), tied()]
+    paddle.seed(2026 + hcg().get_stage_id())
+    return PipelineLayer(
+        layers=descs,
+        topology=hcg().topology(),
+        loss_fn=cross_entropy,
+        seg_method="uniform",
+    )
+
+
+def pipeline_shared_desc(**kwargs):
+    from paddle.distributed.fleet.meta_parallel import SharedLayerDesc
+
+    return SharedLayerDesc(
+        "embed", EmbPipe, shared_weight_attr="embedding_weight", **kwargs
+    )
+
+
+class UnevenShard(paddle.nn.Layer):
+    """A model-parallel parameter (``is_distributed``) of ``uneven[0]``
+    elements on model-parallel rank 0 and ``uneven[1]`` on rank 1, a
+    LayerNorm of ``width``
+    (synced by ``mp_configs.sync_param``: "layer_norm" is in its name),
+    ``wide`` bias-free Linear layers ``width`` -> ``width`` (not synced) and
+    a Linear ``width`` -> VOCAB (its bias synced: ".b_"). Width 80: V1's
+    partition gives the LayerNorm weight to another sharding rank on each
+    model-parallel rank; width 512 with 2 wide layers and 300,000 / 8
+    elements: V2 comm buffers of 1 MB, some holding no synced parameter,
+    split elsewhere on each model-parallel rank."""
+
+    def __init__(self, width=80, wide=0, uneven=(96, 8)):
+        super().__init__()
+        self.embed = paddle.nn.Embedding(VOCAB, width)
+        self.shard = self.create_parameter(
+            [uneven[hcg().get_model_parallel_rank()]]
+        )
+        self.shard.is_distributed = True
+        self.norm = paddle.nn.LayerNorm(width)
+        self.wide = paddle.nn.LayerList(
+            [
+                paddle.nn.Linear(width, width, bias_attr=False)
+                for _ in range(wide)
+            ]
+        )
+        self.head = paddle.nn.Linear(width, VOCAB)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) * (1.0 + 0.01 * self.shard.mean())
+        for layer in self.wide:
+            x = x + 0.1 * paddle.tanh(layer(x))
+        return self.head(self.norm(x))
+
+
+def uneven_model(**kwargs):
+    paddle.seed(2026 + 100 * hcg().get_model_parallel_rank())
+    return UnevenShard(**kwargs)
+
+
+def sharding_owner_ranks(opt, params):
+    """V1's sharding owner rank of each of ``params``."""
+    inner = training.sharding_optimizer(opt)
+    rank_of = {id(p): r for r, ps in inner._rank2params.items() for p in ps}
+    return [rank_of[id(p)] for p in params]
+
+
+def shared_weights(layer):
+    """The pipeline's shared weights that ``pp_configs.sync_param`` syncs,
+    by name (Paddle colours them when it builds the pipeline)."""
+    found = [
+        p
+        for p in layer.parameters()
+        if "broadcast_group" in (getattr(p, "color", None) or {})
+    ]
+    return sorted(found, key=lambda p: p.color["shared_weight_name"])
+
+
+def mp_synced(opt, layer):
+    """The parameters ``mp_configs.sync_param`` syncs (Paddle's filter)."""
+    hybrid = opt
+    while type(hybrid).__name__ != "HybridParallelOptimizer":
+        hybrid = hybrid._inner_opt
+    return hybrid._params_synced_after_update(list(layer.parameters()))
+
+
+def pp_strategy():
+    return fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
+
+
+def assert_owners_differ(opt, params, group):
+    """Before training: the sharding owner of some of ``params`` differs
+    across ``group`` (every rank of the group calls it)."""
+    owners = sharding_owner_ranks(opt, params)
+    assert owners and not training.equal_in_group(owners, group), owners
+
+
+def equality_pattern(run):
+    """Which groups hold equal copies at the end of ``run``: the sharding
+    group (every parameter), the model-parallel group (the replicated
+    parameters), each shared weight's pipeline group. Every rank calls the
+    same collectives."""
+    params, h = list(run.raw.parameters()), hcg()
+    crc = lambda ps: [zlib.crc32(p.numpy().tobytes()) for p in ps]  # noqa
+    replicated = [p for p in params if not p.is_distributed]
+    pattern = [
+        training.equal_in_group(crc(params), h.get_sharding_parallel_group()),
+        training.equal_in_group(crc(replicated), h.get_model_parallel_group()),
+    ]
+    for p in shared_weights(run.raw):
+        group = p.color["broadcast_group"]
+        pattern.append(training.equal_in_group(crc([p]), group))
+    return pattern
+
+
+def check_hybrid_synced_first(on, synced):
+    """The positions of ``synced`` are the agreed lead, their units come
+    first and are waited once per step before Paddle's sync; every other
+    unit is waited first by a forward pre-hook (all but the last step's,
+    which the final read waits); off and on show the same equality
+    pattern."""
+    impl = overlap_impl(on.opt)
+    lead = sorted(impl.index_of(p) for p in synced)
+    assert sorted(impl.lead) == lead and lead, (impl.lead, lead)
+    first = [u for u in impl.units if set(u.indices) & set(lead)]
+    assert impl.units[: len(first)] == first, impl.units
+    others = len(impl.units) - len(first)
+    stats = impl.stats
+    assert stats["waited_for_hybrid_sync"] == STEPS * len(first), stats
+    assert stats["waited_in_forward"] == (STEPS - 1) * others, stats
+    assert stats["waited_out_of_order"] == 0, stats
+    assert equality_pattern(on.off) == equality_pattern(on)
+
+
+def compare_hybrid_synced(
+    build, synced, group_of, v2=False, built_also=None, **kwargs
+):
+    """:func:`compare` (V1, or V2 with ``v2``) of ``build``: before
+    training, ``synced(run)`` (the parameters Paddle syncs after the
+    update) have a sharding owner that differs across ``group_of(p)``
+    (V1), and ``built_also(run)`` runs; then
+    :func:`check_hybrid_synced_first`."""
+    seen = []
+
+    def built(run):
+        params = synced(run)
+        seen.append(params)
+        if not v2:
+            assert_owners_differ(run.opt, params, group_of(params[0]))
+        if built_also is not None:
+            built_also(run)
+
+    run = train_v2 if v2 else train
+    _, on = compare(build, run=run, built=built, **kwargs)
+    check_hybrid_synced_first(on, seen[-1])
+    return on
+
+
+def case_pipeline_shared_weight_owners_differ():
+    """pp_configs.sync_param (broadcast, then average) with a tied
+    embedding/head whose sharding owner differs between the stages; V1
+    per parameter and in 2 KB buckets (the shared weight planned into a
+    bucket of its own, first). Paddle 2.6 has no pp_configs.sync_param:
+    asserted there."""
+    if PADDLE_2:
+        assert not hasattr(pp_strategy(), "sync_param")
+        return
+    for mode, bucket_mb in (("broadcast", 0.0), ("average", 0.002)):
+        with training.pp_configs(sync_param=True, sync_mode=mode):
+            compare_hybrid_synced(
+                owner_shift_pipeline,
+                lambda run: shared_weights(run.raw),
+                lambda p: p.color["broadcast_group"],
+                bucket_mb=bucket_mb,
+            )
+
+
+def case_pipeline_v2_shared_weight():
+    """V2 with pp_configs.sync_param and the tied embedding/head: Paddle
+    colours the shared weight into a comm buffer of its own, so each rank
+    holds the same slice of it on both stages (asserted); the order is
+    value-safe because that buffer is gathered first and waited before
+    the pipeline's sync reads it."""
+    if PADDLE_2:
+        assert not hasattr(pp_strategy(), "sync_param")
+        return
+    with training.pp_configs(sync_param=True):
+        on = compare_hybrid_synced(
+            owner_shift_pipeline,
+            lambda run: shared_weights(run.raw),
+            lambda p: p.color["broadcast_group"],
+            v2=True,
+        )
+    inner = training.sharding_optimizer(on.opt)
+    (weight,) = shared_weights(on.raw)
+    holding = [
+        [id(q) for q in b._params]
+        for b in inner._comm_buffer_list
+        if any(q is weight for q in b._params)
+    ]
+    assert holding == [[id(weight)]], holding
+
+
+def case_pipeline_sync_moment_equal_owners():
+    """pp_configs.sync_param and sync_moment with the tied embedding/head
+    of :func:`pipeline_model` (its sharding owner is rank 0 on both stages,
+    asserted: Paddle's moment sync runs on the owners only, so with owners
+    that differ Paddle's own step hangs, overlap off as on)."""
+    if PADDLE_2:
+        assert not hasattr(pp_strategy(), "sync_moment")
+        return
+
+    def built(run):
+        (weight,) = shared_weights(run.raw)
+        owner = sharding_owner_ranks(run.opt, [weight])
+        assert training.equal_in_group(owner, weight.color["broadcast_group"])
+
+    with training.pp_configs(sync_param=True, sync_moment=True):
+        _, on = compare(lambda: pipeline_model(tied=True), built=built)
+    check_hybrid_synced_first(on, shared_weights(on.raw))
+
+
+def case_pipeline_set_state_dir_between_steps():
+    """``PipelineLayer.set_state_dir`` between steps (V1, the tied
+    embedding/head, owners that differ between the stages, and
+    pp_configs.sync_param on Paddle 3.x): it loads every layer of this
+    stage from files in Paddle's layout (``layer_NN-model_states.pdparams``,
+    written from the first build's weights), then broadcasts the shared
+    weight across its stages (``_synchronize_shared_weights``): its reads
+    and writes wait for the step's syncs, equal to overlap off."""
+    folder = tempfile.mkdtemp(prefix=f"set_state_dir_{rank()}_")
+
+    def after_step(step, run):
+        layers = run.raw
+        if step == 0:  # the files hold the values after the first step
+            for idx, layer in enumerate(layers.run_function):
+                if not hasattr(layer, "state_dict"):  # a shared forward_func
+                    continue
+                path = os.path.join(
+                    folder, f"layer_{idx + layers._start_pos:0>2d}"
+                )
+                paddle.save(layer.state_dict(), path + "-model_states.pdparams")
+        layers.set_state_dir(folder)
+        return []
+
+    settings = {} if PADDLE_2 else {"sync_param": True}
+    with training.pp_configs(**settings):
+        checker, _ = compare(owner_shift_pipeline, after_step=after_step)
+    assert checker.counts["writes"] > 0, checker.counts
+
+
+def paddle_moment_sync_owners_differ_hangs():
+    """Paddle's own step, overlap off: with pp_configs.sync_moment and a
+    shared weight whose sharding owner differs between the stages
+    (asserted), ``_sync_pp_params_and_moments`` broadcasts its Adam moments
+    from the ranks that hold them (the owners) only, so sharding rank 0's
+    first stage waits in a broadcast its last-stage peer never issues: the
+    step hangs. Run alone in its own launch, which the driver expects to
+    time out with that broadcast named; the overlap changes nothing here."""
+    assert not PADDLE_2, "Paddle 2.6 has no pp_configs.sync_moment"
+
+    def built(run):
+        params = shared_weights(run.raw)
+        assert_owners_differ(run.opt, params, params[0].color["broadcast_group"])
+        print(f"rank {rank()}: owners checked, training", flush=True)
+
+    with training.pp_configs(sync_param=True, sync_moment=True):
+        train(owner_shift_pipeline, built=built)
+    raise AssertionError("Paddle's moment sync finished: no hang to show")
+
+
+def case_mp_synced_owner_differs():
+    """mp_configs.sync_param (broadcast, then average) on :class:`UnevenShard`,
+    whose LayerNorm weight has another sharding owner on each
+    model-parallel rank; V1 per parameter and in 2 KB buckets."""
+    for mode, bucket_mb in (("broadcast", 0.0), ("average", 0.002)):
+        with training.hybrid_configs("mp_configs", sync_mode=mode):
+            compare_hybrid_synced(
+                uneven_model,
+                lambda run: mp_synced(run.opt, run.raw),
+                lambda p: hcg().get_model_parallel_group(),
+                bucket_mb=bucket_mb,
+            )
+
+
+def slices_in_buffers(opt, params):
+    """(element offset, buffer size) of each of ``params`` in V2's comm
+    buffers: which sharding rank holds which slice of it."""
+    inner, found = training.sharding_optimizer(opt), []
+    for p in params:
+        for buffer in inner._comm_buffer_list:
+            storage = buffer.param_storage
+            if any(q is p for q in buffer._params):
+                offset = (p.data_ptr() - storage.data_ptr()) // 4
+                found += [offset, int(storage._numel())]
+    return found
+
+
+def case_mp_v2_synced_params():
+    """V2 on :class:`UnevenShard` (2 wide layers): the comm buffers differ
+    between the model-parallel ranks (their parameters do), so the slices
+    of a synced parameter belong to other sharding ranks on each
+    (asserted before training); its buffers are gathered first and waited
+    before the model-parallel sync, the others by forward pre-hooks."""
+    group = hcg().get_model_parallel_group()
+
+    def built(run):
+        layout = slices_in_buffers(run.opt, mp_synced(run.opt, run.raw))
+        assert not training.equal_in_group(layout, group), layout
+
+    on = compare_hybrid_synced(
+        functools.partial(
+            uneven_model, width=512, wide=2, uneven=(300_000, 8)
+        ),
+        lambda run: mp_synced(run.opt, run.raw),
+        lambda p: group,
+        v2=True,
+        built_also=built,
+    )
+    impl = overlap_impl(on.opt)
+    assert any(not set(u.indices) & set(impl.lead) for u in impl.units)
 
 
 # ----------------------------------------------------------------------
@@ -529,13 +824,25 @@ PIPELINE_COMM_OVERLAP = {
 }
 
 
+# Cases of a launch of their own, run only when env BROADCAST_OVERLAP_CASES
+# names them: Paddle's own failures, which end the launch.
+PADDLE_FAILURES = {
+    "paddle_moment_sync_owners_differ_hangs": (
+        paddle_moment_sync_owners_differ_hangs
+    ),
+}
+
+
 def launch_cases():
     """The cases of this launch's topology (env BROADCAST_OVERLAP_TOPOLOGY)."""
     cases = {**training.cases_of(globals()), **PIPELINE_COMM_OVERLAP}
+    chosen = os.environ.get("BROADCAST_OVERLAP_CASES", "").split(",")
+    cases.update({k: v for k, v in PADDLE_FAILURES.items() if k in chosen})
     return {
         k: v
         for k, v in cases.items()
-        if (k.startswith("pipeline") or k in PIPELINE_COMM_OVERLAP) == PP
+        if (k.startswith(("pipeline", "paddle")) or k in PIPELINE_COMM_OVERLAP)
+        == PP
         and (MP or not k.startswith("mp_"))
     }
 

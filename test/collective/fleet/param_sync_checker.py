@@ -34,7 +34,12 @@ It also wraps the tensor functions that read parameters in the test models
 (:data:`READ_FUNCTIONS`: ``F.linear``, ``F.embedding``, ``paddle.matmul``,
 ``paddle.linalg.norm``), so a read outside any layer's call (a helper
 calling ``layer.forward``, ``F.linear(x, layer.weight)``, a tied head,
-weight-norm logging) is checked at the read itself.
+weight-norm logging) is checked at the read itself. A blocking broadcast or
+all-reduce (``HybridParallelOptimizer``'s model- and pipeline-parallel
+syncs after the update) of a tensor whose latest async sync was never
+waited is a violation too (``collective:broadcast``,
+``collective:all_reduce``): no such collective may read or write memory a
+sharding collective is still writing.
 """
 
 import contextlib
@@ -142,8 +147,10 @@ class ParamSyncWaitChecker:
         original = self._original_broadcast
 
         def recording_broadcast(tensor, *args, **kwargs):
-            task = original(tensor, *args, **kwargs)
             sync_op = kwargs.get("sync_op", args[2] if len(args) > 2 else True)
+            if sync_op and id(tensor) in self._latest:
+                self.check([tensor], "collective:broadcast")
+            task = original(tensor, *args, **kwargs)
             if sync_op or task is None:
                 return task
             proxy = _RecordingTask(task, self)
@@ -158,6 +165,17 @@ class ParamSyncWaitChecker:
             return proxy
 
         paddle.distributed.broadcast = recording_broadcast
+        self._original_all_reduce = original_all_reduce = (
+            paddle.distributed.all_reduce
+        )
+
+        @functools.wraps(original_all_reduce)
+        def checked_all_reduce(tensor, *args, **kwargs):
+            if id(tensor) in self._latest:
+                self.check([tensor], "collective:all_reduce")
+            return original_all_reduce(tensor, *args, **kwargs)
+
+        paddle.distributed.all_reduce = checked_all_reduce
         self._wrap_gathers()
         self._wrapped_reads = []
         for module, name in READ_FUNCTIONS:
@@ -261,6 +279,7 @@ class ParamSyncWaitChecker:
 
     def __exit__(self, *exc):
         paddle.distributed.broadcast = self._original_broadcast
+        paddle.distributed.all_reduce = self._original_all_reduce
         from paddle.base import core
 
         for name, original in self._wrapped_gathers:

@@ -12,9 +12,12 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
+import re
 import unittest
 
 from collective.test_communication_api_base import CommunicationTestDistBase
+from collective_launch import CollectiveLaunchError
+from legacy_test.test_parallel_dygraph_dataparallel import rank_env, run
 from parameterized import parameterized
 
 HYBRID = "dygraph_sharding_stage1_broadcast_overlap_hybrid.py"
@@ -42,9 +45,9 @@ LAUNCHES = [
         HYBRID,
         {
             "BROADCAST_OVERLAP_CASES": "sharding_group_layout,"
-            "mp_step_launches_after_parameter_syncs,"
+            "mp_synced_owner_differs,"
             "v2_allgather_overlap_on_off,"
-            "mp_v2_step_launches_after_parameter_syncs"
+            "mp_v2_synced_params"
         },
     ),
 ]
@@ -66,6 +69,30 @@ class TestDygraphShardingStage1BroadcastOverlapHybrid(
         self.run_test_case(
             script,
             user_defined_envs={"BROADCAST_OVERLAP_TOPOLOGY": topology, **env},
+        )
+
+    def test_paddle_moment_sync_hangs_when_owners_differ(self):
+        # Paddle's own step (overlap off) with pp_configs.sync_moment and a
+        # shared weight whose sharding owner differs between the stages:
+        # the moment broadcast runs on the owners only, so the launch must
+        # time out with rank 0 in that broadcast, which rank 2 never issues
+        # (the per-rank case raises if the step finishes instead).
+        import paddle
+
+        if paddle.__version__.startswith("2."):
+            self.skipTest("Paddle 2.6 has no pp_configs.sync_moment")
+        env = {
+            "BROADCAST_OVERLAP_TOPOLOGY": "pp2_sharding2",
+            "BROADCAST_OVERLAP_CASES": "paddle_moment_sync_owners_differ_hangs",
+        }
+        with self.assertRaises(CollectiveLaunchError) as raised:
+            run(self, HYBRID, 4, rank_env("auto_growth", env), timeout=25)
+        message = str(raised.exception)
+        self.assertIn("failed: timeout after 25s", message)
+        self.assertRegex(
+            message,
+            r"rank 0: #\d+ broadcast src 0 on group \d+ \[0, 2\]: "
+            + re.escape("float32[32, 16] (never issued by rank(s) [2])"),
         )
 
 
