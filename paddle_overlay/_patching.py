@@ -76,7 +76,9 @@ NEW_MODULES = (
     f"{_DYGRAPH_OPT}.param_sync_overlap",
     f"{_DYGRAPH_OPT}.read_interception",
     f"{_DYGRAPH_OPT}.sync_registry",
+    f"{_DYGRAPH_OPT}.sync_stats",
     f"{_DYGRAPH_OPT}.unit_plan",
+    f"{_DYGRAPH_OPT}.wait_map",
     "jit.dy2static.pre_call_hooks",
 )
 # Paddle classes the overlay relies on without patching them, as (module, class).
@@ -441,6 +443,9 @@ def apply(check=None):
         _saved.setdefault((target, name), vars(target).get(name, _MISSING))
         setattr(target, name, value)
     _register_new_modules()
+    from . import overlap_monitor
+
+    _undo.append(overlap_monitor.install())
     restore_sot = _skip_mirrors_in_sot()
     if restore_sot is not None:
         _undo.append(restore_sot)

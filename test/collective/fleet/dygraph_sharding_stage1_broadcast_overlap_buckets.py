@@ -420,8 +420,8 @@ def case_checkpoint_across_bucket_modes():
         if loaded is None:
             assert lost == [], lost
             continue
-        # the load by copy read every parameter right after a step: said once
-        harness.assert_lost_overlap_warning(lost, "iteration")
+        # the load by copy read every parameter right after a step: lost
+        harness.assert_overlap_lost(lost, opt, "iteration")
         impl = impl_of(opt)
         # replaced on every rank: rebound into its slot once, at the next
         # launch, and it lives in its bucket again
@@ -485,7 +485,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
         checker = ParamSyncWaitChecker()
         with checker, harness.lost_overlap_warnings() as lost:
             # (train() ends with model.state_dict(): every unit waited by
-            # that read, so the next forward says the overlap was lost)
+            # that read, so the next forward finds that step's overlap lost)
             on = harness.train(
                 overlap=True,
                 bucket_mb=cap,
@@ -503,7 +503,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
                 opt.step()
             opt.clear_grad()
             assert checker.counts["launched"] == sent, checker.counts
-        harness.assert_lost_overlap_warning(lost, "iteration")
+        harness.assert_overlap_lost(lost, opt, "iteration")
         params = harness.optimizer_parameters(opt)
         named = [p.name for p in params if f" {p.name} " in refused.message]
         assert len(named) == 1, (named, refused.message)

@@ -135,9 +135,9 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     """Off, then on: bitwise-equal losses, reads and final parameters,
     equal parameters on the replicas (pp2_sharding2: the sharding group),
     >= 3 sync units, no racing read unless ``race`` (returns the races
-    seen). ``lost``: the first read's path of the product's lost-overlap
-    warning on global rank 0, whose reads alone wait for every sync of a
-    step (every other rank: no warning). The schedule of the on run: every
+    seen). ``lost``: the path of the reads on global rank 0 alone that
+    wait for every sync of a step: each owner's steps lost there (no
+    warning in these short runs), on no other rank. The schedule of the on run: every
     sync started inside a step (the wait checker's ``outside_step``), every
     unit of each owner pending right after each step (before
     ``after_step``), each launched once per step, as often on every rank of
@@ -183,12 +183,11 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     assert launched_equal, f"{what}: launches differ across the group"
     if lost is None or rank() != 0:
         assert said == [], (what, said)
-    else:  # once per owner, each naming its own count, all read
-        assert len(said) == len(units), (what, said)
-        for message in said:
-            training.assert_lost_overlap_warning([message], lost)
-        for n in units:
-            assert any(f"{n} of the {n} " in m for m in said), (what, said)
+        history = [training.lost_steps_of(opt) for opt in on.opts]
+        assert not any(map(any, history)), (what, history)
+    else:  # every owner's steps, each followed by a training forward
+        for opt in on.opts:
+            training.assert_overlap_lost(said, opt, lost, steps - 1)
     races = {}
     if checker:
         races = {k: n - before.get(k, 0) for k, n in checker.races().items()}

@@ -689,10 +689,11 @@ EXPECTED_WARNINGS = (
 # The overlap's warning (once per owner) that a training forward used the
 # parameters in another order than the agreed one.
 ORDER_WARNING = "in another order than the first one"
-# The overlap's warning (once per owner), at the first root forward after a
-# step, that reads between step() and that forward waited for most of the
-# step's units (e.g. a parameters() loop or a state_dict() between steps).
-LOST_OVERLAP_WARNING = "so they did not overlap the forward"
+# The overlay's lost-overlap warning (once per owner), when reads between
+# step() and the next training forward waited for most of the step's units
+# in at least LOST_STEPS of the last WINDOW steps (paddle_overlay's
+# overlap_monitor).
+LOST_OVERLAP_WARNING = "so they did not overlap it"
 
 
 @contextlib.contextmanager
@@ -722,18 +723,33 @@ def lost_overlap_warnings():
     return overlap_warnings(LOST_OVERLAP_WARNING)
 
 
-def assert_lost_overlap_warning(found, path, launched=None, read=None):
-    """``found`` (from ``lost_overlap_warnings``) is one warning, naming the
-    first read's path (``"attribute"``, ``"iteration"``) at a line of the
-    test scripts (the user's line, not Paddle's or the overlay's) and, when
-    given, ``read`` of the ``launched`` units."""
-    assert len(found) == 1, found
-    message = found[0]
-    here = os.path.dirname(os.path.abspath(__file__))
-    assert f"(first: {path} at {here}{os.sep}" in message, message
-    if launched is not None:
-        wanted = f"{read} of the {launched} "
-        assert wanted in message, (read, launched, message)
+def lost_steps_of(opt):
+    """list[bool]: the overlay's lost-overlap verdicts for the decided
+    steps of ``opt``'s owner (``opt``: fleet's optimizer, or its owner)."""
+    from paddle_overlay import overlap_monitor
+
+    return overlap_monitor.MONITOR.history(overlap_impl(opt) or opt)
+
+
+def assert_overlap_lost(found, opt, path, lost_steps=None):
+    """The reads between the steps of ``opt``'s owner took the overlap
+    away (``opt``: fleet's optimizer, or its owner): the overlay's monitor
+    counted ``lost_steps`` of its decided steps
+    lost (None: at least one), the owner counted waits on ``path``
+    (``"attribute"``, ``"iteration"``, ``"compiled program"``), and no
+    warning was shown (``found``, from ``lost_overlap_warnings``): these
+    runs lose fewer steps than the warning's rule needs."""
+    impl = overlap_impl(opt) or opt
+    history = lost_steps_of(impl)
+    assert found == [], found
+    if lost_steps is None:
+        assert any(history), history
+    else:
+        assert sum(history) == lost_steps, (history, lost_steps)
+    if path == "compiled program":
+        assert impl.stats["waited_in_program"] > 0, impl.stats
+    else:
+        assert impl.read_paths[path] > 0, dict(impl.read_paths)
 
 
 def expected_warning(w):

@@ -12,11 +12,6 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-# series: until buckets
-# """Dtypes and sizes of the parameters the sharding parameter sync sends,
-# checked before each launch (``unit_plan``)."""
-# series: end
-# series: buckets
 """Broadcast buckets for sharding stage 1: planning and contiguous storage.
 
 NOTE [broadcast buckets]
@@ -32,28 +27,20 @@ change is refused before anything is sent. The 256 MB default is Paddle's
 own for fused buffers (``comm_buffer_size_MB``); one broadcast per
 parameter leaves the link idle between small messages.
 """
-# series: end
 
-# series: buckets
 import collections
-
-# series: end
 import math
 
-# series: buckets
 import paddle
 
-# series: end
 __all__ = []
 
-# series: buckets
 DEFAULT_BUCKET_SIZE_MB = 256
 ALIGN_BYTES = 256
 
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 _ITEMSIZE.update(int8=1, uint8=1, int16=2, int32=4, int64=8, bool=1)
 _ITEMSIZE.update(complex64=8, complex128=16)
-# series: end
 _SHORT_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -63,7 +50,6 @@ def dtype_name(dtype):
     return _SHORT_NAMES.get(name, "float64" if name == "fp64" else name)
 
 
-# series: buckets
 def itemsize(dtype):
     name = dtype_name(dtype)
     if name not in _ITEMSIZE:
@@ -71,12 +57,10 @@ def itemsize(dtype):
     return _ITEMSIZE[name]
 
 
-# series: end
 def numel_of(param):
     return math.prod(int(d) for d in param.shape)
 
 
-# series: buckets
 def check_bucket_size_mb(bucket_size_mb):
     """The cap in bytes (0: one broadcast per parameter) of
     ``bucket_size_mb`` (int | float, MB = 2**20 bytes); TypeError if not a
@@ -226,7 +210,6 @@ def plan_fused_slices(
     return plan
 
 
-# series: end
 def changed_param_error(param, was, now, method):
     """ValueError for a parameter whose dtype or size changed after the
     first step (``was``/``now``: ``(dtype name, elements)``)."""
@@ -240,7 +223,6 @@ def changed_param_error(param, was, now, method):
     )
 
 
-# series: buckets
 def end_ptr(tensor):
     return tensor.data_ptr() + int(tensor._numel()) * itemsize(tensor.dtype)
 
@@ -385,6 +367,3 @@ def _bind(param, view, numel):
         paddle.assign(param.reshape([numel]), view)
         view._share_buffer_to(param)
         param.get_tensor()._set_dims(shape)
-
-
-# series: end

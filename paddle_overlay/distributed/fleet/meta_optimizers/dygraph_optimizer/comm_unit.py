@@ -40,13 +40,11 @@ class PaddleComm:
             tensor, src=src, group=group, sync_op=sync_op
         )
 
-    # series: v2
     @staticmethod
     def all_gather(shard, full, group):
         # as Paddle's FusedCommBuffer.sync_params; returns the async task
         return group.process_group.all_gather(shard, full)
 
-    # series: end
     @staticmethod
     def rank():
         return paddle.distributed.get_rank()
@@ -59,7 +57,6 @@ def _start_broadcast(unit, comm):
     )
 
 
-# series: v2
 def _start_all_gather(unit, comm):
     """Every rank's ``unit.shard_range`` (elements ``[begin, end)``) of the
     1-D ``unit.tensor``, a comm buffer's parameter storage (the plan checks
@@ -69,12 +66,9 @@ def _start_all_gather(unit, comm):
     return comm.all_gather(shard, unit.tensor, unit.group)
 
 
-# series: end
 # the collective of each kind of unit: start(unit, comm) -> task
 _STARTS = {"broadcast": _start_broadcast}
-# series: v2
 _STARTS["all_gather"] = _start_all_gather
-# series: end
 
 
 class CommUnit:
@@ -93,9 +87,7 @@ class CommUnit:
         params,
         group,
         src=None,
-        # series: v2
         shard_range=None,
-        # series: end
         always=False,
         label="",
     ):
@@ -104,9 +96,7 @@ class CommUnit:
         self.kind, self.tensor, self.group = kind, tensor, group
         self.indices, self.params = tuple(indices), list(params)
         self.src = src
-        # series: v2
         self.shard_range = shard_range
-        # series: end
         self.always, self.label = always, label
         self.state = UnitState.SYNCED
         self._task = None

@@ -33,22 +33,17 @@ same source text into Paddle's ``dygraph_sharding_optimizer.py``:
   the patch deletes (the overlay leaves it in place, unreachable).
 """
 
-# series: v2
 import weakref
 
-# series: end
 from paddle.distributed import fleet
 
 from . import unit_plan
-
-# series: buckets
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB, check_bucket_size_mb
-
-# series: end
 from .param_sync_overlap import (
     ParamSyncOverlap,
     check_overlap_flag,
     launch_param_sync,
+    prepare_param_sync_update,
     switch_owner,
     wait_param_sync,
 )
@@ -60,21 +55,17 @@ OVERLAY_WRAPS = {
         "minimize",
         "step",
     ),
-    # series: v2
     "DygraphShardingOptimizerV2": (
         "_sharding_sync_parameters",
         "clear_param_storage",
         "rebuild",
         "step",
     ),
-    # series: end
 }
 # Per class: the edits of OVERLAY_WRAPS applied only where the release
 # defines the method (Paddle 2.6's V2 has neither).
 EDITED_WHERE_DEFINED = {
-    # series: v2
     "DygraphShardingOptimizerV2": ("clear_param_storage", "rebuild"),
-    # series: end
 }
 
 # Upstream's overlap (Paddle 3.x; 2.6 has none), deleted by the patch: per
@@ -92,7 +83,6 @@ SUPERSEDED = {
         "_sharding_sync_parameters": ("if self._broadcast_overlap:",),
         "step": ("if self._broadcast_overlap:",),
     },
-    # series: v2
     "DygraphShardingOptimizerV2": {
         "__init__": (
             "self._all_gather_overlap_forward = False",
@@ -114,7 +104,6 @@ SUPERSEDED = {
             "if not self._all_gather_overlap_forward:",
         ),
     },
-    # series: end
 }
 
 
@@ -127,9 +116,7 @@ class DygraphShardingOptimizer:
         broadcast_overlap,
         layers=None,
         strict=False,
-        # series: buckets
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
-        # series: end
     ):
         """Overlap the post-update parameter broadcast with the next forward.
 
@@ -142,14 +129,8 @@ class DygraphShardingOptimizer:
         that one rank alone runs between steps cannot make the ranks'
         collectives differ. The entry point PR #63945 added; NOTE [parameter
         sync overlap] in ``param_sync_overlap.py`` has the rules.
-        # series: until reads
-        # Other reads of a parameter right after ``step()`` see its old value
-        # until the next forward or ``state_dict()`` waited for it.
-        # series: end
-        # series: reads
         Every read of a parameter waits for its own broadcast too, without
         issuing a collective (no synchronize before ``paddle.save``).
-        # series: end
 
         Args:
             broadcast_overlap (bool): on, or off (waits for pending
@@ -159,13 +140,11 @@ class DygraphShardingOptimizer:
             strict (bool): the first hooked layer of each forward waits for
                 everything (no overlap); for models that read a tensor
                 reference to a parameter kept across ``step()``.
-            # series: buckets
             bucket_size_mb (int | float): MB (2**20 bytes) per window of the
                 agreed order; at the first update the parameters move into
                 one contiguous buffer per (window, owner rank, dtype), one
                 broadcast each (with ``tensor_fusion``/``comm_overlap``:
                 slices of Paddle's fused buffers). 0: one per parameter.
-            # series: end
 
         Raises:
             TypeError: a flag is not a bool, ``layers`` is not a
@@ -173,10 +152,8 @@ class DygraphShardingOptimizer:
             ValueError: ``layers`` is None or owns none of the parameters;
                 sharding degree 1; ``pp_configs.sharding_comm_overlap`` with
                 ``tensor_fusion`` or ``comm_overlap`` (Paddle's own limit).
-            # series: buckets
             TypeError / ValueError: ``bucket_size_mb`` is not a number, or
                 out of range.
-            # series: end
             Nothing changes when an error is raised.
         """
         method = "_set_broadcast_overlap"
@@ -184,9 +161,7 @@ class DygraphShardingOptimizer:
         if not broadcast_overlap:
             self._broadcast_overlap = False
             return switch_owner(self, None)
-        # series: buckets
         cap_bytes = check_bucket_size_mb(bucket_size_mb)
-        # series: end
         if self._sharding_world_size < 2:
             raise ValueError(
                 "broadcast overlap needs sharding stage 1 with sharding_degree "
@@ -211,7 +186,6 @@ class DygraphShardingOptimizer:
         params = list(self._origin_parameter_list)
         src_ranks = [group.ranks[rank_of[id(p)]] for p in params]
         planner = unit_plan.PerParameter(src_ranks)
-        # series: buckets
         if cap_bytes and fused_by_paddle and self._rank2fused:
             # Paddle's per-rank fused buffers: send slices, never move them
             fused = [
@@ -220,7 +194,6 @@ class DygraphShardingOptimizer:
             planner = unit_plan.FusedSlices(src_ranks, cap_bytes, fused)
         elif cap_bytes:
             planner = unit_plan.Buckets(src_ranks, cap_bytes)
-        # series: end
         new = ParamSyncOverlap(params, group, layers, planner, method, strict)
         switch_owner(self, new)
         self._broadcast_overlap = True
@@ -233,22 +206,21 @@ class DygraphShardingOptimizer:
     def step(self):
         """Before the update: wait for pending broadcasts and check the
         parameters against the plan."""
-        wait_param_sync(self)
+        prepare_param_sync_update(self)
 
     def minimize(
         self, loss, startup_program=None, parameters=None, no_grad_set=None
     ):
         """Before the update: wait for pending broadcasts and check the
         parameters against the plan."""
-        wait_param_sync(self)
+        prepare_param_sync_update(self)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending broadcasts."""
-        wait_param_sync(self, "waited_on_demand")
+        wait_param_sync(self)
         return self._inner_opt.state_dict()
 
 
-# series: v2
 class DygraphShardingOptimizerV2:
     """Overlay of ``DygraphShardingOptimizerV2`` (sharding stage 1 with
     ``split_param``): holds only the new and changed methods; never
@@ -336,21 +308,21 @@ class DygraphShardingOptimizerV2:
 
     def step(self):
         """Before the update: wait for pending all-gathers."""
-        wait_param_sync(self)
+        prepare_param_sync_update(self)
 
     def rebuild(self):
         """Before V2 builds new comm buffers from the parameters: wait for
         pending all-gathers (the next launch plans the new buffers)."""
-        wait_param_sync(self, "waited_on_demand")
+        wait_param_sync(self)
 
     def clear_param_storage(self, color):
         """Before V2 frees the parameter storage of ``color``'s comm
         buffers: wait for pending all-gathers."""
-        wait_param_sync(self, "waited_on_demand")
+        wait_param_sync(self)
 
     def state_dict(self):
         """The inner optimizer's ``state_dict()``, after pending gathers."""
-        wait_param_sync(self, "waited_on_demand")
+        wait_param_sync(self)
         return self._inner_opt.state_dict()
 
     def _check_all_gather_overlap_settings(self):
@@ -374,6 +346,3 @@ class DygraphShardingOptimizerV2:
                     f"{name} (it {what}); set it to its default or leave the "
                     "all-gather overlap off."
                 )
-
-
-# series: end

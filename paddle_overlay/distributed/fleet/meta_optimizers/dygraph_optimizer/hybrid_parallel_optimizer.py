@@ -27,10 +27,7 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
     DygraphShardingOptimizerV2,
 )
 
-# series: buckets
 from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
-
-# series: end
 from .param_sync_overlap import (
     check_overlap_flag,
     plan_hybrid_synced_first,
@@ -58,9 +55,7 @@ class HybridParallelOptimizer:
         broadcast_overlap,
         layers=None,
         strict=False,
-        # series: buckets
         bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
-        # series: end
     ):
         """``DygraphShardingOptimizer._set_broadcast_overlap`` of the wrapped
         V1 optimizer (same arguments, behaviour, errors); turning it on around
@@ -72,13 +67,10 @@ class HybridParallelOptimizer:
             broadcast_overlap,
             layers,
             strict=strict,
-            # series: buckets
             bucket_size_mb=bucket_size_mb,
-            # series: end
         )
         self._broadcast_overlap = broadcast_overlap
 
-    # series: v2
     def _set_all_gather_overlap_forward(
         self,
         all_gather_overlap_forward,
@@ -100,7 +92,6 @@ class HybridParallelOptimizer:
         )
         self._all_gather_overlap_forward = all_gather_overlap_forward
 
-    # series: end
     def _set_overlap_of_inner(self, kind, method, flag, layers, **kwargs):
         # the flag's argument name is the method's, as in the inner one
         check_overlap_flag(flag, method, method[len("_set_") :])
@@ -108,10 +99,8 @@ class HybridParallelOptimizer:
         if isinstance(inner, kind):
             getattr(inner, method)(flag, layers, **kwargs)
         elif flag:
-            # series: v2
             if isinstance(inner, DygraphShardingOptimizerV2):
                 inner._set_broadcast_overlap(True)  # names the V2 method
-            # series: end
             hint = "."
             if isinstance(inner, DygraphShardingOptimizer):
                 hint = ": use _set_broadcast_overlap(True, layers=model)."

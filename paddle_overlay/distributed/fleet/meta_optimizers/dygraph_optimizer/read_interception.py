@@ -23,6 +23,7 @@ from collections import OrderedDict
 
 from . import sync_registry
 from .sync_registry import PENDING
+from .sync_stats import SyncStat
 
 __all__ = []
 
@@ -35,7 +36,7 @@ _odict_popitem = OrderedDict.popitem
 
 
 def _wait_for(param, path):
-    sync_registry.wait_for(param, "waited_on_read", path)
+    sync_registry.wait_for(param, SyncStat.ON_READ, path)
 
 
 def _wait_for_all(params, path):
@@ -114,7 +115,7 @@ def _wait_everything_pending():
     # a compiled program reads parameters outside Python: wait for all
     if PENDING:
         for owner in sync_registry.open_owners():  # creation order
-            owner.wait_all("waited_in_program")
+            owner.wait_all(SyncStat.IN_PROGRAM)
 
 
 def _pre_call_hooks():

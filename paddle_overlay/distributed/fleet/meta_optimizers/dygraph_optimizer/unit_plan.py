@@ -24,24 +24,15 @@ back in its slot), so nothing has to be agreed across ranks after the first
 step. The planners:
 
 * :class:`PerParameter` (V1): one broadcast per parameter, PR #63945's unit.
-# series: buckets
 * :class:`Buckets` (V1): contiguous buckets (``broadcast_buckets.py``).
 * :class:`FusedSlices` (V1): slices of Paddle's fused buffers.
-# series: end
-# series: v2
 * :class:`CommBuffers` (V2): one all-gather per ``FusedCommBuffer``, in
   Paddle's layout.
-# series: end
 """
 
-# series: buckets
 import collections
 
-# series: end
-# series: buckets
 from . import broadcast_buckets
-
-# series: end
 from .broadcast_buckets import changed_param_error, dtype_name, numel_of
 from .comm_unit import CommUnit
 
@@ -78,7 +69,6 @@ class PerParameter:
         return _FixedPlan(units, [params[i] for i in order])
 
 
-# series: buckets
 class Buckets:
     """V1: one broadcast per (window of ``cap_bytes`` in the agreed order,
     owner rank, dtype), the parameters moved once into contiguous storage;
@@ -143,8 +133,6 @@ class FusedSlices(Buckets):
         return _StoragePlan(storage, group)
 
 
-# series: end
-# series: v2
 class CommBuffers:
     """V2: one all-gather per comm buffer (``FusedCommBuffer``) of >= 2
     ranks holding managed parameters; ``buffers``: a list, or a callable
@@ -160,8 +148,6 @@ class CommBuffers:
         return _CommBufferPlan(self.buffers, order, params)
 
 
-# series: end
-# series: buckets
 def _outside(storages, params):
     # trainable positions whose memory left the fused buffers: sent alone
     bounds = [(t.data_ptr(), broadcast_buckets.end_ptr(t)) for t in storages]
@@ -174,8 +160,6 @@ def _outside(storages, params):
     }
 
 
-# series: end
-# series: v2
 def _comm_buffer_units(order, params, buffers):
     index_of = {id(p): i for i, p in enumerate(params)}
     rank_of = {i: k for k, i in enumerate(order)}
@@ -238,7 +222,6 @@ class _CommBufferPlan:
         return self._units
 
 
-# series: end
 class _FixedPlan:
     """Units fixed at planning; ``checked`` parameters keep their dtype and
     size (V1 per parameter: each broadcast sends the parameter itself)."""
@@ -268,7 +251,6 @@ def _check_as_planned(checked, method):
             raise changed_param_error(param, was, now, method)
 
 
-# series: buckets
 class _StoragePlan:
     """The units of a ``BucketStorage``: one broadcast per bucket (always
     sent) and per unslotted parameter trainable now, in the agreed order;
@@ -327,6 +309,3 @@ class _StoragePlan:
             units.append((rank_of(i), unit))
         units.sort(key=lambda item: item[0])
         return [unit for _, unit in units]
-
-
-# series: end
