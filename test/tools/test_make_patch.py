@@ -556,10 +556,11 @@ def selection_problems(test_files=make_patch.TEST_FILES):
 def test_patch_carries_upstream_form_tests_only_and_leaves_nothing_dangling():
     """Every carried file's sibling imports and every per-rank script a carried driver names are
     carried too (else: add them to tools/patch_series.py, or make the import optional); the
-    project's own test tooling (the CPU shim, the wait checker) stays here; carried drivers
+    project's own test tooling (the case module, the wait checker) stays here; carried drivers
     launch through one of Paddle's own multi-process bases."""
     assert selection_problems() == {}
-    for kept_here in ("hybrid_parallel_cpu_shim.py", "param_sync_checker.py"):
+    for kept_here in ("sharding_cases.py", "param_sync_checker.py"):
+        assert os.path.isfile(os.path.join(make_patch.TEST_DIR, kept_here)), kept_here
         assert kept_here not in make_patch.TEST_FILES
     rows = make_patch.testslist_rows()
     assert sorted(r.split(",")[0] + ".py" for r in rows) == sorted(n for n in make_patch.TEST_FILES if n.startswith("test_"))
