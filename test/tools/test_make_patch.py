@@ -593,11 +593,15 @@ def test_a_selection_that_leaves_a_dependency_out_is_found(monkeypatch, tmp_path
 
 
 def test_upstream_bf16_names_are_not_taken_and_no_added_file_imports_this_project():
+    """Not even optionally: the test-only modules of tools/collective (the CPU shim among them) are brought
+    to CPU ranks from outside, never imported by a carried file."""
     ours = make_patch.TEST_FILES
     assert "dygraph_group_sharded_stage1_bf16.py" not in ours and "test_dygraph_sharding_stage1_bf16.py" not in ours
+    tools = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "tools", "collective")) if n.endswith(".py"))
+    assert "hybrid_parallel_cpu_shim" in tools and "blocking_calls" in tools, tools
     offenders = {}
     for rel in make_patch.patch_source_files():
-        for banned in ("paddle_overlay", "collective_launch", "rank_ready"):
+        for banned in ("paddle_overlay", "rank_ready", *tools):
             if banned in imports_of(make_patch._read(os.path.join(ROOT, rel)), rel):
                 offenders.setdefault(rel, []).append(banned)
     assert offenders == {}
