@@ -255,7 +255,7 @@ def compare(cls=LM, lost=None, waits=(), **kwargs):
             **kwargs,
         )
     assert checker.counts["gathers"] > 0, "no all-gather of a parameter seen"
-    assert len(buffers(on.opt)) >= 3, f"{len(buffers(on.opt))} comm buffers"
+    cases.assert_v2(on.opt)
     for reason in waits if IMPL == "product" else ():
         stats = cases.overlap_impl(on.opt).stats
         assert stats[reason] > 0, (reason, dict(stats))

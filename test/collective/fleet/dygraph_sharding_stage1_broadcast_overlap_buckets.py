@@ -31,7 +31,7 @@ from param_sync_checker import ParamSyncWaitChecker
 import paddle
 from paddle.distributed import fleet
 
-KB = cases.KB
+KB, STEPS, HIDDEN, VOCAB = cases.KB, cases.STEPS, cases.HIDDEN, cases.VOCAB
 impl_of = cases.overlap_impl
 
 
@@ -130,7 +130,7 @@ def assert_launched_per_bucket(checker, opt):
     assert specs and len(specs) < n, (len(specs), n)
     assert len(impl_of(opt).units) == len(specs)
     launched = checker.counts["launched"]
-    assert launched == cases.STEPS * len(specs), (launched, len(specs))
+    assert launched == STEPS * len(specs), (launched, len(specs))
     layout = [
         v for s in specs for v in (s.src, s.length, *s.offsets, *s.numels)
     ]
@@ -138,15 +138,14 @@ def assert_launched_per_bucket(checker, opt):
     return specs
 
 
-def assert_per_parameter():
+def check_per_parameter():
     """bucket_size_mb=0 on and off bitwise: no bucket, one unit per
     parameter, one broadcast per trainable parameter and step."""
     checker, on = cases.compare_on_off(enable=cases.v1(0))
     params = cases.optimizer_parameters(on.opt)
-    assert cases.per_parameter(on.opt) and buckets(on.opt) == []
+    cases.assert_per_parameter(on.opt)
     n = sum(1 for p in params if not p.stop_gradient)
-    assert len(impl_of(on.opt).units) == len(params)
-    assert checker.counts["launched"] == cases.STEPS * n
+    assert checker.counts["launched"] == STEPS * n
 
 
 def head_wait_sabotaged(cap, keep_first=False):
@@ -200,7 +199,7 @@ class Gate(paddle.nn.Layer):
     def __init__(self):
         super().__init__()
         self.scale = self.create_parameter(
-            [cases.HIDDEN],
+            [HIDDEN],
             dtype="float64",
             default_initializer=paddle.nn.initializer.Constant(1.0),
         )
@@ -233,7 +232,7 @@ class OddSizesLM(cases.TinyLM):
             ("one", [1], 1.0),
             ("scalar", [1, 1], 0.5),
             ("odd", [7], 0.1),
-            ("col", [cases.HIDDEN, 1], 0.2),
+            ("col", [HIDDEN, 1], 0.2),
         ):
             init = paddle.nn.initializer.Constant(value)
             p = self.create_parameter(shape, default_initializer=init)
@@ -303,7 +302,7 @@ def case_on_off_bitwise_with_buckets():
         }
         assert set(keys) == wanted, (keys, wanted)
         assert (len(windows) == 1) == (cap == 256), windows
-    assert_per_parameter()
+    check_per_parameter()
 
 
 def case_checker_catches_a_pending_bucket():
@@ -312,7 +311,7 @@ def case_checker_catches_a_pending_bucket():
     only (a cap of exactly the head's weight puts its bias in the next
     window's): the checker reports the head's read of a pending broadcast
     (the wait itself: unit tests)."""
-    head_weight_mb = cases.HIDDEN * cases.VOCAB * 4 / (1 << 20)
+    head_weight_mb = HIDDEN * VOCAB * 4 / (1 << 20)
     for cap, keep_first in ((0, False), (head_weight_mb, True)):
         violations = head_wait_sabotaged(cap, keep_first)
         assert any(
@@ -377,7 +376,7 @@ def case_frozen_and_trainable_share_windows_under_weight_decay():
 def case_checkpoint_across_bucket_modes():
     """Saved and loaded with or without buckets: bitwise equal to one run; a
     load handing new memory is rebound locally (``stats["rebound"]``)."""
-    total, cut = cases.STEPS + 2, 2
+    total, cut = STEPS + 2, 2
     base, shapes = cases.train(steps=total), {}
     for saved, loaded in ((2 * KB, None), (None, 2 * KB), (2 * KB, 2 * KB)):
         first = cases.train(
@@ -436,14 +435,9 @@ def case_tensor_fusion_slices_bitwise_equal():
             checker, _, opt = compare_buckets(cap=cap)
             inner = cases.sharding_optimizer(opt)
             assert inner.tensor_fusion and inner._rank2fused
-            spans = cases.fused_spans(opt)
             specs = assert_launched_per_bucket(checker, opt)
-            for s in specs:  # slices of the fused buffers, nothing new
-                start = s.buffer.data_ptr()
-                end = start + s.length * s.buffer.element_size()
-                assert any(lo <= start < hi for lo, hi in spans), start
-                assert any(lo < end <= hi for lo, hi in spans), end
-        assert_per_parameter()
+            cases.assert_slices_of_fused(opt, [s.unit for s in specs])
+        check_per_parameter()
 
 
 def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
@@ -469,7 +463,7 @@ def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
             assert p.data_ptr() != fresh.data_ptr()
         stats = [impl.stats["launched"], len(buckets(opt))]
         assert cases.all_ranks_equal(stats), stats
-        assert stats[0] == cases.STEPS * len(impl.units), impl.stats
+        assert stats[0] == STEPS * len(impl.units), impl.stats
 
 
 def case_dtype_change_refused_on_every_rank_then_retrained():

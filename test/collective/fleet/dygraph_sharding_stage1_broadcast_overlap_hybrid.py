@@ -397,9 +397,7 @@ def compare_v2(**hooks):
     checker, on = compare(v2_model, train=run, **hooks)
     assert checker.counts["gathers"] > 0, checker.counts
     assert not MP or on.replicated_equal, "replicated parameters differ"
-    inner = cases.sharding_optimizer(on.opt)
-    assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
-    assert len(inner._comm_buffer_list) >= 3, len(inner._comm_buffer_list)
+    cases.assert_v2(on.opt)
     return on
 
 
@@ -487,10 +485,7 @@ def check_comm_overlap(v2, tied):
         assert all(b.param_storage is None for b in buffers)
         assert not getattr(inner, "_rank2fused", None)
         if bucket_mb == 0:
-            assert cases.per_parameter(on.opt) and not cases.bucket_units(
-                on.opt
-            )
-            assert units == len(cases.optimizer_parameters(on.opt)), units
+            cases.assert_per_parameter(on.opt)
         else:  # one bucket per owner rank (one dtype, all under 256 MB)
             slices = cases.bucket_units(on.opt)
             assert units == 2 and len(slices) == 2, (units, slices)

@@ -39,6 +39,7 @@ import paddle
 from paddle.distributed import fleet
 from paddle.distributed.fleet.utils import recompute
 
+HIDDEN, VOCAB, SEQ = cases.HIDDEN, cases.VOCAB, cases.SEQ
 # 2 KB buckets: several windows per model, so bucket boundaries fall inside
 # layers (the default 256 MB puts these small models in one window); cases
 # whose assertions hold per parameter also run with 0
@@ -74,7 +75,7 @@ class RootParamLM(cases.VariantLM):
     sublayers), added in its forward."""
 
     def build(self):
-        self.pos = self.create_parameter([cases.SEQ, cases.HIDDEN])
+        self.pos = self.create_parameter([SEQ, HIDDEN])
 
     def front(self, x):
         return x + self.pos
@@ -84,8 +85,8 @@ class TiedLM(cases.VariantLM):
     """Two Linear layers sharing one weight object, both called."""
 
     def build(self):
-        self.mix_a = paddle.nn.Linear(cases.HIDDEN, cases.HIDDEN)
-        self.mix_b = paddle.nn.Linear(cases.HIDDEN, cases.HIDDEN)
+        self.mix_a = paddle.nn.Linear(HIDDEN, HIDDEN)
+        self.mix_b = paddle.nn.Linear(HIDDEN, HIDDEN)
         self.mix_b.weight = self.mix_a.weight
 
     def front(self, x):
@@ -99,11 +100,11 @@ class BuiltOutOfOrderLM(paddle.nn.Layer):
     def __init__(self):
         super().__init__()
         self.head, self.late = (
-            paddle.nn.Linear(cases.HIDDEN, cases.VOCAB),
+            paddle.nn.Linear(HIDDEN, VOCAB),
             cases.Block(),
         )
         self.early, self.embed = cases.Block(), paddle.nn.Embedding(
-            cases.VOCAB, cases.HIDDEN
+            VOCAB, HIDDEN
         )
 
     def forward(self, tokens):
@@ -126,12 +127,10 @@ class CustomNamesLM(paddle.nn.Layer):
         def wb(n):
             return dict(weight_attr=attr(n + "_w"), bias_attr=attr(n + "_b"))
 
-        self.embed = paddle.nn.Embedding(
-            cases.VOCAB, cases.HIDDEN, weight_attr=attr("emb")
-        )
-        self.proj = paddle.nn.Linear(cases.HIDDEN, cases.HIDDEN, **wb("proj"))
-        self.norm = paddle.nn.LayerNorm(cases.HIDDEN, **wb("ln"))
-        self.head = paddle.nn.Linear(cases.HIDDEN, cases.VOCAB, **wb("head"))
+        self.embed = paddle.nn.Embedding(VOCAB, HIDDEN, weight_attr=attr("emb"))
+        self.proj = paddle.nn.Linear(HIDDEN, HIDDEN, **wb("proj"))
+        self.norm = paddle.nn.LayerNorm(HIDDEN, **wb("ln"))
+        self.head = paddle.nn.Linear(HIDDEN, VOCAB, **wb("head"))
 
     def forward(self, tokens):
         return self.head(self.norm(self.proj(self.embed(tokens))))
@@ -158,7 +157,7 @@ class ParameterListLM(cases.VariantLM):
     (a ParameterList has no forward of its own)."""
 
     def build(self):
-        scales = [self.create_parameter([cases.HIDDEN]) for _ in range(2)]
+        scales = [self.create_parameter([HIDDEN]) for _ in range(2)]
         self.scales = paddle.nn.ParameterList(scales)
 
     def run_block(self, i, x):
@@ -362,8 +361,8 @@ class RankOrderLM(cases.VariantLM):
     (the sum is the same either way)."""
 
     def build(self):
-        self.branch_a = paddle.nn.Linear(cases.HIDDEN, cases.HIDDEN)
-        self.branch_b = paddle.nn.Linear(cases.HIDDEN, cases.HIDDEN)
+        self.branch_a = paddle.nn.Linear(HIDDEN, HIDDEN)
+        self.branch_b = paddle.nn.Linear(HIDDEN, HIDDEN)
 
     def front(self, x):
         if (cases.rank() + self.step) % 2 == 0:
@@ -380,9 +379,7 @@ class ExpertLM(cases.VariantLM):
     unused (rank- and step-dependent routing)."""
 
     def build(self):
-        experts = [
-            paddle.nn.Linear(cases.HIDDEN, cases.HIDDEN) for _ in range(3)
-        ]
+        experts = [paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)]
         self.experts = paddle.nn.LayerList(experts)
 
     def front(self, x):
@@ -413,7 +410,7 @@ class DirectReadLM(cases.VariantLM):
     and ``F.linear(x, head.weight, head.bias)``."""
 
     def build(self):
-        self.proj = paddle.nn.Linear(cases.HIDDEN, cases.HIDDEN)
+        self.proj = paddle.nn.Linear(HIDDEN, HIDDEN)
 
     def front(self, x):
         return self.proj.forward(x)
@@ -451,7 +448,7 @@ def case_forwards_without_backward_tables_bounded():
     train() mode, grad-enabled ones in eval() mode, over 10 steps: internal
     tables keep their size (a leak would grow them every step)."""
     sizes = []
-    registry = cases.sync_registry_module()
+    registry = cases.overlap_module("sync_registry")
 
     def extra_forwards(model):
         model.eval()
@@ -625,11 +622,7 @@ def case_two_optimizers_share_one_model():
         base = cases.total_forward_pre_hooks(model)
         for opt in opts if overlap else ():
             opt._set_broadcast_overlap(True, layers=model)
-        both = types.SimpleNamespace(
-            step=lambda: [opt.step() for opt in opts],
-            clear_grad=lambda: [opt.clear_grad() for opt in opts],
-        )
-        done = train(cases.Build.of(model, both))
+        done = train(cases.Build.of(model, cases.Optimizers(opts)))
         for i in off_order:
             opts[i]._set_broadcast_overlap(False)
         if overlap:
@@ -698,7 +691,7 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     assert cases.total_forward_pre_hooks(other_model) == 0
     up = other_model._layers.blocks[0].up
     assert type(up._parameters).__name__ == "OrderedDict"  # unguarded
-    registry = cases.sync_registry_module()
+    registry = cases.overlap_module("sync_registry")
     assert registry.open_owners() == [cases.overlap_impl(opt)]
 
     opt._set_broadcast_overlap(False)

@@ -24,6 +24,8 @@ from param_sync_checker import ParamSyncWaitChecker
 
 import paddle
 
+HIDDEN = cases.HIDDEN
+
 
 class OneLinear(paddle.nn.Layer):
     """One ``nn.Linear(16, 8)`` named ``fc``: [B, S] int64 tokens (one-hot)
@@ -31,14 +33,14 @@ class OneLinear(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        self.fc = paddle.nn.Linear(cases.HIDDEN, 8)
+        self.fc = paddle.nn.Linear(HIDDEN, 8)
 
     def forward(self, tokens):
-        x = paddle.nn.functional.one_hot(tokens % cases.HIDDEN, cases.HIDDEN)
+        x = paddle.nn.functional.one_hot(tokens % HIDDEN, HIDDEN)
         return paddle.tile(self.fc(x), [1, 1, 4])
 
 
-PROBE = paddle.linspace(-1.0, 1.0, 2 * cases.HIDDEN).reshape([2, cases.HIDDEN])
+PROBE = paddle.linspace(-1.0, 1.0, 2 * HIDDEN).reshape([2, HIDDEN])
 
 
 def train_reading(read, build=OneLinear, overlap=False, **kwargs):

@@ -64,18 +64,6 @@ def race_checker():
     return checker
 
 
-class Optimizers(list):
-    """Optimizers stepped one after the other as one."""
-
-    def step(self):
-        for opt in self:
-            opt.step()
-
-    def clear_grad(self):
-        for opt in self:
-            opt.clear_grad()
-
-
 def build_model():
     if SETUP in ("v1", "v2"):
         cls = allgather.LM if SETUP == "v2" else cases.TinyLM
@@ -107,7 +95,7 @@ def train(overlap, after_step, split=one_list, prepare=None, checker=None):
         enable(cases.Run(model=model, opt=opt))
     for opt in opts if checker is not None else ():
         checker.watch(model, opt)
-    opt = opts[0] if len(opts) == 1 else Optimizers(opts)
+    opt = opts[0] if len(opts) == 1 else cases.Optimizers(opts)
     kwargs = {}
     if SETUP == "pp2_sharding2":  # train_batch runs the optimizer
         kwargs = dict(micro_step=hybrid.train_batch, update=cases.no_update)

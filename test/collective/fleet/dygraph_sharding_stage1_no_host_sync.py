@@ -308,7 +308,7 @@ def case_v2_comm_buffers():
     """V2 (``split_param``, 1 MB comm buffers: 4 for WideLM; shim items 7 to
     9): a unit per comm buffer."""
     off, on, units = check_mode("v2_comm_buffers", True, None, False)
-    assert type(on.inner).__name__ == "DygraphShardingOptimizerV2"
+    cases.assert_v2(on.opt)
     assert units == off.paddle >= 3, (units, off.paddle)
 
 

@@ -46,7 +46,6 @@ import importlib
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 import traceback
@@ -201,6 +200,18 @@ class Build:
         return cls(made=lambda: (model, opt))
 
 
+class Optimizers(list):
+    """Optimizers stepped one after the other as one."""
+
+    def step(self):
+        for opt in self:
+            opt.step()
+
+    def clear_grad(self):
+        for opt in self:
+            opt.clear_grad()
+
+
 class Run(types.SimpleNamespace):
     """One training run, the one argument of every callback of
     :func:`train`: ``raw`` (the user's layer), ``model`` (fleet's), ``opt``,
@@ -335,25 +346,18 @@ def assert_bitwise_equal(expected, actual, what):
         )
 
 
-def overlap_module():
-    """The module holding ParamSyncOverlap, found next to the
-    DygraphShardingOptimizer module that defines _set_broadcast_overlap
-    (Paddle's own when the patch is applied; the overlay's when it was
-    applied at start-up, e.g. by PADDLE_OVERLAY=1)."""
+def overlap_module(name="param_sync_overlap"):
+    """The product's module ``name`` (default the one holding
+    ParamSyncOverlap; ``read_interception``, ``sync_registry``), found next
+    to the DygraphShardingOptimizer module that defines
+    _set_broadcast_overlap (Paddle's own when the patch is applied; the
+    overlay's when it was applied at start-up, e.g. by PADDLE_OVERLAY=1)."""
     from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
         dygraph_sharding_optimizer as dso,
     )
 
     defined_in = dso.DygraphShardingOptimizer._set_broadcast_overlap.__module__
-    package = defined_in.rpartition(".")[0]
-    return importlib.import_module(package + ".param_sync_overlap")
-
-
-def read_guard_module():
-    """The module holding GuardedParameters (overlay's or patched Paddle's)."""
-    return sys.modules[
-        overlap_module().__name__.rpartition(".")[0] + ".read_interception"
-    ]
+    return importlib.import_module(f"{defined_in.rpartition('.')[0]}.{name}")
 
 
 @contextlib.contextmanager
@@ -361,28 +365,13 @@ def read_guard_removed():
     """Negative controls: inside the block a layer's ``_parameters``
     lookups (``[]``, ``get``) are plain ``OrderedDict`` ones, so attribute
     reads of a parameter no longer wait for its sync."""
-    guarded = read_guard_module().GuardedParameters
+    guarded = overlap_module("read_interception").GuardedParameters
     saved = (guarded.__getitem__, guarded.get)
     guarded.__getitem__, guarded.get = OrderedDict.__getitem__, OrderedDict.get
     try:
         yield
     finally:
         guarded.__getitem__, guarded.get = saved
-
-
-def sync_registry_module():
-    """The module holding the open owners (``open_owners()``, creation
-    order) and ``PENDING`` (overlay's or patched Paddle's)."""
-    return importlib.import_module(
-        overlap_module().__name__.rpartition(".")[0] + ".sync_registry"
-    )
-
-
-def per_parameter(opt):
-    """True when ``opt``'s overlap sends one broadcast per parameter (no
-    buckets): the structural checks that count per-parameter tasks hold."""
-    units = overlap_impl(opt).units
-    return all(len(u.params) == 1 and u.tensor is u.params[0] for u in units)
 
 
 def overlap_impl(opt):
@@ -423,6 +412,24 @@ def bucket_units(opt):
         for u in overlap_impl(opt).units
         if not (len(u.params) == 1 and u.tensor is u.params[0])
     ]
+
+
+def assert_per_parameter(opt):
+    """``opt``'s overlap sends one broadcast per parameter of the sharding
+    optimizer (no bucket: each unit sends its parameter itself)."""
+    units, n = overlap_impl(opt).units, len(optimizer_parameters(opt))
+    assert not bucket_units(opt), bucket_units(opt)
+    assert len(units) == n, (len(units), n)
+
+
+def assert_v2(opt, buffers=3):
+    """``opt``'s sharding optimizer is V2 with at least ``buffers`` comm
+    buffers; returns them."""
+    inner = sharding_optimizer(opt)
+    assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
+    found = inner._comm_buffer_list
+    assert len(found) >= buffers, f"{len(found)} comm buffers"
+    return found
 
 
 def slot_offsets(unit):
@@ -490,6 +497,21 @@ def fused_spans(opt):
         for ts in fused
         for t in ts
     ]
+
+
+def inside(spans, address):
+    return any(lo <= address < hi for lo, hi in spans)
+
+
+def assert_slices_of_fused(opt, units):
+    """Each of ``units`` sends a slice of Paddle's fused buffers (its first
+    and last element inside one), nothing of the overlap's own."""
+    spans = fused_spans(opt)
+    for unit in units:
+        first, size = unit.tensor.data_ptr(), unit.tensor.element_size()
+        last = first + size * (int(unit.tensor._numel()) - 1)
+        assert inside(spans, first), (unit.label, first)
+        assert inside(spans, last), (unit.label, last)
 
 
 def save_and_load_fresh(model, opt, build=TinyLM):
