@@ -75,7 +75,7 @@ def test_lines_of_the_set_and_each_case_with_its_assertions(tmp_path):
         f"{fleet}/script.py": SCRIPT,
         f"{fleet}/carried.py": "def case_upstream():\n    assert 1\n",
         f"{fleet}/test_driver.py": "import unittest\n",
-        "test/harness/node.py": "def case_node():\n    assert 2\n",
+        "test/launcher/node.py": "def case_node():\n    assert 2\n",
     })
     files = count_cases.counted_files(str(tmp_path))
     assert files == {f"{fleet}/helpers.py": len(HELPERS.splitlines()), f"{fleet}/script.py": len(SCRIPT.splitlines())}
@@ -89,7 +89,7 @@ def test_lines_of_the_set_and_each_case_with_its_assertions(tmp_path):
         (script, "picked_2", 2),
         (script, "plain", 3),  # its own, and check's two (once, though called twice)
         (script, "through_a_class", 1),  # every method of a class it names
-        ("test/harness/node.py", "node", 1),
+        ("test/launcher/node.py", "node", 1),
     ]
     assert count_cases.case_counts(str(tmp_path)) == expected
     lines = count_cases.report(str(tmp_path))
@@ -100,7 +100,7 @@ def test_lines_of_the_set_and_each_case_with_its_assertions(tmp_path):
 def test_this_checkout_lists_the_case_scripts():
     scripts = {path for path, _, _ in count_cases.case_counts(count_cases.ROOT)}
     assert "test/collective/fleet/dygraph_sharding_stage1_broadcast_overlap_models.py" in scripts, scripts
-    assert "test/harness/collective_multinode_overlap.py" in scripts, scripts
+    assert "test/launcher/collective_multinode_overlap.py" in scripts, scripts
 
 
 def test_dict_case_keys_come_from_constants_alone():

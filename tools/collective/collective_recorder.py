@@ -150,7 +150,7 @@ def collective_methods(cls):
 
 def install(signal_dir, rank):
     """Wrap the collectives of the imported Paddle (once per process); records go to ``signal_dir``. Returns
-    the names wrapped ([] without Paddle's process groups, e.g. a fake ``paddle`` in the harness's own tests)."""
+    the names wrapped ([] without Paddle's process groups, e.g. a fake ``paddle`` in ``test/tools``)."""
     if "recorder" in _STATE:
         return _STATE["wrapped"]
     recorder = _STATE["recorder"] = _Recorder(os.path.join(signal_dir, f"collectives-{rank}.jsonl"))

@@ -18,7 +18,7 @@ Right after every ``optimizer.step()`` some ranks do what the others do
 not (save, an eval forward, read ``parameters()``, run a compiled program,
 evaluate longer), then every rank joins one collective: a sync unit left
 to start after ``step()`` would be started by the reading ranks alone
-(a hang or mixed data; the test harness checks after the launch that the
+(a hang or mixed data; the launcher checks after the launch that the
 ranks' collectives form one schedule). Each case is :func:`compare`.
 
 Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with

@@ -669,7 +669,7 @@ def init_fleet(
     ``buffer_mb`` MB on Paddle 3.x."""
     hybrid_parallel_cpu_shim.install()  # CPU ranks (a no-op on GPUs)
     if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
-        # set by the CPU test harness; Paddle's CI keeps its default device
+        # set by this project's launcher; Paddle's CI keeps its default device
         paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "2"))
     strategy = fleet.DistributedStrategy()
