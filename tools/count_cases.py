@@ -9,7 +9,8 @@ Prints, for the checkout at ``--root`` (default: this one):
    ``test_*.py`` drivers and the files the patches carry (the ``test/`` files of ``tools/patch_series.py``'s
    PRs, ``make_patch.TEST_FILES``), one line per file, then the total;
 2. one line per case, ``<script> <case> <assertions>``, for every per-rank script of ``test/collective/fleet``
-   and ``test/launcher`` (every ``.py`` but the drivers) that has cases, then the totals.
+   and ``test/launcher`` (``test/harness`` in a checkout before its rename; every ``.py`` but the drivers)
+   that has cases, then the totals.
 
 Read with ``ast`` only (nothing is imported, no Paddle needed). A script's cases are what
 ``sharding_cases.cases_of()`` and a script's ``launch_cases()`` find: module-level functions ``case_<name>``,
@@ -37,7 +38,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLEET = os.path.join("test", "collective", "fleet")
-CASE_FOLDERS = (FLEET, os.path.join("test", "launcher"))
+# test/launcher was test/harness before its rename: a checkout before it counts the same way
+CASE_FOLDERS = (FLEET, os.path.join("test", "launcher"), os.path.join("test", "harness"))
 MODULE_FOLDERS = (FLEET, os.path.join("tools", "collective"))
 
 

@@ -1,5 +1,6 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Launch a per-rank script on N ranks with ``python -m paddle.distributed.launch`` (the launcher of the collective tests; test only).
+"""The launcher of the collective tests (test only): a per-rank script on N ranks with
+``python -m paddle.distributed.launch``.
 
 One timeout per launch, rank start-up not counted (docs/harness.md, "Timeouts"): while the ranks import
 Paddle (:mod:`rank_signals`; limit ``$PADDLE_OVERLAY_STARTUP_TIMEOUT``, 300 s) the test's pytest-timeout
