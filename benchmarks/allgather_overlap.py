@@ -33,10 +33,12 @@ The model is ``bench_common``'s LLaMA-shaped one, larger (6 layers, hidden
 128, FFN 344, vocab 1024: 5.9 MiB of fp32 parameters) with comm buffers of
 ``--buffer-mb`` (1, the smallest ``comm_buffer_size_MB`` takes) so it has
 several. V2 runs on the CPU through the test-only shim
-(``test/collective/fleet/hybrid_parallel_cpu_shim.py``: ``install()``,
-items 7-8 in ``cpu_sharding_v2``).
+(``tools/collective/hybrid_parallel_cpu_shim.py``: ``install()``, items 7-8
+in ``cpu_sharding_v2``), imported from ``tools/collective`` on the ranks'
+``PYTHONPATH``:
 
-    OMP_NUM_THREADS=1 python -m paddle.distributed.launch --nproc_per_node 2 \\
+    PYTHONPATH=tools/collective OMP_NUM_THREADS=1 \\
+        python -m paddle.distributed.launch --nproc_per_node 2 \\
         --log_dir /tmp/bench_allgather benchmarks/allgather_overlap.py
     # tables printed by rank 0 (also in /tmp/bench_allgather/workerlog.0)
 """
@@ -51,7 +53,6 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "test", "collective", "fleet"))
 
 import bench_common as bc  # noqa: E402  (sets thread env before paddle)
 import hybrid_parallel_cpu_shim  # noqa: E402  (test-only: V2 on gloo)

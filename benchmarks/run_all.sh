@@ -15,7 +15,8 @@ echo "overlay commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 run() {  # run PY NAME SCRIPT: two CPU ranks; keep rank 0's log as the result
   local py="$1" name="$2" script="$3"
   rm -rf "$OUT/logs-$name"
-  "$py" -m paddle.distributed.launch --nproc_per_node 2 --log_dir "$OUT/logs-$name" "$script" >/dev/null 2>&1 \
+  # tools/collective: the test-only CPU shim (hybrid_parallel_cpu_shim), imported by name
+  PYTHONPATH="$PWD/tools/collective${PYTHONPATH:+:$PYTHONPATH}" "$py" -m paddle.distributed.launch --nproc_per_node 2 --log_dir "$OUT/logs-$name" "$script" >/dev/null 2>&1 \
     || { echo "FAILED: $name (see $OUT/logs-$name)"; return 1; }
   grep -E '^(\||paddle |Table|upstream:|ours on|llama /|.extra)' "$OUT/logs-$name/workerlog.0" | tee "$OUT/$name.txt"
 }

@@ -13,13 +13,12 @@ step, a barrier before each, outside the clock):
 * ``v1_buckets_scaled`` - V1, ``bucket_size_mb=0.125`` (several buckets,
   about as many per parameter as 256 MB gives LLaMA-7B);
 * ``v2``                - V2 (``split_param``), 1 MB comm buffers, through
-  the test-only CPU shim (``test/collective/fleet/
-  hybrid_parallel_cpu_shim.py``).
+  the test-only CPU shim (``tools/collective/hybrid_parallel_cpu_shim.py``).
 
 Printed per mode: median ``step()`` wall and main-thread CPU time
 (``time.thread_time``) on and off over ``--steps`` timed steps, the
 median per-step ratio on/off and the ratio of the medians; then, counted
-with ``test/collective/fleet/blocking_calls.py`` over ``--count-steps``
+with ``tools/collective/blocking_calls.py`` over ``--count-steps``
 more steps (the counter's wrappers stay out of the timed steps), the
 blocking calls inside ``step()`` per step: host synchronisations
 (``Tensor.numpy`` / ``item`` / ... , device and task synchronize) and
@@ -35,7 +34,9 @@ read-back between the update and the launch, what bucket mode did each
 step before, adds 0.6-1.1 ms per step at 1k tokens and is within noise at
 4k). Nothing here is asserted on time.
 
-Run (from the repository root), either way:
+Run (from the repository root; the ranks import the shim and the counter
+from ``tools/collective``: the driver puts it on their ``PYTHONPATH``, a
+launch of your own sets it), either way:
 
     # the whole comparison: measures the counts of the commit before the
     # owner stopped agreeing per step (ac28af6~1) first, in a temporary
@@ -44,7 +45,8 @@ Run (from the repository root), either way:
 
     # this tree only, under the launcher (the "before" column then says how
     # to get it)
-    OMP_NUM_THREADS=1 python -m paddle.distributed.launch --nproc_per_node 2 \\
+    PYTHONPATH=tools/collective OMP_NUM_THREADS=1 \\
+        python -m paddle.distributed.launch --nproc_per_node 2 \\
         --log_dir /tmp/bench_step_host benchmarks/step_host_time.py
 """
 
@@ -58,7 +60,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-FLEET_TESTS = os.path.join(ROOT, "test", "collective", "fleet")
+COLLECTIVE_TOOLS = os.path.join(ROOT, "tools", "collective")  # the CPU shim, blocking_calls
 GPU_ESTIMATE = os.path.join(HERE, "research", "data", "h200_host_sync_1gpu.json")
 MODES = {
     "v1_buckets": {"v2": False, "bucket_mb": None},
@@ -113,6 +115,7 @@ def drive(args):
     subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
     env = {k: v for k, v in os.environ.items() if k != "PADDLE_OVERLAY"}
     env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (COLLECTIVE_TOOLS, env.get("PYTHONPATH")) if p)
     before_json = os.path.join(work, "before.json")
     launch = [sys.executable, "-m", "paddle.distributed.launch"]
     launch += ["--nproc_per_node", "2"]
@@ -166,7 +169,6 @@ def worker(args):
     import warnings
 
     sys.path.insert(0, HERE)
-    sys.path.insert(0, FLEET_TESTS)
     import bench_common as bc  # sets the thread env before paddle
     import hybrid_parallel_cpu_shim  # test-only: V2 on gloo
     import paddle

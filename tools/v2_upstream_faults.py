@@ -51,13 +51,13 @@ def measure():
     """{case: (verdict, first line of the error)} of rank 0, from one 2-rank launch."""
     import paddle
     from collective_launch import launch_collective
+    from legacy_test.test_parallel_dygraph_dataparallel import cpu_shim_env
 
     assert paddle.__version__ == RELEASE, f"measured on Paddle {RELEASE}, this is {paddle.__version__}"
     expected = json.dumps({case: fault[1] for case, fault in FAULTS.items()})
-    env = {"BROADCAST_OVERLAP_CASES": ",".join(list(FAULTS) + list(PASSES)), "ALLGATHER_OVERLAP_IMPL": "upstream",
-           "PADDLE_OVERLAY": "0", "BROADCAST_OVERLAP_EXPECTED_FAILURES": expected,
-           "PADDLE_OVERLAY_CPU_SHIM": os.path.join(FLEET, "hybrid_parallel_cpu_shim.py"),
-           "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tools", "collective", "cpu_site"), FLEET])}
+    env = cpu_shim_env({"BROADCAST_OVERLAP_CASES": ",".join(list(FAULTS) + list(PASSES)),
+                        "ALLGATHER_OVERLAP_IMPL": "upstream", "PADDLE_OVERLAY": "0",
+                        "BROADCAST_OVERLAP_EXPECTED_FAILURES": expected})
     result = launch_collective(SCRIPT, nproc=2, env=env, timeout=400)  # raises when a case is not as expected
     lines = result.rank_logs[0]
     found = {}

@@ -72,7 +72,9 @@ launch() {
   rm -rf "$OUT/$name"
   mkdir -p "$OUT/$name"
   echo "run $name: ${envs[*]:-(no PADDLE_OVERLAY)} $*"
-  if ! env -u PADDLE_OVERLAY "${envs[@]}" timeout -k 10 "$TIMEOUT" \
+  # tools/collective on the ranks' path: the test-only CPU shim train_tiny_llama.py imports for V2
+  if ! env -u PADDLE_OVERLAY PYTHONPATH="$ROOT/tools/collective${PYTHONPATH:+:$PYTHONPATH}" "${envs[@]}" \
+      timeout -k 10 "$TIMEOUT" \
       "$VENV/bin/python" -m paddle.distributed.launch --nproc_per_node 2 --log_dir "$OUT/$name/log" \
       "$HERE/train_tiny_llama.py" --output_dir "$OUT/$name/out" "${COMMON[@]}" "$@" \
       >"$OUT/$name/launch.log" 2>&1; then

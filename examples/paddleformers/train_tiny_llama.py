@@ -25,21 +25,19 @@ named, and only when the start-up hook already imported it.
 V2 on CPU ranks (``--split_param true --device cpu``): Paddle's V2 builds its comm
 buffers only for a GPU/NPU/XPU and reduces with ``reduce_scatter``, which gloo
 lacks, so this script then uses the project's TEST-ONLY CPU shim
-(``test/collective/fleet/hybrid_parallel_cpu_shim.py``: ``install()`` before
+(``tools/collective/hybrid_parallel_cpu_shim.py``, imported by name: ``run.sh``
+puts ``tools/collective`` on the ranks' ``PYTHONPATH``; ``install()`` before
 ``fleet.init``, ``cpu_sharding_v2()`` around the Trainer's model/optimizer
 wrapping; both no-ops on GPU ranks). V1 runs without it. See README.md.
 """
 
 import dataclasses
-import os
 import sys
 
 import numpy as np
 import paddle
 from paddleformers.trainer import PdArgumentParser, Trainer, TrainingArguments
 from paddleformers.transformers import LlamaConfig, LlamaForCausalLM
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 VOCAB = 256  # tokens
 SEQ_LEN = 32  # tokens per sample
@@ -116,8 +114,7 @@ def v2_on_cpu(argv):
 
 
 def load_cpu_shim():
-    """The project's test-only CPU shim, installed (before ``fleet.init``)."""
-    sys.path.insert(0, os.path.join(ROOT, "test", "collective", "fleet"))
+    """The project's test-only CPU shim (``tools/collective``), installed (before ``fleet.init``)."""
     import hybrid_parallel_cpu_shim
 
     hybrid_parallel_cpu_shim.install()

@@ -33,22 +33,17 @@ def rank_env(allocator_strategy, need_envs):
     return env
 
 
-# the one test-only CPU shim (its item 1: gloo group creation, installed in CPU ranks by cpu_site)
-CPU_SHIM = os.path.join(ROOT, "test", "collective", "fleet", "hybrid_parallel_cpu_shim.py")
-
-
-def cpu_shim_env(env, shim=CPU_SHIM):
-    """``env`` plus what gives each CPU rank the shim's gloo group creation (cpu_site/sitecustomize.py)."""
+def cpu_shim_env(env):
+    """``env`` plus what has each CPU rank install the test-only CPU shim's site items before the script runs
+    (``tools/collective/cpu_site/sitecustomize.py``: ``hybrid_parallel_cpu_shim.install_site()``)."""
     path = [CPU_SITE, env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))]
-    return {**env, "PADDLE_OVERLAY_CPU_SHIM": shim, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    return {**env, "PADDLE_OVERLAY_CPU_SHIM": "1", "PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
 
 def run(test_case, script, nproc, env, timeout=None):
+    """``script`` on ``nproc`` ranks, each CPU rank with the shim's site items (:func:`cpu_shim_env`)."""
     script = script_path(test_case, script)
-    shim = os.path.join(os.path.dirname(script), "hybrid_parallel_cpu_shim.py")
-    if os.path.isfile(shim):  # a script beside the shim (a patched tree's too)
-        env = cpu_shim_env(env, shim)
-    return launch_collective(script, nproc=nproc, env=env, timeout=timeout)  # unittest.SkipTest: a skip
+    return launch_collective(script, nproc=nproc, env=cpu_shim_env(env), timeout=timeout)  # SkipTest: a skip
 
 
 class TestMultipleGpus(unittest.TestCase):

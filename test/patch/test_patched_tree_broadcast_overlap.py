@@ -13,8 +13,8 @@ For the running Paddle's version (the runner runs this once per version) this te
    folder built from the tree (links to the installed package, patched copies, and a
    ``paddle_overlay`` stub that fails on import) with no ``_origin_`` method anywhere, and the
    tree's drivers (the tests of PRs 1..k, as PR k left them) pass through the ``TestMultipleGpus``
-   stand-in, one launch per driver. The CPU shim (V2's comm buffers on gloo) is brought from this
-   project's ``test/collective/fleet`` beside them: it is not part of the patch;
+   stand-in, one launch per driver. The test-only CPU shim (V2's comm buffers on gloo) is not part of the
+   patch: the stand-in's site hook installs it in CPU ranks (``hybrid_parallel_cpu_shim.install_site``);
 4. registers the series' tests with ``tools/apply_patch.sh`` on a fresh tree: the rows of every PR
    appended, upstream's rows, files and ``CMakeLists.txt`` untouched.
 
@@ -56,8 +56,6 @@ print(json.dumps({
     "overlay": "paddle_overlay" in sys.modules,
 }))
 """
-# from outside the patch, beside the tree's per-rank scripts
-BROUGHT = ("hybrid_parallel_cpu_shim.py",)
 
 
 def git_status(tree):
@@ -146,9 +144,6 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
             present |= set(state)
             for rel, text in state.items():  # PR k's tree is the generated state k
                 self.assertEqual(make_patch._read(os.path.join(tree, rel)), text, f"after PR {k + 1}: {rel}")
-            for name in BROUGHT:  # from outside the patch: never part of it
-                if not os.path.exists(os.path.join(fleet, name)):
-                    shutil.copyfile(os.path.join(make_patch.TEST_DIR, name), os.path.join(fleet, name))
             self.site = os.path.join(self.work, f"site-pr{k + 1}")
             checkout_tree.build_patched_package(self.pkg, tree, self.site)
             os.makedirs(os.path.join(self.site, "paddle_overlay"))

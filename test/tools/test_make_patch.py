@@ -562,10 +562,11 @@ def selection_problems(test_files=make_patch.TEST_FILES):
 def test_patch_carries_upstream_form_tests_only_and_leaves_nothing_dangling():
     """Every carried file's sibling imports and every per-rank script a carried driver names are
     carried too (else: add them to tools/patch_series.py, or make the import optional); the
-    project's own test tooling (the CPU shim, the wait checker) stays here; carried drivers
+    project's own test tooling (the case module, the wait checker) stays here; carried drivers
     launch through one of Paddle's own multi-process bases."""
     assert selection_problems() == {}
-    for kept_here in ("hybrid_parallel_cpu_shim.py", "param_sync_checker.py"):
+    for kept_here in ("sharding_cases.py", "param_sync_checker.py"):
+        assert os.path.isfile(os.path.join(make_patch.TEST_DIR, kept_here)), kept_here
         assert kept_here not in make_patch.TEST_FILES
     rows = make_patch.testslist_rows()
     assert sorted(r.split(",")[0] + ".py" for r in rows) == sorted(n for n in make_patch.TEST_FILES if n.startswith("test_"))
@@ -598,11 +599,15 @@ def test_a_selection_that_leaves_a_dependency_out_is_found(monkeypatch, tmp_path
 
 
 def test_upstream_bf16_names_are_not_taken_and_no_added_file_imports_this_project():
+    """Not even optionally: the test-only modules of tools/collective (the CPU shim among them) are brought
+    to CPU ranks from outside, never imported by a carried file."""
     ours = make_patch.TEST_FILES
     assert "dygraph_group_sharded_stage1_bf16.py" not in ours and "test_dygraph_sharding_stage1_bf16.py" not in ours
+    tools = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "tools", "collective")) if n.endswith(".py"))
+    assert "hybrid_parallel_cpu_shim" in tools and "blocking_calls" in tools, tools
     offenders = {}
     for rel in make_patch.patch_source_files():
-        for banned in ("paddle_overlay", "collective_launch", "rank_ready"):
+        for banned in ("paddle_overlay", "rank_ready", *tools):
             if banned in imports_of(make_patch._read(os.path.join(ROOT, rel)), rel):
                 offenders.setdefault(rel, []).append(banned)
     assert offenders == {}

@@ -1,12 +1,15 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Launch a per-rank script on N ranks with ``python -m paddle.distributed.launch`` (test harness only).
+"""The launcher of the collective tests (test only): a per-rank script on N ranks with
+``python -m paddle.distributed.launch``.
 
 One timeout per launch, rank start-up not counted (docs/harness.md, "Timeouts"): while the ranks import
 Paddle (:mod:`rank_signals`; limit ``$PADDLE_OVERLAY_STARTUP_TIMEOUT``, 300 s) the test's pytest-timeout
 clock stands still. On a timeout or a failing rank the launch's processes are killed and
 :class:`CollectiveLaunchError` names the rank that failed first and each rank's last collective, with every
 rank's log tail. A launch whose ranks all exit 0 fails too when the collectives they issued
-(:mod:`collective_recorder`) do not form one schedule.
+(:mod:`collective_recorder`) do not form one schedule. Every rank gets this folder first on its ``PYTHONPATH``
+(:data:`HERE`): the test-only modules beside this file (``hybrid_parallel_cpu_shim``, ``blocking_calls``) are
+imported by name there, as under pytest.
 Environment: ``PADDLE_OVERLAY_TEST_DEVICE``, ``PADDLE_OVERLAY_TEST_NPROC`` (ranks allowed),
 ``PADDLE_OVERLAY_LAUNCH_ARGS`` (extra launcher arguments), ``PADDLE_OVERLAY_RUN_DIR`` (log folders).
 """
@@ -27,6 +30,7 @@ import collective_recorder
 import psutil
 import rank_signals
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 TAIL_LINES = 60
 DEFAULT_TIMEOUT = 300.0  # seconds of behaviour when no test clock runs
 REPORT_MARGIN = 15.0  # seconds of the test's clock kept to kill the tree and report
@@ -116,6 +120,7 @@ def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, 
     cmd += ["--devices", ",".join(map(str, range(nproc)))] if device == "gpu" else []
     cmd += shlex.split(os.environ.get("PADDLE_OVERLAY_LAUNCH_ARGS", "")) + ["--log_dir", log_dir, script]
     full_env = {**os.environ, **(env or {}), "PADDLE_OVERLAY_TEST_DEVICE": device, rank_signals.DIR_ENV: signal_dir}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, full_env.get("PYTHONPATH")) if p)
     if "COVERAGE_PROCESS_CONFIG" in full_env:  # measured in the ranks only (rank_signals.COVERAGE_ENV)
         full_env[rank_signals.COVERAGE_ENV] = full_env.pop("COVERAGE_PROCESS_CONFIG")
 

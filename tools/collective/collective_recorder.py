@@ -42,7 +42,7 @@ import threading
 
 FILE_PATTERN = r"collectives-(\d+)\.jsonl"
 # public process-group methods that are no collective
-# (the one list: collective_methods(), which test/collective/fleet/blocking_calls.py uses too)
+# (the one list: collective_methods(), which blocking_calls.py beside this file uses too)
 NOT_COLLECTIVES = frozenset("name rank size id create create_default_device get_comm_name get_group_id backend "
                             "eager_connect eager_connect_ring_exchange".split())
 # _legacy_C_ops operators that communicate (found by their 'ring_id' attribute; 'root'/'root_id', 'peer')
@@ -150,7 +150,7 @@ def collective_methods(cls):
 
 def install(signal_dir, rank):
     """Wrap the collectives of the imported Paddle (once per process); records go to ``signal_dir``. Returns
-    the names wrapped ([] without Paddle's process groups, e.g. a fake ``paddle`` in the harness's own tests)."""
+    the names wrapped ([] without Paddle's process groups, e.g. a fake ``paddle`` in ``test/tools``)."""
     if "recorder" in _STATE:
         return _STATE["wrapped"]
     recorder = _STATE["recorder"] = _Recorder(os.path.join(signal_dir, f"collectives-{rank}.jsonl"))

@@ -95,7 +95,7 @@ def _signal_when_paddle_imported(ready_dir, rank):
 
 
 def _recorder():
-    """collective_recorder, beside this file (the hook runs before any harness folder is on sys.path)."""
+    """collective_recorder, beside this file (the hook runs before any folder of the launcher's is on sys.path)."""
     if "collective_recorder" not in sys.modules:
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "collective_recorder.py")
         spec = importlib.util.spec_from_file_location("collective_recorder", path)

@@ -12,10 +12,10 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """Per-rank script (2 ranks): sharding stage 1 V2 (``split_param``, comm
-buffers of BUFFER_MB MB: several per model) with the parameter all-gather
+buffers of ``cases.V2_BUFFER_MB`` MB: several per model) with the parameter all-gather
 overlapped with the next forward (``opt._set_all_gather_overlap_forward(
 True, model)``, as PaddleFormers calls it) against V2 without overlap:
-each case is :func:`compare` (``training.compare_on_off``) unless it says
+each case is :func:`compare` (``cases.compare_on_off``) unless it says
 otherwise. The cases whose reads between steps wait for every gather
 assert the product's lost-overlap warning; the others must not see it.
 
@@ -23,7 +23,7 @@ Env ``ALLGATHER_OVERLAP_IMPL``: ``product`` (default; the overlay or a
 patched Paddle provides the owner, checked) or ``upstream`` (Paddle's own,
 the overlay not applied, checked: only ``tools/v2_upstream_faults.py``
 runs it). ``BROADCAST_OVERLAP_CASES``, ``..._EXPECTED_FAILURES``: see
-``training.run_cases``.
+``cases.run_cases``.
 """
 
 import functools
@@ -32,19 +32,7 @@ import sys
 import tempfile
 import zlib
 
-import sharding_cases as training
-from sharding_cases import (
-    all_ranks_equal,
-    assert_bitwise_equal,
-    batch,
-    cases_of,
-    lost_overlap_warnings,
-    overlap_impl,
-    raises,
-    rank,
-    sharding_optimizer,
-    total_forward_pre_hooks,
-)
+import sharding_cases as cases
 
 import paddle
 import paddle.nn.functional as F
@@ -61,14 +49,11 @@ PADDLE_NOTICES = (
 )
 VOCAB, HIDDEN = 64, 256
 STEPS = 3
-# comm_buffer_size_MB on Paddle 3.x (an int: 1 is the smallest), the CPU
-# shim's item 9 on 2.6
-BUFFER_MB = 1
 
 
 # ----------------------------------------------------------------------
 # models
-class CollectiveBlock(training.Block):
+class CollectiveBlock(cases.Block):
     """Runs its own collective (MoE-like: an all-reduce over another group
     object) between its matmuls."""
 
@@ -81,7 +66,7 @@ class CollectiveBlock(training.Block):
         return x + self.down(h + 0.5 * routed)
 
 
-class LM(training.TinyLM):
+class LM(cases.TinyLM):
     """TinyLM of 3 blocks at this size (about 3.2 MB of fp32: 4 buffers);
     ``tied``: the head reads the embedding's weight; ``adapter``: a layer
     the optimizer does not hold (frozen adapter, teacher, ...) after the
@@ -118,8 +103,8 @@ class RootParamLM(LM):
 
     def __init__(self):
         super().__init__()
-        self.pos_table = self.create_parameter([training.SEQ, HIDDEN])
-        self.register_buffer("pos_onehot", paddle.eye(training.SEQ))
+        self.pos_table = self.create_parameter([cases.SEQ, HIDDEN])
+        self.register_buffer("pos_onehot", paddle.eye(cases.SEQ))
 
     def embedded(self, tokens):
         pos = paddle.matmul(self.pos_onehot, self.pos_table)  # root's read
@@ -149,7 +134,7 @@ class EncodeLM(LM):
         self.tied = False
         self.encoder = Tables()  # first in parameters()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.blocks = nn.LayerList([training.Block(HIDDEN) for _ in range(3)])
+        self.blocks = nn.LayerList([cases.Block(HIDDEN) for _ in range(3)])
         self.head = nn.Linear(HIDDEN, VOCAB)
 
     def encode(self, tokens):
@@ -183,19 +168,10 @@ class MixedLM(LM):
 
 # ----------------------------------------------------------------------
 # set-up, the on/off comparison
-def sgd(parameters):
-    """For bfloat16 parameters: the CPU has no bfloat16 adamw kernel."""
-    return paddle.optimizer.SGD(learning_rate=0.05, parameters=parameters)
-
-
-def snapshot(model):
-    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
-
-
 def init_fleet():
     """fleet.init of V2, the collective blocks' group, the implementation
     the launch asked for checked."""
-    training.init_fleet(split_param=True, buffer_mb=BUFFER_MB)
+    cases.init_fleet(split_param=True, buffer_mb=cases.V2_BUFFER_MB)
     world = paddle.distributed.get_world_size()
     CollectiveBlock.group = paddle.distributed.new_group(list(range(world)))
     if IMPL == "upstream":
@@ -212,7 +188,9 @@ def init_fleet():
 def buffers(opt):
     """[[parameter, ...] per comm buffer], in Paddle's buffer order (never
     changed by the overlap)."""
-    return [list(b._params) for b in sharding_optimizer(opt)._comm_buffer_list]
+    return [
+        list(b._params) for b in cases.sharding_optimizer(opt)._comm_buffer_list
+    ]
 
 
 def buffer_of(opt):
@@ -224,28 +202,38 @@ def final_forward(run):
     """One more forward before the final read (every implementation syncs
     what a forward uses; reads right after step() are the cases')."""
     with paddle.no_grad():
-        run.model(batch(99)[0])
+        run.model(cases.batch(99)[0])
 
 
-def train(cls=LM, overlap=False, *, raw_layers=False, **kwargs):
-    """``training.train`` of V2, the overlap on as PaddleFormers turns it
-    on (the product's owner checked); ``raw_layers``: ``layers`` is the
-    user's layer, not fleet's wrapper of it."""
+def train(
+    cls=LM,
+    overlap=False,
+    *,
+    raw_layers=False,
+    parameters=None,
+    optimizer=cases.adamw,
+    **kwargs,
+):
+    """``cases.train`` of V2 (``parameters``, ``optimizer``: the
+    :class:`cases.Build`'s), the overlap on as PaddleFormers turns it on
+    (the product's owner checked); ``raw_layers``: ``layers`` is the user's
+    layer, not fleet's wrapper of it."""
 
-    def on(opt, model):
-        opt._set_all_gather_overlap_forward(
-            True, model._layers if raw_layers else model
+    def on(run):
+        run.opt._set_all_gather_overlap_forward(
+            True, run.raw if raw_layers else run.model
         )
         if IMPL == "product":
-            assert overlap_impl(opt) is not None, (
+            assert cases.overlap_impl(run.opt) is not None, (
                 "the product is not applied to V2: _set_all_gather_overlap_"
                 "forward left no overlap owner (Paddle's own method ran)"
             )
 
-    return training.train(
-        cls,
+    build = cases.Build(cls, parameters=parameters, optimizer=optimizer)
+    build.around = cases.sharding_v2
+    return cases.train(
+        build,
         overlap,
-        around=lambda: training.sharding_v2(BUFFER_MB),
         enable=on,
         final=final_forward,
         **{"steps": STEPS, **kwargs},
@@ -253,27 +241,27 @@ def train(cls=LM, overlap=False, *, raw_layers=False, **kwargs):
 
 
 def compare(cls=LM, lost=None, waits=(), **kwargs):
-    """``training.compare_on_off`` of :func:`train` (every rank's final
+    """``cases.compare_on_off`` of :func:`train` (every rank's final
     parameters equal), >= 3 comm buffers, some all-gather seen; returns
     ``(checker, on)``. ``lost``: the path of the reads that took the
     product's overlap away on this rank (None: none; never a warning in
     these short runs);
     ``waits``: the product's wait counters (``stats``) that must be > 0."""
-    with lost_overlap_warnings() as said:
-        checker, on = training.compare_on_off(
+    with cases.lost_overlap_warnings() as said:
+        checker, on = cases.compare_on_off(
             cls,
-            run=train,
+            train=train,
             replicas="world",
             started_in_step=IMPL == "product",
             **kwargs,
         )
     assert checker.counts["gathers"] > 0, "no all-gather of a parameter seen"
-    assert len(buffers(on.opt)) >= 3, f"{len(buffers(on.opt))} comm buffers"
+    cases.assert_v2(on.opt)
     for reason in waits if IMPL == "product" else ():
-        stats = overlap_impl(on.opt).stats
+        stats = cases.overlap_impl(on.opt).stats
         assert stats[reason] > 0, (reason, dict(stats))
     if IMPL == "product" and lost is not None:
-        training.assert_overlap_lost(said, on.opt, lost)
+        cases.assert_overlap_lost(said, on.opt, lost)
     else:  # (Paddle's own overlap has no such warning)
         assert said == [], said
     return checker, on
@@ -283,8 +271,8 @@ def compile_forward(run):
     run.raw.forward = paddle.jit.to_static(run.raw.forward, full_graph=True)
 
 
-def evaluate(step, run):
-    tokens, labels = batch(5)
+def evaluate(run):
+    tokens, labels = cases.batch(5)
     run.model.eval()
     with paddle.no_grad():
         loss = F.cross_entropy(run.model(tokens), labels).mean()
@@ -307,7 +295,7 @@ COMPARES = {
     "state_dict_right_after_step": (
         "Item 2: state_dict() right after step(), before any forward.",
         dict(
-            after_step=lambda s, run: snapshot(run.raw).values(),
+            after_step=lambda run: cases.snapshot(run.raw).values(),
             lost="iteration",
         ),
     ),
@@ -360,10 +348,10 @@ def case_parameters_loop_ema_right_after_step():
     """Item 2: an EMA over parameters() right after step()."""
     ema = {}
 
-    def update_ema(step, run):
+    def update_ema(run):
         for i, p in enumerate(run.raw.parameters()):
             value = p.numpy().astype("float32")
-            ema[i] = value if step == 0 else 0.9 * ema[i] + 0.1 * value
+            ema[i] = value if run.step == 0 else 0.9 * ema[i] + 0.1 * value
         return [ema[i].copy() for i in range(len(ema))]
 
     compare(LM, after_step=update_ema, lost="iteration")
@@ -373,13 +361,13 @@ def case_encode_helper_between_steps():
     """Item 3: a helper calls, between steps, a sublayer whose parameters
     span several buffers (Paddle's own overlap started the first one only);
     the call waits in its pre-hook (a forward: no lost-overlap warning)."""
-    tokens, names = batch(7)[0], []
+    tokens, names = cases.batch(7)[0], []
 
     def encoder_names(run):  # before training: the check reads no parameter
         names[:] = [p.name for p in run.raw.encoder.parameters()]
 
-    def encode(step, run):
-        if step == 0:
+    def encode(run):
+        if run.step == 0:
             spans = {buffer_of(run.opt)[name] for name in names}
             assert spans == set(range(6)), spans
         return [run.raw.encode(tokens).numpy()]
@@ -391,8 +379,8 @@ def case_freeze_parameters_after_first_step():
     """Item 4: after the first step the buffer holding the embedding (then
     frozen-only) and one parameter of another buffer stop training."""
 
-    def freeze(step, run):
-        if step == 0:
+    def freeze(run):
+        if run.step == 0:
             groups = buffers(run.opt)
             first = buffer_of(run.opt)[run.raw.embed.weight.name]
             for p in groups[first]:
@@ -409,27 +397,27 @@ def case_hooks_constant_and_removed():
     one more step is then bitwise equal to overlap off's."""
     counts = []
 
-    def count(step, run):
-        counts.append(total_forward_pre_hooks(run.raw))
+    def count(run):
+        counts.append(cases.total_forward_pre_hooks(run.raw))
         return []
 
-    base = total_forward_pre_hooks(LM())
+    base = cases.total_forward_pre_hooks(LM())
     off = train(LM, steps=6)
     on = train(LM, overlap=True, steps=6, after_step=count)
     assert len(set(counts)) == 1, f"hook count changed over steps: {counts}"
     assert counts[0] > base, f"no hook registered: {counts} vs {base}"
     on.opt._set_all_gather_overlap_forward(False, on.model)
-    after = total_forward_pre_hooks(on.raw)
+    after = cases.total_forward_pre_hooks(on.raw)
     assert after == base, (
         f"_set_all_gather_overlap_forward(False) left {after - base} "
         f"forward pre-hooks ({counts[0]} while on, {base} without)"
     )
-    assert IMPL != "product" or overlap_impl(on.opt) is None
+    assert IMPL != "product" or cases.overlap_impl(on.opt) is None
     off2, on2 = (  # one more step without overlap
-        training.train(model=r.model, opt=r.opt, first_step=50, steps=1)
+        cases.train(cases.Build.of(r.model, r.opt), first_step=50, steps=1)
         for r in (off, on)
     )
-    assert_bitwise_equal(
+    cases.assert_bitwise_equal(
         (off.losses + off2.losses, off2.params),
         (on.losses + on2.losses, on2.params),
         "after False",
@@ -458,16 +446,18 @@ def case_gather_order_follows_forward():
             layer.register_forward_pre_hook(hook)
             for layer in run.raw.sublayers(include_self=True)
         ]
-        run.raw(batch(0)[0])
+        run.raw(cases.batch(0)[0])
         for h in handles:
             h.remove()
 
-    checker, on = compare(MixedLM, make_optimizer=sgd, prepare=record_first_use)
+    checker, on = compare(
+        MixedLM, optimizer=cases.sgd, prepare=record_first_use
+    )
     where = buffer_of(on.opt)
     launched = [
         min(where[p.name] for p in t.params) for t in checker.gather_log
     ]
-    same_on_ranks = all_ranks_equal(
+    same_on_ranks = cases.all_ranks_equal(
         [len(launched), zlib.crc32(repr(launched).encode())]
     )
     n = len(first_use)
@@ -498,7 +488,7 @@ def case_layer_spanning_two_buffers():
             if isinstance(layer, nn.Linear)
         ]
 
-    def read_split_layer(step, run):
+    def read_split_layer(run):
         where = buffer_of(run.opt)
         split = [lin for lin, w, b in linears if where[w] != where[b]]
         assert split, "no Linear spans two buffers in this layout"
@@ -532,13 +522,13 @@ def saving(folder):
     into a fresh model (rank 0 alone saving: the schedule script)."""
     counter = [0]
 
-    def after_step(step, run):
+    def after_step(run):
         counter[0] += 1
         path = os.path.join(folder, f"model_{counter[0]}.pdparams")
         paddle.save(run.raw.state_dict(), path)
         fresh = LM()
         fresh.set_state_dict(paddle.load(path))
-        return list(snapshot(fresh).values())
+        return list(cases.snapshot(fresh).values())
 
     return after_step
 
@@ -546,13 +536,13 @@ def saving(folder):
 def case_save_right_after_step_and_reload():
     """paddle.save(model.state_dict()) right after step(), with no
     synchronize, and reload into a fresh model: equal to overlap off."""
-    prefix = f"allgather_overlap_r{rank()}_"
+    prefix = f"allgather_overlap_r{cases.rank()}_"
     with tempfile.TemporaryDirectory(prefix=prefix) as folder:
         compare(LM, after_step=saving(folder), lost="iteration")
 
 
 def rebuild_after_step(clear, launched_current):
-    """An ``on_step`` of Paddle's own rebuild test
+    """An ``after_step`` of Paddle's own rebuild test
     (``hybrid_parallel_sharding_model_rebuild.py``): after each step V2's
     comm buffers are built again (``clear``: first the slice parameters'
     and the buffers' parameter storage freed, as that test does), with
@@ -560,9 +550,9 @@ def rebuild_after_step(clear, launched_current):
     Appends to ``launched_current`` whether the step's units gathered the
     current buffers' storage (overlap on, product)."""
 
-    def on_step(step, model, opt):
-        inner = sharding_optimizer(opt)
-        impl = overlap_impl(opt) if IMPL == "product" else None
+    def after_step(run):
+        inner = cases.sharding_optimizer(run.opt)
+        impl = cases.overlap_impl(run.opt) if IMPL == "product" else None
         if impl is not None:
             storages = {id(b.param_storage) for b in inner._comm_buffer_list}
             launched_current.append(
@@ -574,10 +564,10 @@ def rebuild_after_step(clear, launched_current):
             inner._slice_params = {}
             for buffer in inner._comm_buffer_list:
                 buffer.param_storage._clear_to_zero_allocation()
-        with training.sharding_v2(BUFFER_MB):
-            opt.rebuild()
+        with cases.sharding_v2(BUFFER_MB):
+            run.opt.rebuild()
 
-    return on_step
+    return after_step
 
 
 def case_rebuild_between_steps():
@@ -592,13 +582,13 @@ def case_rebuild_between_steps():
     )
 
     if not hasattr(dso.DygraphShardingOptimizerV2, "rebuild"):
-        assert paddle.__version__.startswith("2."), paddle.__version__
+        assert cases.PADDLE_2, paddle.__version__
         return
     for clear in (False, True):
         launched_current = []
-        _, on = compare(on_step=rebuild_after_step(clear, launched_current))
+        _, on = compare(after_step=rebuild_after_step(clear, launched_current))
         if IMPL == "product":
-            stats = overlap_impl(on.opt).stats
+            stats = cases.overlap_impl(on.opt).stats
             assert stats["waited_on_demand"] == stats["launched"], stats
             assert launched_current == [True] * STEPS, launched_current
 
@@ -609,7 +599,7 @@ def case_bad_arguments_refused_before_any_change():
     flag's type, the removed ``max_in_flight`` and the delegation to V2:
     test/unit/test_hybrid_overlap_delegation.py)."""
     run = train(LM, steps=0)
-    base = total_forward_pre_hooks(run.raw)
+    base = cases.total_forward_pre_hooks(run.raw)
     method = "_set_all_gather_overlap_forward"
     bad = [
         ((True, None), {}, ValueError, f"{method}(True, model)"),
@@ -618,15 +608,15 @@ def case_bad_arguments_refused_before_any_change():
         ((True, run.model), {"strict": 1}, TypeError, "strict"),
     ]
     for args, kwargs, error, text in bad:
-        with raises(error, text):
+        with cases.raises(error, text):
             run.opt._set_all_gather_overlap_forward(*args, **kwargs)
-        assert total_forward_pre_hooks(run.raw) == base, (args, kwargs)
-        assert overlap_impl(run.opt) is None, (args, kwargs)
+        assert cases.total_forward_pre_hooks(run.raw) == base, (args, kwargs)
+        assert cases.overlap_impl(run.opt) is None, (args, kwargs)
     run.opt._set_all_gather_overlap_forward(False, run.model)  # no-op: off
-    assert overlap_impl(run.opt) is None
+    assert cases.overlap_impl(run.opt) is None
 
 
 if __name__ == "__main__":
     # the product must not warn; Paddle's own overlap may
     allowed = PADDLE_NOTICES if IMPL == "product" else (".",)
-    sys.exit(training.run_cases(cases_of(globals()), init_fleet, allowed))
+    sys.exit(cases.run_cases(cases.cases_of(globals()), init_fleet, allowed))

@@ -19,7 +19,7 @@ accumulation 1 and 2. O2, ``main_grad`` and ``GradScaler`` run on GPUs."""
 
 import dygraph_sharding_stage1_broadcast_overlap as script
 import numpy as np
-import sharding_cases as training
+import sharding_cases as cases
 
 import paddle
 import paddle.distributed as dist
@@ -38,7 +38,7 @@ def case_bf16_o1_runs_in_float32():
         for _ in range(4)
     ]
     for acc in (1, 2):
-        with training.overlap_warnings(AMP_NO_OP) as amp:
+        with cases.overlap_warnings(AMP_NO_OP) as amp:
             off = script.train_mlp(initial, batches, acc=acc)
             on = script.train_mlp(initial, batches, acc=acc, overlap=True)
         assert len(amp) == 2 * len(batches), len(amp)  # one per forward

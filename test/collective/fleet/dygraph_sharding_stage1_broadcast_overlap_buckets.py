@@ -24,20 +24,15 @@ import types
 
 import dygraph_sharding_stage1_broadcast_overlap_models as models
 import numpy as np
-import sharding_cases as harness
+import sharding_cases as cases
 from hybrid_parallel_cpu_shim import cpu_tensor_fusion
 from param_sync_checker import ParamSyncWaitChecker
-from sharding_cases import STEPS, TinyLM, compare_on_off, rank
 
 import paddle
 from paddle.distributed import fleet
 
-KB = 1.0 / 1024  # in MB
-impl_of = harness.overlap_impl
-
-
-def sgd(params):
-    return paddle.optimizer.SGD(learning_rate=0.05, parameters=params)
+KB, STEPS, HIDDEN, VOCAB = cases.KB, cases.STEPS, cases.HIDDEN, cases.VOCAB
+impl_of = cases.overlap_impl
 
 
 def dtype_name(tensor):
@@ -50,9 +45,9 @@ def buckets(opt):
     1-D ``tensor``), ``src``, ``dtype``, ``length``, ``params`` (slot
     order), ``indices``, ``offsets`` (elements) and ``numels``."""
     found, index_of = [], impl_of(opt).index_of
-    for u in harness.bucket_units(opt):
+    for u in cases.bucket_units(opt):
         b = types.SimpleNamespace(unit=u, buffer=u.tensor, src=u.src)
-        b.params, b.offsets = list(u.params), harness.slot_offsets(u)
+        b.params, b.offsets = list(u.params), cases.slot_offsets(u)
         b.dtype, b.length = dtype_name(u.tensor), int(u.tensor.shape[0])
         b.indices = [index_of(p) for p in u.params]
         b.numels = [math.prod(p.shape) for p in u.params]
@@ -71,7 +66,7 @@ def bucket_of(opt, param):
 def owner_rank(opt, param):
     """Global rank owning ``param`` (Paddle's V1 ``_rank2params``)."""
     hcg = fleet.get_hybrid_communicate_group()
-    owners = harness.sharding_optimizer(opt)._rank2params.items()
+    owners = cases.sharding_optimizer(opt)._rank2params.items()
     (r,) = [r for r, ps in owners if any(p is param for p in ps)]
     return hcg.get_sharding_parallel_group().ranks[r]
 
@@ -79,7 +74,7 @@ def owner_rank(opt, param):
 def planned_windows(opt, cap_mb):
     """The windows (positions) the test expects: in ``order``, trainable,
     untied, non-empty parameters, each closed at ``cap_mb`` MB or more."""
-    cap, params = int(cap_mb * (1 << 20)), harness.optimizer_parameters(opt)
+    cap, params = int(cap_mb * (1 << 20)), cases.optimizer_parameters(opt)
     windows, window, size, placed = [], [], 0, set()
     for i in impl_of(opt).order:
         p = params[i]
@@ -119,10 +114,10 @@ def new_memory(model):
     return p, fresh
 
 
-def compare_buckets(build=TinyLM, cap=2 * KB, **kwargs):
+def compare_buckets(build=cases.TinyLM, cap=2 * KB, **kwargs):
     """``compare_on_off`` with buckets of ``cap``, then the buckets' memory
     checked; returns ``(checker, on run, its optimizer)``."""
-    checker, on = compare_on_off(build, bucket_mb=cap, **kwargs)
+    checker, on = cases.compare_on_off(build, enable=cases.v1(cap), **kwargs)
     assert_views_of_buffers(on.opt)
     return checker, on, on.opt
 
@@ -131,7 +126,7 @@ def assert_launched_per_bucket(checker, opt):
     """Each unit a bucket of several parameters, launched once per step (no
     broadcast per parameter); the ranks agree on every bucket's owner,
     length, offsets and sizes."""
-    specs, n = buckets(opt), len(harness.optimizer_parameters(opt))
+    specs, n = buckets(opt), len(cases.optimizer_parameters(opt))
     assert specs and len(specs) < n, (len(specs), n)
     assert len(impl_of(opt).units) == len(specs)
     launched = checker.counts["launched"]
@@ -139,18 +134,17 @@ def assert_launched_per_bucket(checker, opt):
     layout = [
         v for s in specs for v in (s.src, s.length, *s.offsets, *s.numels)
     ]
-    assert harness.all_ranks_equal(layout), layout
+    assert cases.all_ranks_equal(layout), layout
     return specs
 
 
-def assert_per_parameter():
+def check_per_parameter():
     """bucket_size_mb=0 on and off bitwise: no bucket, one unit per
     parameter, one broadcast per trainable parameter and step."""
-    checker, on = compare_on_off(bucket_mb=0)
-    params = harness.optimizer_parameters(on.opt)
-    assert harness.per_parameter(on.opt) and buckets(on.opt) == []
+    checker, on = cases.compare_on_off(enable=cases.v1(0))
+    params = cases.optimizer_parameters(on.opt)
+    cases.assert_per_parameter(on.opt)
     n = sum(1 for p in params if not p.stop_gradient)
-    assert len(impl_of(on.opt).units) == len(params)
     assert checker.counts["launched"] == STEPS * n
 
 
@@ -160,9 +154,9 @@ def head_wait_sabotaged(cap, keep_first=False):
     one waiting for the first of the head's two units only)."""
     with ParamSyncWaitChecker() as checker:
 
-        def sabotage(step, model, opt):
-            impl, head = impl_of(opt), model._layers.head
-            mine = harness.overlap_hook_ids(head, checker)
+        def sabotage(run):
+            step, impl, head = run.step, impl_of(run.opt), run.raw.head
+            mine = cases.overlap_hook_ids(head, checker)
             # one at step 0, none registered again (but the replacement)
             assert len(mine) == (1 if step == 0 else keep_first), (step, mine)
             if step != 0:
@@ -179,12 +173,13 @@ def head_wait_sabotaged(cap, keep_first=False):
                 hook_id = head.register_forward_pre_hook(wait_first)._hook_id
                 head._forward_pre_hooks.move_to_end(hook_id, last=False)
 
-        harness.train(
-            overlap=True,
-            bucket_mb=cap,
+        cases.train(
+            cases.TinyLM,
+            True,
+            enable=cases.v1(cap),
             steps=3,
             checker=checker,
-            on_step=sabotage,
+            after_step=sabotage,
         )
     return checker.violations
 
@@ -192,7 +187,7 @@ def head_wait_sabotaged(cap, keep_first=False):
 def frozen_inside_lm():
     """Block 0's up weight (not its bias) and block 1's norm weight frozen,
     between trainable neighbours in forward order."""
-    model = TinyLM()
+    model = cases.TinyLM()
     model.blocks[0].up.weight.stop_gradient = True
     model.blocks[1].norm.weight.stop_gradient = True
     return model
@@ -204,7 +199,7 @@ class Gate(paddle.nn.Layer):
     def __init__(self):
         super().__init__()
         self.scale = self.create_parameter(
-            [harness.HIDDEN],
+            [HIDDEN],
             dtype="float64",
             default_initializer=paddle.nn.initializer.Constant(1.0),
         )
@@ -213,7 +208,7 @@ class Gate(paddle.nn.Layer):
         return x * self.scale.astype("float32")
 
 
-class MixedDtypeLM(TinyLM):
+class MixedDtypeLM(cases.TinyLM):
     """A float64 gate after each block."""
 
     def __init__(self):
@@ -227,7 +222,7 @@ class MixedDtypeLM(TinyLM):
         return self.head(x)
 
 
-class OddSizesLM(TinyLM):
+class OddSizesLM(cases.TinyLM):
     """One-element, odd-length and column parameters (no 0-d one: Paddle's
     V1 partition fails on an empty shape; the unit tests cover 0-d slots)."""
 
@@ -237,7 +232,7 @@ class OddSizesLM(TinyLM):
             ("one", [1], 1.0),
             ("scalar", [1, 1], 0.5),
             ("odd", [7], 0.1),
-            ("col", [harness.HIDDEN, 1], 0.2),
+            ("col", [HIDDEN, 1], 0.2),
         ):
             init = paddle.nn.initializer.Constant(value)
             p = self.create_parameter(shape, default_initializer=init)
@@ -262,7 +257,7 @@ def decay_by_name(params):
 
 
 def head_learning_rate_3():
-    model = TinyLM()
+    model = cases.TinyLM()
     model.head.weight.optimize_attr["learning_rate"] = 3.0
     return model
 
@@ -275,20 +270,21 @@ def case_on_off_bitwise_with_buckets():
     equal to off (the optimizer's state too: it moves the parameters); one
     broadcast per bucket of one (window, owner, dtype), each read waited; 0
     is one broadcast per parameter."""
-    for build, cap, kwargs in (
-        (TinyLM, 2 * KB, {}),
-        (head_learning_rate_3, 2 * KB, {"make_optimizer": decay_by_name}),
-        (TinyLM, 256, {}),
+    for model, cap, optimizer in (
+        (cases.TinyLM, 2 * KB, cases.adamw),
+        (head_learning_rate_3, 2 * KB, decay_by_name),
+        (cases.TinyLM, 256, cases.adamw),
         # SGD: Paddle's CPU AdamW has no float64 path with a float32 rate
-        (MixedDtypeLM, 2 * KB, {"make_optimizer": sgd}),
-        (OddSizesLM, 0.25 * KB, {}),
-        (OddSizesLM, 2 * KB, {}),
+        (MixedDtypeLM, 2 * KB, cases.sgd),
+        (OddSizesLM, 0.25 * KB, cases.adamw),
+        (OddSizesLM, 2 * KB, cases.adamw),
     ):
-        checker, _, opt = compare_buckets(build, cap, **kwargs)
+        build = cases.Build(model, optimizer=optimizer)
+        checker, _, opt = compare_buckets(build, cap)
         specs = assert_launched_per_bucket(checker, opt)
-        params = harness.optimizer_parameters(opt)
+        params = cases.optimizer_parameters(opt)
         dtypes = {s.dtype for s in specs}
-        assert len(dtypes) == 1 + (build is MixedDtypeLM), dtypes
+        assert len(dtypes) == 1 + (model is MixedDtypeLM), dtypes
         n = len(params)  # every parameter in a bucket:
         assert sorted(i for s in specs for i in s.indices) == list(range(n))
         # one bucket per (window, owner, dtype) holding parameters
@@ -306,7 +302,7 @@ def case_on_off_bitwise_with_buckets():
         }
         assert set(keys) == wanted, (keys, wanted)
         assert (len(windows) == 1) == (cap == 256), windows
-    assert_per_parameter()
+    check_per_parameter()
 
 
 def case_checker_catches_a_pending_bucket():
@@ -315,7 +311,7 @@ def case_checker_catches_a_pending_bucket():
     only (a cap of exactly the head's weight puts its bias in the next
     window's): the checker reports the head's read of a pending broadcast
     (the wait itself: unit tests)."""
-    head_weight_mb = harness.HIDDEN * harness.VOCAB * 4 / (1 << 20)
+    head_weight_mb = HIDDEN * VOCAB * 4 / (1 << 20)
     for cap, keep_first in ((0, False), (head_weight_mb, True)):
         violations = head_wait_sabotaged(cap, keep_first)
         assert any(
@@ -328,10 +324,10 @@ def case_tied_parameter_one_slot():
     has one slot, in one bucket of its owner, whose unit both wait for."""
     compare_buckets(models.TiedLM, acc_steps=2)
     _, on, opt = compare_buckets(models.TiedLM)
-    inner, specs, impl = on.model._layers, buckets(opt), impl_of(opt)
+    inner, specs, impl = on.raw, buckets(opt), impl_of(opt)
     tied = inner.mix_a.weight
     assert tied is inner.mix_b.weight
-    params = harness.optimizer_parameters(opt)
+    params = cases.optimizer_parameters(opt)
     (i,) = [i for i, p in enumerate(params) if p is tied]
     # one slot: in one bucket, once
     assert [j for s in specs for j in s.indices if j == i] == [i]
@@ -356,24 +352,23 @@ def case_frozen_and_trainable_share_windows_under_weight_decay():
     def frozen(model):
         return model.blocks[0].up.weight, model.blocks[1].norm.weight
 
-    def freeze_later(step, model, opt):
-        if step == 1:
-            p = model._layers.blocks[1].down.weight
+    def freeze_later(run):
+        if run.step == 1:
+            p = run.raw.blocks[1].down.weight
             p.stop_gradient = True
             freeze_later.value = p.numpy().copy()
 
-    initial = harness.build_with_initial_state(frozen_inside_lm)
+    initial = cases.seeded(frozen_inside_lm)
     values = [p.numpy().copy() for p in frozen(initial)]
     _, on, opt = compare_buckets(
-        frozen_inside_lm,
-        make_optimizer=decaying,
-        on_step=freeze_later,
+        cases.Build(frozen_inside_lm, optimizer=decaying),
+        after_step=freeze_later,
         steps=4,
     )
-    for p, value in zip(frozen(on.model._layers), values):
+    for p, value in zip(frozen(on.raw), values):
         assert p.numpy().tobytes() == value.tobytes(), p.name
         assert bucket_of(opt, p) is None, p.name
-    p = on.model._layers.blocks[1].down.weight
+    p = on.raw.blocks[1].down.weight
     assert p.numpy().tobytes() == freeze_later.value.tobytes()
     assert bucket_of(opt, p) is not None
 
@@ -382,37 +377,35 @@ def case_checkpoint_across_bucket_modes():
     """Saved and loaded with or without buckets: bitwise equal to one run; a
     load handing new memory is rebound locally (``stats["rebound"]``)."""
     total, cut = STEPS + 2, 2
-    base, shapes = harness.train(steps=total), {}
+    base, shapes = cases.train(steps=total), {}
     for saved, loaded in ((2 * KB, None), (None, 2 * KB), (2 * KB, 2 * KB)):
-        first = harness.train(
-            overlap=saved is not None, bucket_mb=saved or 0, steps=cut
+        first = cases.train(
+            cases.TinyLM, saved is not None, enable=cases.v1(saved), steps=cut
         )
-        fresh, opt, state = harness.save_and_load_fresh(first.model, first.opt)
+        fresh, opt, state = cases.save_and_load_fresh(first.model, first.opt)
         shapes[saved] = {k: list(v.shape) for k, v in state.items()}
         handed = []
 
-        def loads(step, model, opt):
-            inner = model._layers
-            if step == cut:  # by copy, right after a launch
-                state = inner.state_dict().items()
-                inner.set_state_dict({k: v.clone() for k, v in state})
-            if step == cut + 1:  # by handing a new tensor
-                handed.append(new_memory(model)[0])
+        def loads(run):
+            if run.step == cut:  # by copy, right after a launch
+                state = run.raw.state_dict().items()
+                run.raw.set_state_dict({k: v.clone() for k, v in state})
+            if run.step == cut + 1:  # by handing a new tensor
+                handed.append(new_memory(run.model)[0])
 
-        if loaded is not None:
-            harness.enable_broadcast_overlap(opt, fresh, bucket_mb=loaded)
-        with harness.lost_overlap_warnings() as lost:
+        with cases.lost_overlap_warnings() as lost:
             with ParamSyncWaitChecker() as checker:
-                rest = harness.train(
-                    model=fresh,
-                    opt=opt,
+                rest = cases.train(
+                    cases.Build.of(fresh, opt),
+                    loaded is not None,
+                    enable=cases.v1(loaded),
                     steps=total - cut,
                     first_step=cut,
                     checker=checker,
-                    on_step=loads if loaded is not None else None,
+                    after_step=loads if loaded is not None else None,
                 )
         assert checker.violations == [], checker.violations[:5]
-        harness.assert_bitwise_equal(
+        cases.assert_bitwise_equal(
             (base.losses, base.params),
             (first.losses + rest.losses, rest.params),
             f"saved with {saved} MB, loaded with {loaded} MB",
@@ -421,7 +414,7 @@ def case_checkpoint_across_bucket_modes():
             assert lost == [], lost
             continue
         # the load by copy read every parameter right after a step: lost
-        harness.assert_overlap_lost(lost, opt, "iteration")
+        cases.assert_overlap_lost(lost, opt, "iteration")
         impl = impl_of(opt)
         # replaced on every rank: rebound into its slot once, at the next
         # launch, and it lives in its bucket again
@@ -429,7 +422,7 @@ def case_checkpoint_across_bucket_modes():
         assert bucket_of(opt, handed[0]) is not None
         assert_views_of_buffers(opt)
         stats = [impl.stats["launched"], len(impl.units)]
-        assert harness.all_ranks_equal(stats), stats
+        assert cases.all_ranks_equal(stats), stats
     assert shapes[2 * KB] == shapes[None]
 
 
@@ -437,19 +430,14 @@ def case_tensor_fusion_slices_bitwise_equal():
     """With tensor fusion (and the TEST-ONLY CPU shim that lets Paddle build
     fused buffers here) each window sends slices of Paddle's fused buffers,
     bitwise equal to off; bucket_size_mb=0 sends one per parameter there."""
-    with harness.sharding_configs(tensor_fusion=True), cpu_tensor_fusion():
+    with cases.sharding_configs(tensor_fusion=True), cpu_tensor_fusion():
         for cap in (2 * KB, 256):
             checker, _, opt = compare_buckets(cap=cap)
-            inner = harness.sharding_optimizer(opt)
+            inner = cases.sharding_optimizer(opt)
             assert inner.tensor_fusion and inner._rank2fused
-            spans = harness.fused_spans(opt)
             specs = assert_launched_per_bucket(checker, opt)
-            for s in specs:  # slices of the fused buffers, nothing new
-                start = s.buffer.data_ptr()
-                end = start + s.length * s.buffer.element_size()
-                assert any(lo <= start < hi for lo, hi in spans), start
-                assert any(lo < end <= hi for lo, hi in spans), end
-        assert_per_parameter()
+            cases.assert_slices_of_fused(opt, [s.unit for s in specs])
+        check_per_parameter()
 
 
 def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
@@ -458,23 +446,23 @@ def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
     for ranks in ({1}, {0, 1}):
         replaced = []
 
-        def replace(step, model, opt, ranks=ranks, replaced=replaced):
-            if step == 1 and rank() in ranks:
-                p, fresh = new_memory(model)
+        def replace(run, ranks=ranks, replaced=replaced):
+            if run.step == 1 and cases.rank() in ranks:
+                p, fresh = new_memory(run.model)
                 assert p.data_ptr() == fresh.data_ptr()  # out of its slot
-                if impl_of(opt) is not None:  # (the off run too)
-                    assert bucket_of(opt, p) is not None
+                if impl_of(run.opt) is not None:  # (the off run too)
+                    assert bucket_of(run.opt, p) is not None
                     replaced.append((p, fresh))  # keep the new memory alive
 
-        _, _, opt = compare_buckets(on_step=replace)
+        _, _, opt = compare_buckets(after_step=replace)
         impl = impl_of(opt)
         rebound = impl.stats["rebound"]
-        assert rebound == int(rank() in ranks), (ranks, impl.stats)
+        assert rebound == int(cases.rank() in ranks), (ranks, impl.stats)
         if replaced:  # back in its slot: no longer the fresh memory
             p, fresh = replaced[0]
             assert p.data_ptr() != fresh.data_ptr()
         stats = [impl.stats["launched"], len(buckets(opt))]
-        assert harness.all_ranks_equal(stats), stats
+        assert cases.all_ranks_equal(stats), stats
         assert stats[0] == STEPS * len(impl.units), impl.stats
 
 
@@ -483,13 +471,13 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
     rank before any broadcast; off and on again, it plans anew and trains."""
     for cap in (0, 2 * KB):
         checker = ParamSyncWaitChecker()
-        with checker, harness.lost_overlap_warnings() as lost:
+        with checker, cases.lost_overlap_warnings() as lost:
             # (train() ends with model.state_dict(): every unit waited by
             # that read, so the next forward finds that step's overlap lost)
-            on = harness.train(
-                overlap=True,
-                bucket_mb=cap,
-                make_optimizer=sgd,
+            on = cases.train(
+                cases.Build(optimizer=cases.sgd),
+                True,
+                enable=cases.v1(cap),
                 steps=2,
                 checker=checker,
             )
@@ -497,35 +485,38 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
             sent = checker.counts["launched"]
             assert sent == impl.stats["launched"] == 2 * len(impl.units) > 0
             model._layers.to(dtype="float64")
-            harness.lm_loss(model, 2).backward()
+            cases.lm_loss(model, 2).backward()
             texts = ("_set_broadcast_overlap(False)", "float32", "float64")
-            with harness.raises(ValueError, *texts) as refused:
+            with cases.raises(ValueError, *texts) as refused:
                 opt.step()
             opt.clear_grad()
             assert checker.counts["launched"] == sent, checker.counts
-        harness.assert_overlap_lost(lost, opt, "iteration")
-        params = harness.optimizer_parameters(opt)
+        cases.assert_overlap_lost(lost, opt, "iteration")
+        params = cases.optimizer_parameters(opt)
         named = [p.name for p in params if f" {p.name} " in refused.message]
         assert len(named) == 1, (named, refused.message)
         assert impl.stats["launched"] == 2 * len(impl.units), impl.stats
         assert impl.num_pending == 0
         # every rank refused it: the next collective still pairs up
-        assert harness.all_ranks_equal([1])
+        assert cases.all_ranks_equal([1])
         opt._set_broadcast_overlap(False)
         opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=cap)
         with ParamSyncWaitChecker() as checker:
-            run = harness.train(
-                model=model, opt=opt, steps=2, first_step=3, checker=checker
+            run = cases.train(
+                cases.Build.of(model, opt),
+                steps=2,
+                first_step=3,
+                checker=checker,
             )
         assert checker.violations == [], checker.violations[:5]
         assert checker.counts["launched"] > 0 and checker.num_unwaited() == 0
         for v in run.params.values():
             assert v.dtype == np.float64 and np.isfinite(v).all(), v.dtype
-        assert harness.all_ranks_equal(harness.digests(run.params))
+        assert cases.all_ranks_equal(cases.digests(run.params))
         assert {s.dtype for s in buckets(opt)} <= {"float64"}
         assert_views_of_buffers(opt)
         opt._set_broadcast_overlap(False)
 
 
 if __name__ == "__main__":
-    sys.exit(harness.run_cases(harness.cases_of(globals())))
+    sys.exit(cases.run_cases(cases.cases_of(globals())))

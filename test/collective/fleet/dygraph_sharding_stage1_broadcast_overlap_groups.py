@@ -18,7 +18,7 @@ Env ``BROADCAST_OVERLAP_GROUPS``: a JSON list of ``[script, cases]`` run in
 that order after one ``fleet.init`` (every script's ``init_fleet``, default
 ``sharding_cases.init_fleet``, must be the same): ``script`` a
 per-rank script of this folder, imported; ``cases`` a comma list of the
-cases a launch of it runs (``training.launch_cases``), ``""`` for all. Each
+cases a launch of it runs (``cases.launch_cases``), ``""`` for all. Each
 case prints ``CASE <script>/<case> PASS|FAIL``; the exit code is non-zero
 if any case failed or a group names an unknown script or case (then
 nothing runs).
@@ -29,11 +29,11 @@ import json
 import os
 import sys
 
-import sharding_cases as training
+import sharding_cases as cases
 
 
 def load_groups(text):
-    """[(label, cases, names)] of the groups in ``text``, and
+    """[(label, {case: function}, names)] of the groups in ``text``, and
     the fleet init they share; raises ValueError on a bad group."""
     groups, inits = [], set()
     for script, wanted in json.loads(text):
@@ -41,15 +41,15 @@ def load_groups(text):
             raise ValueError(f"{script!r} is not a per-rank script")
         label = script[: -len(".py")]
         module = importlib.import_module(label)
-        inits.add(getattr(module, "init_fleet", training.init_fleet))
-        cases = training.launch_cases(module)
-        names = [n for n in wanted.split(",") if n] or list(cases)
-        unknown = [n for n in names if n not in cases]
+        inits.add(getattr(module, "init_fleet", cases.init_fleet))
+        found = cases.launch_cases(module)
+        names = [n for n in wanted.split(",") if n] or list(found)
+        unknown = [n for n in names if n not in found]
         if unknown:
             raise ValueError(
-                f"{script}: unknown cases {unknown}; known: {sorted(cases)}"
+                f"{script}: unknown cases {unknown}; known: {sorted(found)}"
             )
-        groups.append((label, cases, names))
+        groups.append((label, found, names))
     if len(inits) != 1:
         raise ValueError(
             f"the groups need {len(inits)} different fleet set-ups: "
@@ -66,10 +66,10 @@ def main():
         return 2
     init()
     failed, total = [], 0
-    for label, cases, names in groups:
+    for label, found, names in groups:
         print(f"GROUP {label}: {len(names)} case(s)", flush=True)
         total += len(names)
-        failed += training.run_named(cases, names, f"{label}/")
+        failed += cases.run_named(found, names, f"{label}/")
     print(f"{total - len(failed)} passed, {len(failed)} failed: {failed}")
     return 1 if failed else 0
 

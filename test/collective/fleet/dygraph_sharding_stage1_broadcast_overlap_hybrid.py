@@ -12,7 +12,7 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 """Per-rank script: the parameter-sync overlap in hybrid topologies on 4
-ranks, overlap off against on (``training.compare_on_off``).
+ranks, overlap off against on (``cases.compare_on_off``).
 
 Env ``BROADCAST_OVERLAP_TOPOLOGY`` (``fleet.init`` runs once per process):
 ``pp2_sharding2`` (``train_batch``/``eval_batch``, plain and with a tied
@@ -20,8 +20,8 @@ embedding/head; with the pipeline's gradient-communication overlap,
 ``*_sharding_comm_overlap_*``, V1 and V2), ``dp2_sharding2`` and
 ``mp2_sharding2`` (``mp_configs.sync_param`` on), whose second sharding
 group does not start at rank 0; there the ``v2_*``/``mp_v2_*`` cases run V2
-(``split_param``, comm buffers of :data:`V2_BUFFER_MB` MB,
-``training.sharding_v2``) with the all-gather overlap.
+(``split_param``, comm buffers of ``cases.V2_BUFFER_MB`` MB,
+``cases.sharding_v2``) with the all-gather overlap.
 """
 
 import functools
@@ -31,11 +31,10 @@ import tempfile
 import zlib
 
 import dygraph_sharding_stage1_grad_comm_overlap as grad_comm
-import hybrid_parallel_cpu_shim as shim
+import hybrid_parallel_cpu_shim
 import numpy as np
-import sharding_cases as training
+import sharding_cases as cases
 from param_sync_checker import ParamSyncWaitChecker
-from sharding_cases import overlap_impl, rank
 
 import paddle
 from paddle.distributed import fleet
@@ -44,17 +43,13 @@ TOPOLOGY = os.environ.get("BROADCAST_OVERLAP_TOPOLOGY", "pp2_sharding2")
 PP, MP = TOPOLOGY == "pp2_sharding2", TOPOLOGY == "mp2_sharding2"
 VOCAB, HIDDEN, BATCH, SEQ = 32, 16, 4, 4
 STEPS = 3
-# V2: model width; comm buffer size (sharding_configs.comm_buffer_size_MB on
-# Paddle 3.x, an int: 1 is the smallest; hybrid_parallel_cpu_shim item 9 on
-# 2.6)
-V2_HIDDEN, V2_BUFFER_MB = 256, 1
-PADDLE_2 = paddle.__version__.startswith("2.")
+V2_HIDDEN = 256  # V2's model width (comm buffers of cases.V2_BUFFER_MB)
 
 
 def init_fleet():
     assert TOPOLOGY in ("pp2_sharding2", "dp2_sharding2", "mp2_sharding2")
     degrees = {TOPOLOGY[:2] + "_degree": 2, "sharding_degree": 2}
-    training.init_fleet(degrees, mp_sync_param=MP, micro_batch=BATCH // 2)
+    cases.init_fleet(degrees, mp_sync_param=MP, micro_batch=BATCH // 2)
 
 
 def hcg():
@@ -80,9 +75,9 @@ def cross_entropy(logits, labels):
     return paddle.nn.functional.cross_entropy(logits, labels).mean()
 
 
-def train_batch(model, opt, step):
-    """The pipeline's step (forward, backward, update)."""
-    return model.train_batch(list(data(step)), opt)
+def train_batch(run):
+    """The pipeline's step (forward, backward, update): a micro-step."""
+    return run.model.train_batch(list(data(run.step)), run.opt)
 
 
 # ----------------------------------------------------------------------
@@ -140,8 +135,8 @@ def pipeline_model(tied, blocks=2):
     )
 
 
-class FlatBlock(training.Block):
-    """``training.Block`` of ``hidden`` -> ``widen * hidden`` -> ``hidden``,
+class FlatBlock(cases.Block):
+    """``cases.Block`` of ``hidden`` -> ``widen * hidden`` -> ``hidden``,
     its LayerNorm only when ``norm``; column/row-parallel linears in
     mp2_sharding2."""
 
@@ -163,8 +158,8 @@ class FlatBlock(training.Block):
             self.down = paddle.nn.Linear(wide, hidden)
 
 
-class FlatLM(training.TinyLM):
-    """``training.TinyLM`` of :class:`FlatBlock` s, its embedding
+class FlatLM(cases.TinyLM):
+    """``cases.TinyLM`` of :class:`FlatBlock` s, its embedding
     vocab-parallel in mp2_sharding2."""
 
     def __init__(self, hidden=HIDDEN, blocks=1, widen=2, norm=False):
@@ -202,62 +197,58 @@ def build_same(build):
     process (model-parallel layers draw from Paddle's RNG tracker, which
     ``paddle.seed`` does not reset), so off and on start equal."""
     model = build()
-    state = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    state = cases.snapshot(model)
     state = _INITIAL.setdefault(tuple(state), state)
     model.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
     return model
 
 
-def train(build, overlap=False, *, prepare=None, **kwargs):
-    """``training.train`` in this topology: this topology's data, the
+def micro_step(run):
+    """This topology's micro-step: the pipeline's ``train_batch``, else a
+    forward and backward of this topology's data."""
+    if PP:
+        return train_batch(run)
+    tokens, labels = data(run.step)
+    loss = cross_entropy(run.model(tokens), labels)
+    loss.backward()
+    return loss
+
+
+def v2_adamw(parameters):
+    return paddle.optimizer.AdamW(
+        learning_rate=0.001, parameters=parameters, weight_decay=0.01
+    )
+
+
+def train(model, overlap=False, *, v2=False, **kwargs):
+    """``cases.train`` of ``model()`` in this topology: its data, the
     pipeline's ``train_batch`` (which runs the update), off and on from the
-    same initial weights (:func:`build_same`)."""
-    runs = []
-
-    def start(run):
-        runs.append(run)
-        if prepare is not None:
-            prepare(run)
-
-    def micro_step(model, step, micro, acc_steps):
-        if PP:
-            return train_batch(model, runs[0].opt, step)
-        tokens, labels = data(step)
-        loss = cross_entropy(model(tokens), labels)
-        loss.backward()
-        return loss
-
-    return training.train(
+    same initial weights (:func:`build_same`); ``v2``: sharding stage 1 V2
+    (``cases.sharding_v2``), its overlap on as PaddleFormers does."""
+    build = cases.Build(model, init=build_same)
+    if v2:
+        build.around, build.optimizer = cases.sharding_v2, v2_adamw
+        kwargs.setdefault("enable", cases.v2)
+    update = cases.no_update if PP else None
+    return cases.train(
         build,
         overlap,
-        init=build_same,
         micro_step=micro_step,
-        skip_update=(lambda step: True) if PP else None,
-        prepare=start,
+        update=update,
         **{"steps": STEPS, **kwargs},
     )
 
 
-def compare(build, run=train, prepare=None, on_step=None, **kwargs):
-    """``training.compare_on_off`` of ``run`` in this topology, the final
-    parameters equal across the sharding group; the on run calls
-    ``prepare(opt, checker)`` before its first step and ``on_step`` after
-    each. Returns ``(checker, on run)``."""
-
-    def hooked(build, overlap, checker=None, **kwargs):
-        if overlap:
-            kwargs["on_step"] = on_step
-            if prepare is not None:
-                kwargs["prepare"] = lambda r: prepare(r.opt, checker)
-        return run(build, overlap, checker=checker, **kwargs)
-
+def compare(model, **kwargs):
+    """``cases.compare_on_off`` of :func:`train` (or ``kwargs["train"]``) in
+    this topology, the final parameters equal across the sharding group.
+    Returns ``(checker, on run)``."""
     group = hcg().get_sharding_parallel_group()
-    checker, on = training.compare_on_off(
-        build, run=hooked, replicas=group, **kwargs
-    )
-    impl = overlap_impl(on.opt)
+    kwargs.setdefault("train", train)
+    checker, on = cases.compare_on_off(model, replicas=group, **kwargs)
+    impl = cases.overlap_impl(on.opt)
     print(
-        f"rank {rank()} stage {hcg().get_stage_id()}: checker "
+        f"rank {cases.rank()} stage {hcg().get_stage_id()}: checker "
         f"{checker.counts} stats "
         f"{impl.stats} read paths {dict(impl.read_paths)}",
         flush=True,
@@ -277,14 +268,14 @@ def case_pipeline_tied_embedding_head():
     broadcast is pending and waits for it there."""
     checker, on = compare(lambda: pipeline_model(tied=True))
     if hcg().is_last_stage:  # (the shared layer never runs there)
-        impl = overlap_impl(on.opt)
+        impl = cases.overlap_impl(on.opt)
         assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
 
 
 def case_pipeline_tied_head_without_guard_is_caught():
     """Negative control: with the read guard removed, the checker sees the
     last stage's tied head read the shared weight mid-broadcast."""
-    with training.read_guard_removed(), ParamSyncWaitChecker() as checker:
+    with cases.read_guard_removed(), ParamSyncWaitChecker() as checker:
         train(lambda: pipeline_model(tied=True), True, checker=checker)
     reads = [v for v in checker.violations if v[0] == "read:matmul"]
     if hcg().is_last_stage:
@@ -297,10 +288,10 @@ def case_pipeline_eval_batch_and_save_after_step():
     """``eval_batch`` and a save between steps, equal off and on."""
     saved = []
 
-    def after_step(step, run):
-        tokens, labels = data(100 + step)
+    def after_step(run):
+        tokens, labels = data(100 + run.step)
         loss = run.model.eval_batch([tokens, labels], compute_loss=True)
-        path = f"/tmp/overlap_hybrid_{os.getpid()}_{step}.pdparams"
+        path = f"/tmp/overlap_hybrid_{os.getpid()}_{run.step}.pdparams"
         paddle.save(run.model.state_dict(), path)
         saved.append(paddle.load(path))
         os.remove(path)
@@ -318,53 +309,36 @@ def case_sharding_group_layout():
     own group, and both ranks of a group own parameters and send them."""
     group = hcg().get_sharding_parallel_group()
     _, on = compare(flat_model)
-    units = overlap_impl(on.opt).units
+    units = cases.overlap_impl(on.opt).units
     sources = [u.src for u in units]
     assert units and all(u.kind == "broadcast" for u in units)
     assert sorted(set(sources)) == sorted(group.ranks), (sources, group.ranks)
-    if rank() >= 2 and TOPOLOGY == "dp2_sharding2":
+    if cases.rank() >= 2 and TOPOLOGY == "dp2_sharding2":
         assert group.ranks == [2, 3], group.ranks
 
 
 # ----------------------------------------------------------------------
 # sharding stage 1 V2 (split_param) with the all-gather overlap
-def train_v2(build=v2_model, overlap=False, **kwargs):
-    """:func:`train` of V2 (``training.sharding_v2``), the overlap turned
-    on as PaddleFormers does."""
-    return train(
-        build,
-        overlap,
-        around=lambda: training.sharding_v2(V2_BUFFER_MB),
-        enable=training.enable_all_gather_overlap,
-        make_optimizer=lambda ps: paddle.optimizer.AdamW(
-            learning_rate=0.001, parameters=ps, weight_decay=0.01
-        ),
-        **kwargs,
-    )
-
-
 def compare_v2(**hooks):
-    """:func:`compare` of V2 (``hooks``: its ``prepare``, ``on_step``): some
+    """:func:`compare` of V2 (``hooks``: its ``prepare``, ``after_step``): some
     all-gather seen, >= 3 comm buffers; in mp2_sharding2 the parameters
     model parallelism replicates equal on every rank (in dp2_sharding2
     Paddle's own V2 leaves the data-parallel replicas unequal, off and on
     alike: its first step all-reduces no data-parallel gradient). Returns
     the on run."""
 
-    def run(build, overlap, **kwargs):
-        r = train_v2(build, overlap, **kwargs)
+    def run(model, overlap, **kwargs):
+        r = train(model, overlap, v2=True, **kwargs)
         if MP:  # the collective on every rank before any assertion
             replicated = [p for p in r.raw.parameters() if not p.is_distributed]
             digests = [zlib.crc32(p.numpy().tobytes()) for p in replicated]
-            r.replicated_equal = training.all_ranks_equal(digests)
+            r.replicated_equal = cases.all_ranks_equal(digests)
         return r
 
-    checker, on = compare(v2_model, run=run, **hooks)
+    checker, on = compare(v2_model, train=run, **hooks)
     assert checker.counts["gathers"] > 0, checker.counts
     assert not MP or on.replicated_equal, "replicated parameters differ"
-    inner = training.sharding_optimizer(on.opt)
-    assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
-    assert len(inner._comm_buffer_list) >= 3, len(inner._comm_buffer_list)
+    cases.assert_v2(on.opt)
     return on
 
 
@@ -373,10 +347,14 @@ def case_v2_allgather_overlap_on_off():
     V2 fails in dp2_sharding2 at its first step, overlap off
     (``_hybrid_sync_grad`` hands ``fused_allreduce_gradients`` no
     parameter): asserted, so the case is not silently empty there."""
-    if PADDLE_2 and TOPOLOGY == "dp2_sharding2":
+    if cases.PADDLE_2 and TOPOLOGY == "dp2_sharding2":
         steps_done = []
-        with training.raises(IndexError, "list index out of range") as fault:
-            train_v2(on_step=lambda step, _model, _opt: steps_done.append(step))
+        with cases.raises(IndexError, "list index out of range") as fault:
+            train(
+                v2_model,
+                v2=True,
+                after_step=lambda r: steps_done.append(r.step),
+            )
         # Paddle's own fault at the first step (build_groups: vars[0]), not
         # an IndexError of the product's
         assert "build_groups" in fault.traceback, fault.traceback
@@ -484,7 +462,7 @@ def uneven_model(**kwargs):
 
 def sharding_owner_ranks(opt, params):
     """V1's sharding owner rank of each of ``params``."""
-    inner = training.sharding_optimizer(opt)
+    inner = cases.sharding_optimizer(opt)
     rank_of = {id(p): r for r, ps in inner._rank2params.items() for p in ps}
     return [rank_of[id(p)] for p in params]
 
@@ -516,7 +494,7 @@ def assert_owners_differ(opt, params, group):
     """Before training: the sharding owner of some of ``params`` differs
     across ``group`` (every rank of the group calls it)."""
     owners = sharding_owner_ranks(opt, params)
-    assert owners and not training.equal_in_group(owners, group), owners
+    assert owners and not cases.equal_in_group(owners, group), owners
 
 
 def equality_pattern(run):
@@ -528,12 +506,12 @@ def equality_pattern(run):
     crc = lambda ps: [zlib.crc32(p.numpy().tobytes()) for p in ps]  # noqa
     replicated = [p for p in params if not p.is_distributed]
     pattern = [
-        training.equal_in_group(crc(params), h.get_sharding_parallel_group()),
-        training.equal_in_group(crc(replicated), h.get_model_parallel_group()),
+        cases.equal_in_group(crc(params), h.get_sharding_parallel_group()),
+        cases.equal_in_group(crc(replicated), h.get_model_parallel_group()),
     ]
     for p in shared_weights(run.raw):
         group = p.color["broadcast_group"]
-        pattern.append(training.equal_in_group(crc([p]), group))
+        pattern.append(cases.equal_in_group(crc([p]), group))
     return pattern
 
 
@@ -543,7 +521,7 @@ def check_hybrid_synced_first(on, synced):
     unit is waited first by a forward pre-hook (all but the last step's,
     which the final read waits); off and on show the same equality
     pattern."""
-    impl = overlap_impl(on.opt)
+    impl = cases.overlap_impl(on.opt)
     lead = sorted(impl.index_of(p) for p in synced)
     assert sorted(impl.lead) == lead and lead, (impl.lead, lead)
     first = [u for u in impl.units if set(u.indices) & set(lead)]
@@ -574,8 +552,7 @@ def compare_hybrid_synced(
         if built_also is not None:
             built_also(run)
 
-    run = train_v2 if v2 else train
-    _, on = compare(build, run=run, built=built, **kwargs)
+    _, on = compare(build, v2=v2, built=built, **kwargs)
     check_hybrid_synced_first(on, seen[-1])
     return on
 
@@ -590,12 +567,12 @@ def case_pipeline_shared_weight_owners_differ():
         assert not hasattr(pp_strategy(), "sync_param")
         return
     for mode, bucket_mb in (("broadcast", 0.0), ("average", 0.002)):
-        with training.pp_configs(sync_param=True, sync_mode=mode):
+        with cases.pp_configs(sync_param=True, sync_mode=mode):
             compare_hybrid_synced(
                 owner_shift_pipeline,
                 lambda run: shared_weights(run.raw),
                 lambda p: p.color["broadcast_group"],
-                bucket_mb=bucket_mb,
+                enable=cases.v1(bucket_mb),
             )
 
 
@@ -608,14 +585,14 @@ def case_pipeline_v2_shared_weight():
     if PADDLE_2:
         assert not hasattr(pp_strategy(), "sync_param")
         return
-    with training.pp_configs(sync_param=True):
+    with cases.pp_configs(sync_param=True):
         on = compare_hybrid_synced(
             owner_shift_pipeline,
             lambda run: shared_weights(run.raw),
             lambda p: p.color["broadcast_group"],
             v2=True,
         )
-    inner = training.sharding_optimizer(on.opt)
+    inner = cases.sharding_optimizer(on.opt)
     (weight,) = shared_weights(on.raw)
     holding = [
         [id(q) for q in b._params]
@@ -637,9 +614,9 @@ def case_pipeline_sync_moment_equal_owners():
     def built(run):
         (weight,) = shared_weights(run.raw)
         owner = sharding_owner_ranks(run.opt, [weight])
-        assert training.equal_in_group(owner, weight.color["broadcast_group"])
+        assert cases.equal_in_group(owner, weight.color["broadcast_group"])
 
-    with training.pp_configs(sync_param=True, sync_moment=True):
+    with cases.pp_configs(sync_param=True, sync_moment=True):
         _, on = compare(lambda: pipeline_model(tied=True), built=built)
     check_hybrid_synced_first(on, shared_weights(on.raw))
 
@@ -652,11 +629,11 @@ def case_pipeline_set_state_dir_between_steps():
     written from the first build's weights), then broadcasts the shared
     weight across its stages (``_synchronize_shared_weights``): its reads
     and writes wait for the step's syncs, equal to overlap off."""
-    folder = tempfile.mkdtemp(prefix=f"set_state_dir_{rank()}_")
+    folder = tempfile.mkdtemp(prefix=f"set_state_dir_{cases.rank()}_")
 
-    def after_step(step, run):
+    def after_step(run):
         layers = run.raw
-        if step == 0:  # the files hold the values after the first step
+        if run.step == 0:  # the files hold the values after the first step
             for idx, layer in enumerate(layers.run_function):
                 if not hasattr(layer, "state_dict"):  # a shared forward_func
                     continue
@@ -668,7 +645,7 @@ def case_pipeline_set_state_dir_between_steps():
         return []
 
     settings = {} if PADDLE_2 else {"sync_param": True}
-    with training.pp_configs(**settings):
+    with cases.pp_configs(**settings):
         checker, _ = compare(owner_shift_pipeline, after_step=after_step)
     assert checker.counts["writes"] > 0, checker.counts
 
@@ -686,9 +663,9 @@ def paddle_moment_sync_owners_differ_hangs():
     def built(run):
         params = shared_weights(run.raw)
         assert_owners_differ(run.opt, params, params[0].color["broadcast_group"])
-        print(f"rank {rank()}: owners checked, training", flush=True)
+        print(f"rank {cases.rank()}: owners checked, training", flush=True)
 
-    with training.pp_configs(sync_param=True, sync_moment=True):
+    with cases.pp_configs(sync_param=True, sync_moment=True):
         train(owner_shift_pipeline, built=built)
     raise AssertionError("Paddle's moment sync finished: no hang to show")
 
@@ -698,19 +675,19 @@ def case_mp_synced_owner_differs():
     whose LayerNorm weight has another sharding owner on each
     model-parallel rank; V1 per parameter and in 2 KB buckets."""
     for mode, bucket_mb in (("broadcast", 0.0), ("average", 0.002)):
-        with training.hybrid_configs("mp_configs", sync_mode=mode):
+        with cases.hybrid_configs("mp_configs", sync_mode=mode):
             compare_hybrid_synced(
                 uneven_model,
                 lambda run: mp_synced(run.opt, run.raw),
                 lambda p: hcg().get_model_parallel_group(),
-                bucket_mb=bucket_mb,
+                enable=cases.v1(bucket_mb),
             )
 
 
 def slices_in_buffers(opt, params):
     """(element offset, buffer size) of each of ``params`` in V2's comm
     buffers: which sharding rank holds which slice of it."""
-    inner, found = training.sharding_optimizer(opt), []
+    inner, found = cases.sharding_optimizer(opt), []
     for p in params:
         for buffer in inner._comm_buffer_list:
             storage = buffer.param_storage
@@ -730,7 +707,7 @@ def case_mp_v2_synced_params():
 
     def built(run):
         layout = slices_in_buffers(run.opt, mp_synced(run.opt, run.raw))
-        assert not training.equal_in_group(layout, group), layout
+        assert not cases.equal_in_group(layout, group), layout
 
     on = compare_hybrid_synced(
         functools.partial(
@@ -741,7 +718,7 @@ def case_mp_v2_synced_params():
         v2=True,
         built_also=built,
     )
-    impl = overlap_impl(on.opt)
+    impl = cases.overlap_impl(on.opt)
     assert any(not set(u.indices) & set(impl.lead) for u in impl.units)
 
 
@@ -756,9 +733,11 @@ def case_mp_v2_synced_params():
 # all-gather per pipeline buffer (V2 takes them).
 def build_main_grad_pipeline(tied):
     raw = build_same(lambda: pipeline_model(tied))
-    base = grad_comm.with_main_grad(raw, training.adamw(raw.parameters()))
-    with shim.cpu_tensor_fusion(), shim.cpu_sharding_v2():  # items 6, 8
-        return fleet.distributed_model(raw), fleet.distributed_optimizer(base)
+    base = grad_comm.with_main_grad(raw, cases.adamw(raw.parameters()))
+    with hybrid_parallel_cpu_shim.cpu_tensor_fusion():  # item 6
+        with hybrid_parallel_cpu_shim.cpu_sharding_v2():  # item 8
+            model = fleet.distributed_model(raw)
+            return model, fleet.distributed_optimizer(base)
 
 
 def pipeline_buffers(on):
@@ -772,12 +751,9 @@ def check_comm_overlap(v2, tied):
     (Paddle reads it and ``split_param`` when it builds the pipeline and
     the optimizer)."""
     for bucket_mb in (None,) if v2 else (None, 0):
-        if v2:
-            enable = training.enable_all_gather_overlap
-        else:
-            enable = grad_comm.enable_v1(bucket_mb)
-        pp = training.pp_configs(sharding_comm_overlap=True)
-        with pp, training.sharding_configs(split_param=v2):
+        enable = cases.v2 if v2 else cases.v1(bucket_mb)
+        pp = cases.pp_configs(sharding_comm_overlap=True)
+        with pp, cases.sharding_configs(split_param=v2):
             on, checker, impl, buffers = grad_comm.compare(
                 functools.partial(build_main_grad_pipeline, tied),
                 enable,
@@ -786,7 +762,7 @@ def check_comm_overlap(v2, tied):
                 replicas=hcg().get_sharding_parallel_group(),
                 train_batch=train_batch,
             )
-        inner = training.sharding_optimizer(on.opt)
+        inner = cases.sharding_optimizer(on.opt)
         name = "DygraphShardingOptimizer" + ("V2" if v2 else "")
         assert type(inner).__name__ == name, inner
         units = len(impl.units)
@@ -800,12 +776,9 @@ def check_comm_overlap(v2, tied):
         assert all(b.param_storage is None for b in buffers)
         assert not getattr(inner, "_rank2fused", None)
         if bucket_mb == 0:
-            assert training.per_parameter(on.opt) and not training.bucket_units(
-                on.opt
-            )
-            assert units == len(training.optimizer_parameters(on.opt)), units
+            cases.assert_per_parameter(on.opt)
         else:  # one bucket per owner rank (one dtype, all under 256 MB)
-            slices = training.bucket_units(on.opt)
+            slices = cases.bucket_units(on.opt)
             assert units == 2 and len(slices) == 2, (units, slices)
             assert len({u.src for u in slices}) == 2, [u.src for u in slices]
         if tied and hcg().is_last_stage:
@@ -835,12 +808,12 @@ PADDLE_FAILURES = {
 
 def launch_cases():
     """The cases of this launch's topology (env BROADCAST_OVERLAP_TOPOLOGY)."""
-    cases = {**training.cases_of(globals()), **PIPELINE_COMM_OVERLAP}
+    found = {**cases.cases_of(globals()), **PIPELINE_COMM_OVERLAP}
     chosen = os.environ.get("BROADCAST_OVERLAP_CASES", "").split(",")
-    cases.update({k: v for k, v in PADDLE_FAILURES.items() if k in chosen})
+    found.update({k: v for k, v in PADDLE_FAILURES.items() if k in chosen})
     return {
         k: v
-        for k, v in cases.items()
+        for k, v in found.items()
         if (k.startswith(("pipeline", "paddle")) or k in PIPELINE_COMM_OVERLAP)
         == PP
         and (MP or not k.startswith("mp_"))
@@ -848,4 +821,4 @@ def launch_cases():
 
 
 if __name__ == "__main__":
-    sys.exit(training.run_cases(launch_cases(), init=init_fleet))
+    sys.exit(cases.run_cases(launch_cases(), init=init_fleet))

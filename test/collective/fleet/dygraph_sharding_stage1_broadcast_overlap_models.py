@@ -33,51 +33,35 @@ import types
 from unittest import mock
 
 import numpy as np
-import sharding_cases as training
-from sharding_cases import (
-    HIDDEN,
-    VOCAB,
-    Block,
-    TinyLM,
-    VariantLM,
-    adamw,
-    assert_order_agreed,
-    batch,
-    lm_loss,
-    lost_overlap_warnings,
-    overlap_impl,
-    raises,
-    rank,
-    run_cases,
-    total_forward_pre_hooks,
-)
+import sharding_cases as cases
 
 import paddle
 from paddle.distributed import fleet
 from paddle.distributed.fleet.utils import recompute
 
+HIDDEN, VOCAB, SEQ = cases.HIDDEN, cases.VOCAB, cases.SEQ
 # 2 KB buckets: several windows per model, so bucket boundaries fall inside
 # layers (the default 256 MB puts these small models in one window); cases
 # whose assertions hold per parameter also run with 0
 BUCKET_MB = 0.002
-compare_on_off = functools.partial(training.compare_on_off, bucket_mb=BUCKET_MB)
-train = functools.partial(training.train, bucket_mb=BUCKET_MB)
+compare_on_off = functools.partial(
+    cases.compare_on_off, enable=cases.v1(BUCKET_MB)
+)
+train = functools.partial(cases.train, enable=cases.v1(BUCKET_MB))
 
 
-def check_order_warned_per_parameter(
-    build, stat, steps=training.STEPS, **kwargs
-):
+def check_order_warned_per_parameter(build, stat, steps=cases.STEPS, **kwargs):
     """With 2 KB buckets and per parameter: one agreed order, the order
     warning at most once; per parameter (buckets may join the layers
     involved) the ``stat`` wait happened and the warning was shown."""
-    kwargs.update(steps=steps, micro_step=training.step_aware_micro_step)
+    kwargs.update(steps=steps, micro_step=cases.step_aware_micro_step)
     for mb in (BUCKET_MB, 0):
-        with training.order_warnings() as order:
-            _, info = compare_on_off(build, bucket_mb=mb, **kwargs)
-        assert_order_agreed(info)
+        with cases.order_warnings() as order:
+            _, info = compare_on_off(build, enable=cases.v1(mb), **kwargs)
+        cases.assert_order_agreed(info)
         assert len(order) <= 1, order  # shown once
         if mb == 0:
-            stats = overlap_impl(info["opt"]).stats
+            stats = cases.overlap_impl(info.opt).stats
             assert stats[stat] > 0 and len(order) == 1, (stats, order)
 
 
@@ -86,18 +70,18 @@ def cloned_state(layer):
     return {k: v.clone() for k, v in layer.state_dict().items()}
 
 
-class RootParamLM(VariantLM):
+class RootParamLM(cases.VariantLM):
     """A position-embedding parameter owned by the root (which also has
     sublayers), added in its forward."""
 
     def build(self):
-        self.pos = self.create_parameter([training.SEQ, HIDDEN])
+        self.pos = self.create_parameter([SEQ, HIDDEN])
 
     def front(self, x):
         return x + self.pos
 
 
-class TiedLM(VariantLM):
+class TiedLM(cases.VariantLM):
     """Two Linear layers sharing one weight object, both called."""
 
     def build(self):
@@ -115,8 +99,13 @@ class BuiltOutOfOrderLM(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        self.head, self.late = paddle.nn.Linear(HIDDEN, VOCAB), Block()
-        self.early, self.embed = Block(), paddle.nn.Embedding(VOCAB, HIDDEN)
+        self.head, self.late = (
+            paddle.nn.Linear(HIDDEN, VOCAB),
+            cases.Block(),
+        )
+        self.early, self.embed = cases.Block(), paddle.nn.Embedding(
+            VOCAB, HIDDEN
+        )
 
     def forward(self, tokens):
         return self.head(self.late(self.early(self.embed(tokens))))
@@ -147,7 +136,7 @@ class CustomNamesLM(paddle.nn.Layer):
         return self.head(self.norm(self.proj(self.embed(tokens))))
 
 
-class SometimesSkipLM(VariantLM):
+class SometimesSkipLM(cases.VariantLM):
     """Block 1 does not run on odd steps (deterministic, same on all ranks)."""
 
     def run_block(self, i, x):
@@ -155,7 +144,7 @@ class SometimesSkipLM(VariantLM):
         return x if skip else self.blocks[i](x)
 
 
-class WeightNormLM(VariantLM):
+class WeightNormLM(cases.VariantLM):
     """head under paddle.nn.utils.weight_norm: its forward pre-hook (made
     before overlap is enabled) computes weight from weight_g and weight_v."""
 
@@ -163,7 +152,7 @@ class WeightNormLM(VariantLM):
         paddle.nn.utils.weight_norm(self.head)
 
 
-class ParameterListLM(VariantLM):
+class ParameterListLM(cases.VariantLM):
     """Extra parameters in a ParameterList, read by the parent's forward
     (a ParameterList has no forward of its own)."""
 
@@ -180,8 +169,8 @@ def check_order_ends(build, first, last=None):
     """The agreed order starts with the user's layer's parameter ``first``
     (a dotted name) and, if given, ends with one of sublayer ``last``'s."""
     _, info = compare_on_off(build)
-    impl, inner = overlap_impl(info["opt"]), info["model"]._layers
-    params = training.optimizer_parameters(info["opt"])  # (checks index_of)
+    impl, inner = cases.overlap_impl(info.opt), info.raw
+    params = cases.optimizer_parameters(info.opt)  # (checks index_of)
     head, tail = params[impl.order[0]], params[impl.order[-1]]
     assert head is operator.attrgetter(first)(inner), head.name
     ends = last is None or any(
@@ -209,17 +198,17 @@ def case_layer_not_run_and_eval_between_steps():
     """A block skipped on odd steps, eval forwards before the others: its
     pending tasks are waited before the next update (and warned once)."""
 
-    def on_step(step, model, opt):
+    def after_step(run):
         # eval only before the steps that run every block, so block 1's
         # broadcasts stay pending across the steps that skip it
-        if step % 2 == 1:
-            model.eval()
+        if run.step % 2 == 1:
+            run.model.eval()
             with paddle.no_grad():
-                model(batch(100 + step)[0])
-            model.train()
+                run.model(cases.batch(100 + run.step)[0])
+            run.model.train()
 
     check_order_warned_per_parameter(
-        SometimesSkipLM, "waited_before_update", 5, on_step=on_step
+        SometimesSkipLM, "waited_before_update", 5, after_step=after_step
     )
 
 
@@ -230,20 +219,21 @@ def case_state_dict_and_save_without_synchronize():
     # Paddle 3.x state_dict(keep_vars=False) returns detached copies
     impl_args = inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
 
-    def on_step(step, model, opt, checker):
+    def after_step(run):
+        checker = run.checker
         if checker is None:
             return
         assert checker.num_unwaited() > 0  # launched, not yet waited
-        state = model.state_dict()
+        state = run.model.state_dict()
         assert checker.num_unwaited() == 0
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, f"model_rank{rank()}.pdparams")
+            path = os.path.join(tmp, f"model_rank{cases.rank()}.pdparams")
             paddle.save(state, path)
-            saved[step] = paddle.load(path)
-        impl = overlap_impl(opt)
-        waits = [opt.state_dict]  # the optimizer's waits too
+            saved[run.step] = paddle.load(path)
+        impl = cases.overlap_impl(run.opt)
+        waits = [run.opt.state_dict]  # the optimizer's waits too
         if "keep_vars" in impl_args:
-            waits.insert(0, lambda: model._layers.state_dict(keep_vars=False))
+            waits.insert(0, lambda: run.raw.state_dict(keep_vars=False))
         for wait in waits:
             # what step() does around its update: wait, then launch every
             # unit again (the same values: a second launch on every rank)
@@ -258,11 +248,9 @@ def case_state_dict_and_save_without_synchronize():
     # no lost-overlap warning (run_cases fails the case on one) although
     # model.state_dict() reads every parameter: the relaunch starts a new
     # count, and the last wait before the next forward is on demand
-    _, on = compare_on_off(run=training.train_with_checker, on_step=on_step)
+    _, on = compare_on_off(after_step=after_step)
     for k, v in on.params.items():
-        assert (
-            np.asarray(saved[training.STEPS - 1][k]).tobytes() == v.tobytes()
-        ), k
+        assert np.asarray(saved[cases.STEPS - 1][k]).tobytes() == v.tobytes(), k
 
 
 def case_frozen_and_gradless_parameters():
@@ -270,22 +258,22 @@ def case_frozen_and_gradless_parameters():
     gradient is harmless."""
 
     def build():
-        model = TinyLM()
+        model = cases.TinyLM()
         for p in model.blocks[0].parameters():
             p.stop_gradient = True
         return model
 
-    def micro_step(model, step, micro, acc_steps):
+    def micro_step(run):
         # blocks[1] is trainable but unused: it never gets a gradient
-        tokens, labels = batch(step, micro)
-        inner = model._layers
+        tokens, labels = cases.batch(run.step, run.micro)
+        inner = run.raw
         x = inner.blocks[0](inner.embed(tokens))
         loss = paddle.nn.functional.cross_entropy(inner.head(x), labels).mean()
-        (loss / acc_steps).backward()
+        (loss / run.acc_steps).backward()
         return loss
 
     checker, info = compare_on_off(build, micro_step=micro_step)
-    frozen = {id(p) for p in info["model"]._layers.blocks[0].parameters()}
+    frozen = {id(p) for p in info.raw.blocks[0].parameters()}
     assert not frozen & checker.synced_ids(), "a frozen parameter was broadcast"
 
 
@@ -296,14 +284,14 @@ def case_amp_o2_main_grad():
     covered by dygraph_group_sharded_stage1_bf16.py on CUDA)."""
     from paddle.distributed.fleet.utils import mix_precision_utils as mpu
 
+    build = cases.Build(
+        wrap=lambda m: mpu.MixPrecisionLayer(m, dtype="bfloat16"),
+        optimizer=lambda ps: mpu.MixPrecisionOptimizer(cases.adamw(ps)),
+    )
     for acc_steps in (1, 2):
-        _, info = compare_on_off(
-            wrap_model=lambda m: mpu.MixPrecisionLayer(m, dtype="bfloat16"),
-            make_optimizer=lambda ps: mpu.MixPrecisionOptimizer(adamw(ps)),
-            acc_steps=acc_steps,
-        )
-    assert all(hasattr(p, "main_grad") for p in info["model"].parameters())
-    assert info["opt"]._inner_opt._use_main_grad
+        _, info = compare_on_off(build, acc_steps=acc_steps)
+    assert all(hasattr(p, "main_grad") for p in info.model.parameters())
+    assert info.opt._inner_opt._use_main_grad
 
 
 def case_user_pre_hook_reads_waited_parameters():
@@ -317,12 +305,12 @@ def case_parameter_list_waited_by_parent():
     """A ParameterList read by its parent's forward is waited before the
     read (the wait checker checks it there)."""
 
-    def run(build, checker=None, **kwargs):
+    def run(build, overlap, checker=None, **kwargs):
         check = checker and functools.partial(checker.check, where="scales")
         model = functools.partial(ParameterListLM, check)
-        return train(model, checker=checker, **kwargs)
+        return train(model, overlap, checker=checker, **kwargs)
 
-    compare_on_off(run=run)
+    compare_on_off(train=run)
 
 
 def case_bad_input_raises_before_any_change():
@@ -330,14 +318,14 @@ def case_bad_input_raises_before_any_change():
     NaN, string or bool bucket_size_mb among them) and Paddle's own limit
     on comm_overlap or tensor_fusion with the pipeline's
     sharding_comm_overlap are refused before any owner or hook exists."""
-    model = fleet.distributed_model(TinyLM())
-    opt = fleet.distributed_optimizer(adamw(model.parameters()))
+    model = fleet.distributed_model(cases.TinyLM())
+    opt = fleet.distributed_optimizer(cases.adamw(model.parameters()))
     inner = opt._inner_opt
-    hooks_before = total_forward_pre_hooks(model)
+    hooks_before = cases.total_forward_pre_hooks(model)
     bad = [
         (dict(layers=None), ValueError, "layers=model"),
         (dict(layers="model"), TypeError, "paddle.nn.Layer"),
-        (dict(layers=TinyLM()), ValueError, "owns none"),
+        (dict(layers=cases.TinyLM()), ValueError, "owns none"),
         (dict(broadcast_overlap="yes"), TypeError, "bool"),
         (dict(strict=1), TypeError, "strict"),
         (dict(bucket_size_mb=-1), ValueError, "bucket_size_mb"),
@@ -348,25 +336,27 @@ def case_bad_input_raises_before_any_change():
     for target in (opt, inner):
         for kwargs, error, text in bad:
             kwargs = dict(dict(broadcast_overlap=True, layers=model), **kwargs)
-            with raises(error, text):
+            with cases.raises(error, text):
                 target._set_broadcast_overlap(**kwargs)
     # comm_overlap and tensor_fusion are supported (gradient-overlap
     # script, buckets script); with the pipeline's sharding_comm_overlap it
     # is Paddle's own limit (which Paddle checks at the build only)
     limit = ("Paddle cannot combine", "sharding_comm_overlap")
     for flag in ("comm_overlap", "tensor_fusion"):
-        with mock.patch.object(inner, flag, True), raises(ValueError, *limit):
-            with training.pp_configs(sharding_comm_overlap=True):
+        with mock.patch.object(inner, flag, True), cases.raises(
+            ValueError, *limit
+        ):
+            with cases.pp_configs(sharding_comm_overlap=True):
                 opt._set_broadcast_overlap(True, layers=model)
-    assert overlap_impl(inner) is None
-    assert total_forward_pre_hooks(model) == hooks_before
+    assert cases.overlap_impl(inner) is None
+    assert cases.total_forward_pre_hooks(model) == hooks_before
     # turning off what was never on is a no-op
     opt._set_broadcast_overlap(False)
 
 
 # ---- training loops that break naive overlap: collectives must be issued in
 # the same order on every rank
-class RankOrderLM(VariantLM):
+class RankOrderLM(cases.VariantLM):
     """Two parallel branches whose call order depends on rank and step
     (the sum is the same either way)."""
 
@@ -375,7 +365,7 @@ class RankOrderLM(VariantLM):
         self.branch_b = paddle.nn.Linear(HIDDEN, HIDDEN)
 
     def front(self, x):
-        if (rank() + self.step) % 2 == 0:
+        if (cases.rank() + self.step) % 2 == 0:
             a = self.branch_a(x)
             b = self.branch_b(x)
         else:
@@ -384,7 +374,7 @@ class RankOrderLM(VariantLM):
         return x + a + b
 
 
-class ExpertLM(VariantLM):
+class ExpertLM(cases.VariantLM):
     """Three experts; from step 1 on, each rank leaves a different expert
     unused (rank- and step-dependent routing)."""
 
@@ -393,13 +383,13 @@ class ExpertLM(VariantLM):
         self.experts = paddle.nn.LayerList(experts)
 
     def front(self, x):
-        unused = (self.step + rank()) % 3 if self.step > 0 else None
+        unused = (self.step + cases.rank()) % 3 if self.step > 0 else None
         for i, expert in enumerate(self.experts):
             x = x + expert(x) if i != unused else x
         return x
 
 
-class RecomputeLM(VariantLM):
+class RecomputeLM(cases.VariantLM):
     use_reentrant = True
 
     def run_block(self, i, x):
@@ -408,14 +398,14 @@ class RecomputeLM(VariantLM):
         return recompute(self.blocks[i], x, **kw)
 
 
-class ReuseLM(VariantLM):
+class ReuseLM(cases.VariantLM):
     """One block called twice in one forward."""
 
     def run_block(self, i, x):
         return self.blocks[i](self.blocks[0](x) if i == 0 else x)
 
 
-class DirectReadLM(VariantLM):
+class DirectReadLM(cases.VariantLM):
     """Reads parameters without their owner's __call__: ``proj.forward(x)``
     and ``F.linear(x, head.weight, head.bias)``."""
 
@@ -444,13 +434,13 @@ def case_expert_routing_leaves_experts_unused():
 def case_ranks_run_different_forward_counts():
     """Eval and "generation" forwards on rank 0 only: one agreed order."""
 
-    def on_step(step, model, opt):
-        if rank() == 0:
+    def after_step(run):
+        if cases.rank() == 0:
             with paddle.no_grad():
-                for i in range(1 + step % 3):
-                    model(batch(200 + i)[0])
+                for i in range(1 + run.step % 3):
+                    run.model(cases.batch(200 + i)[0])
 
-    assert_order_agreed(compare_on_off(steps=5, on_step=on_step)[1])
+    cases.assert_order_agreed(compare_on_off(steps=5, after_step=after_step)[1])
 
 
 def case_forwards_without_backward_tables_bounded():
@@ -458,37 +448,39 @@ def case_forwards_without_backward_tables_bounded():
     train() mode, grad-enabled ones in eval() mode, over 10 steps: internal
     tables keep their size (a leak would grow them every step)."""
     sizes = []
-    registry = training.sync_registry_module()
+    registry = cases.overlap_module("sync_registry")
 
     def extra_forwards(model):
         model.eval()
         with paddle.no_grad():
-            model(batch(300)[0])
-            model(batch(301)[0])
-        lm_loss(model, 302)  # grad-enabled in eval mode, no backward
+            model(cases.batch(300)[0])
+            model(cases.batch(301)[0])
+        cases.lm_loss(model, 302)  # grad-enabled in eval mode, no backward
         model.train()
         with paddle.no_grad():
-            model(batch(303)[0])
+            model(cases.batch(303)[0])
 
-    def micro_step(model, step, micro, acc_steps):
-        if step == 0 and micro == 0:
-            extra_forwards(model)  # before the first step
-        return training.default_micro_step(model, step, micro, acc_steps)
+    def micro_step(run):
+        if run.step == 0 and run.micro == 0:
+            extra_forwards(run.model)  # before the first step
+        return cases.default_micro_step(run)
 
-    def on_step(step, model, opt):
-        extra_forwards(model)
-        impl = overlap_impl(opt)
+    def after_step(run):
+        extra_forwards(run.model)
+        impl = cases.overlap_impl(run.opt)
         if impl is not None:
             assert impl in registry.open_owners()
             # PENDING: the parameters with a pending sync
             tables = (impl.order, impl.units, registry.PENDING)
             counts = (impl.num_pending, sum(impl.read_paths.values()))
-            hooks = (impl.num_hooks, total_forward_pre_hooks(model))
+            hooks = (impl.num_hooks, cases.total_forward_pre_hooks(run.model))
             sizes.append(tuple(map(len, tables)) + counts + hooks)
 
-    _, info = compare_on_off(steps=10, micro_step=micro_step, on_step=on_step)
+    _, info = compare_on_off(
+        steps=10, micro_step=micro_step, after_step=after_step
+    )
     assert len(sizes) == 10 and len(set(sizes)) == 1, sorted(set(sizes))
-    n = len(training.optimizer_parameters(info["opt"]))
+    n = len(cases.optimizer_parameters(info.opt))
     order, units, registered, pending, reads, _, _ = sizes[0]
     assert order == n and 0 < units <= n, sizes[0]
     # the extra forwards waited for every unit: nothing pending, no read
@@ -506,11 +498,11 @@ def case_layer_called_twice_and_two_forwards_per_backward():
     """One block called twice per forward; two forwards per backward."""
     compare_on_off(ReuseLM)
 
-    def two_forwards(model, step, micro, acc_steps):
-        first = lm_loss(model, step, micro)
-        second = lm_loss(model, step, micro + 50)
+    def two_forwards(run):
+        first = cases.lm_loss(run.model, run.step, run.micro)
+        second = cases.lm_loss(run.model, run.step, run.micro + 50)
         loss = (first + second) / 2
-        (loss / acc_steps).backward()
+        (loss / run.acc_steps).backward()
         return loss
 
     compare_on_off(micro_step=two_forwards, acc_steps=2)
@@ -518,8 +510,12 @@ def case_layer_called_twice_and_two_forwards_per_backward():
 
 def case_skipped_steps_first_included():
     """Steps without an update (the first among them): one agreed order."""
-    skipped = compare_on_off(steps=6, skip_update=lambda s: s in (0, 3))
-    assert_order_agreed(skipped[1])
+
+    def update(run):
+        if run.step not in (0, 3):
+            run.opt.step()
+
+    cases.assert_order_agreed(compare_on_off(steps=6, update=update)[1])
 
 
 def case_weights_replaced_between_steps():
@@ -541,8 +537,9 @@ def case_weights_replaced_between_steps():
                 layer.set_state_dict = types.MethodType(custom, layer)
             return model
 
-        def on_step(step, model, opt, checker):
-            inner = model._layers
+        def after_step(run):
+            model, checker, step = run.model, run.checker, run.step
+            inner = run.raw
             targets = {"fleet": model, "inner": inner, "block": inner.blocks[1]}
             if step == 0:  # state_dict() waits: safe to copy
                 for name, layer in targets.items():
@@ -562,20 +559,19 @@ def case_weights_replaced_between_steps():
                     {k: (v + old[k]) * 0.5 for k, v in trained.items()}
                 )
                 with paddle.no_grad():
-                    model(batch(400 + step)[0])
+                    model(cases.batch(400 + step)[0])
                 model.set_state_dict(trained)
 
-        kwargs = dict(wrap_model=with_custom_load, bucket_mb=bucket_mb)
-        with lost_overlap_warnings() as lost:
+        with cases.lost_overlap_warnings() as lost:
             checker, on = compare_on_off(
-                run=training.train_with_checker,
-                on_step=on_step,
+                cases.Build(wrap=with_custom_load),
+                enable=cases.v1(bucket_mb),
+                after_step=after_step,
                 steps=6,
-                **kwargs,
             )
         # the snapshots and loads read every parameter before the next
         # forward in 3 of the 5 decided steps (no warning: fewer than 4)
-        training.assert_overlap_lost(lost, on.opt, "iteration", lost_steps=3)
+        cases.assert_overlap_lost(lost, on.opt, "iteration", lost_steps=3)
         # a model's load leaves nothing pending, a block's the others'
         assert {n for n, _ in loads} == {"fleet", "inner", "block"}, loads
         assert all(left == 0 for n, left in loads if n != "block"), loads
@@ -585,7 +581,7 @@ def case_weights_replaced_between_steps():
         assert checker.counts["writes"] > 0, checker.counts
         on.opt._set_broadcast_overlap(False)
         before = custom_loads["inner"]
-        on.model._layers.set_state_dict(snapshots["inner"])
+        on.raw.set_state_dict(snapshots["inner"])
         assert custom_loads["inner"] == before + 1  # restored
 
 
@@ -595,19 +591,20 @@ def case_parameters_read_without_call():
     waits), with and without strict, checked at the F.linear; no warning
     (run_cases fails a case on one)."""
     for strict in (False, True):
-        checker, _ = compare_on_off(DirectReadLM, strict=strict)
+        enable = cases.v1(BUCKET_MB, strict)
+        checker, _ = compare_on_off(DirectReadLM, enable=enable)
         assert checker.counts["checked"] > 0, checker.counts
 
 
 def case_trainability_changed_mid_training():
     """Block 0 frozen after step 1, trainable again after step 3."""
 
-    def on_step(step, model, opt):
-        if step in (1, 3):
-            for p in model._layers.blocks[0].parameters():
-                p.stop_gradient = step == 1
+    def after_step(run):
+        if run.step in (1, 3):
+            for p in run.raw.blocks[0].parameters():
+                p.stop_gradient = run.step == 1
 
-    assert_order_agreed(compare_on_off(steps=5, on_step=on_step)[1])
+    cases.assert_order_agreed(compare_on_off(steps=5, after_step=after_step)[1])
 
 
 def case_two_optimizers_share_one_model():
@@ -615,30 +612,28 @@ def case_two_optimizers_share_one_model():
     has no parameter groups), both overlapped; turned off in either order."""
 
     def run(overlap, off_order=()):
-        model = training.build_with_initial_state(TinyLM)
+        model = cases.seeded(cases.TinyLM)
         body = [p for n, p in model.named_parameters() if n[:4] != "head"]
         sgd = paddle.optimizer.SGD(0.05, parameters=model.head.parameters())
-        opts = [fleet.distributed_optimizer(o) for o in (adamw(body), sgd)]
+        opts = [
+            fleet.distributed_optimizer(o) for o in (cases.adamw(body), sgd)
+        ]
         model = fleet.distributed_model(model)
-        base = total_forward_pre_hooks(model)
+        base = cases.total_forward_pre_hooks(model)
         for opt in opts if overlap else ():
             opt._set_broadcast_overlap(True, layers=model)
-        both = types.SimpleNamespace(
-            step=lambda: [opt.step() for opt in opts],
-            clear_grad=lambda: [opt.clear_grad() for opt in opts],
-        )
-        losses, params, _ = train(model=model, opt=both)
+        done = train(cases.Build.of(model, cases.Optimizers(opts)))
         for i in off_order:
             opts[i]._set_broadcast_overlap(False)
         if overlap:
-            assert total_forward_pre_hooks(model) == base
+            assert cases.total_forward_pre_hooks(model) == base
             layers = model.sublayers(include_self=True)
             assert not any("set_state_dict" in vars(l) for l in layers)
-        return losses, params
+        return done.losses, done.params
 
     off = run(False)
     for order in ((0, 1), (1, 0)):
-        training.assert_bitwise_equal(
+        cases.assert_bitwise_equal(
             off, run(True, order), f"two optimizers {order}"
         )
 
@@ -646,21 +641,21 @@ def case_two_optimizers_share_one_model():
 def case_toggle_on_off_on_mid_training():
     """Overlap turned off, on, and on again (replacing) between steps."""
 
-    def on_step(step, model, opt):
-        if step == 1:
-            opt._set_broadcast_overlap(False)
-        elif step in (2, 3):  # at 3 again: replaces
-            opt._set_broadcast_overlap(True, layers=model)
+    def after_step(run):
+        if run.step == 1:
+            run.opt._set_broadcast_overlap(False)
+        elif run.step in (2, 3):  # at 3 again: replaces
+            run.opt._set_broadcast_overlap(True, layers=run.model)
 
-    assert_order_agreed(compare_on_off(steps=6, on_step=on_step)[1])
+    cases.assert_order_agreed(compare_on_off(steps=6, after_step=after_step)[1])
 
 
 def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     """A deepcopy loads into itself with no-op hooks; an optimizer deleted
     with overlap on is closed: silent hooks, removed by the next
     _set_broadcast_overlap call (False, on another optimizer)."""
-    _, _, info = train(TinyLM, overlap=True, steps=2)
-    model, opt = info["model"], info["opt"]
+    info = train(cases.TinyLM, True, steps=2)
+    model, opt = info.model, info.opt
     # a deepcopy (e.g. for EMA) loads into itself, not into the original
     twin = copy.deepcopy(model._layers)
     twin.set_state_dict(
@@ -677,27 +672,27 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     ]
     assert twin_hooks and all(h.__name__ == "_noop_hook" for h in twin_hooks)
 
-    _, _, other = train(TinyLM, overlap=True, steps=1)
-    other_model = other["model"]
-    hooked = total_forward_pre_hooks(other_model)
+    other = train(cases.TinyLM, True, steps=1)
+    other_model = other.model
+    hooked = cases.total_forward_pre_hooks(other_model)
     del other
     gc.collect()
     # the finalizer only marks it closed (no hook-dict mutation inside gc):
     # its hooks are no-ops until the next explicit call removes them
-    assert hooked > 0 and total_forward_pre_hooks(other_model) == hooked
+    assert hooked > 0 and cases.total_forward_pre_hooks(other_model) == hooked
     # (train() ended with model.state_dict(), a read of every parameter
     # after the last step: an open owner would warn at this forward that
     # the overlap was lost; a closed one says nothing)
-    with lost_overlap_warnings() as lost, paddle.no_grad():
-        other_model(batch(0)[0])
+    with cases.lost_overlap_warnings() as lost, paddle.no_grad():
+        other_model(cases.batch(0)[0])
     assert lost == [], f"a collected optimizer's no-op hooks warned: {lost}"
-    third = fleet.distributed_optimizer(adamw(other_model.parameters()))
+    third = fleet.distributed_optimizer(cases.adamw(other_model.parameters()))
     third._set_broadcast_overlap(False)
-    assert total_forward_pre_hooks(other_model) == 0
+    assert cases.total_forward_pre_hooks(other_model) == 0
     up = other_model._layers.blocks[0].up
     assert type(up._parameters).__name__ == "OrderedDict"  # unguarded
-    registry = training.sync_registry_module()
-    assert registry.open_owners() == [overlap_impl(opt)]
+    registry = cases.overlap_module("sync_registry")
+    assert registry.open_owners() == [cases.overlap_impl(opt)]
 
     opt._set_broadcast_overlap(False)
     assert registry.open_owners() == []
@@ -711,8 +706,8 @@ def case_error_after_update_keeps_the_ranks_in_step():
     off, on every rank (no refusal, no divergence)."""
     results = []
     for overlap in (False, True):
-        _, _, info = train(TinyLM, overlap=overlap, steps=1)
-        model, opt, errors, calls, losses = info["model"], info["opt"], [], [], []
+        info = train(cases.TinyLM, overlap, steps=1)
+        model, opt, errors, calls, losses = info.model, info.opt, [], [], []
         inner = opt._inner_opt
 
         def step_then_fail():
@@ -723,10 +718,10 @@ def case_error_after_update_keeps_the_ranks_in_step():
 
         inner.step = step_then_fail
         # train() ends with model.state_dict(), right after the step: the
-        # next forward overlapped nothing (said once)
-        with lost_overlap_warnings() as lost:
+        # next forward overlapped nothing (that step lost)
+        with cases.lost_overlap_warnings() as lost:
             for step in range(1, 4):
-                loss = lm_loss(model, step)
+                loss = cases.lm_loss(model, step)
                 losses.append(loss.numpy().tobytes())
                 loss.backward()
                 try:
@@ -735,15 +730,15 @@ def case_error_after_update_keeps_the_ranks_in_step():
                     errors.append(str(e))
                 opt.clear_grad()
         if overlap:
-            training.assert_overlap_lost(lost, opt, "iteration")
+            cases.assert_overlap_lost(lost, opt, "iteration")
         else:
             assert lost == [], lost
         assert len(calls) == 1 and errors == ["injected after the update"], errors
         params = {k: v.numpy() for k, v in model.state_dict().items()}
-        results.append((losses, training.digests(params)))
+        results.append((losses, cases.digests(params)))
     assert results[0] == results[1], "overlap on differs from off after the error"
-    assert training.all_ranks_equal(results[1][1])
+    assert cases.all_ranks_equal(results[1][1])
 
 
 if __name__ == "__main__":
-    sys.exit(run_cases(training.cases_of(globals())))
+    sys.exit(cases.run_cases(cases.cases_of(globals())))

@@ -19,11 +19,12 @@ outputs too), checked by the wait checker at the read (``F.linear``,
 import sys
 
 import numpy as np
-import sharding_cases as harness
+import sharding_cases as cases
 from param_sync_checker import ParamSyncWaitChecker
-from sharding_cases import HIDDEN, lost_overlap_warnings
 
 import paddle
+
+HIDDEN = cases.HIDDEN
 
 
 class OneLinear(paddle.nn.Layer):
@@ -42,14 +43,14 @@ class OneLinear(paddle.nn.Layer):
 PROBE = paddle.linspace(-1.0, 1.0, 2 * HIDDEN).reshape([2, HIDDEN])
 
 
-def train_reading(read, build=OneLinear, **kwargs):
+def train_reading(read, build=OneLinear, overlap=False, **kwargs):
     """``train`` of 3 steps, ``read(raw model)`` after each (its outputs in
     ``run.extras``)."""
 
-    def after(_step, run):
-        return [read(run.model._layers)]
+    def after(run):
+        return [read(run.raw)]
 
-    return harness.train(build, steps=3, after_step=after, **kwargs)
+    return cases.train(build, overlap, steps=3, after_step=after, **kwargs)
 
 
 def compare_reads(read=None, strict=False, reader=None):
@@ -58,13 +59,15 @@ def compare_reads(read=None, strict=False, reader=None):
     Returns the overlap."""
     reader = reader or (lambda checker: read)
 
-    def run(build, checker=None, **kwargs):
-        return train_reading(reader(checker), build, checker=checker, **kwargs)
+    def run(build, overlap, checker=None, **kwargs):
+        reading = reader(checker)
+        return train_reading(reading, build, overlap, checker=checker, **kwargs)
 
-    checker, on = harness.compare_on_off(OneLinear, run=run, strict=strict)
+    enable = cases.v1(strict=strict)
+    checker, on = cases.compare_on_off(OneLinear, train=run, enable=enable)
     assert len(on.extras) == 3, len(on.extras)
     assert checker.counts["checked"] > 0, checker.counts
-    return harness.overlap_impl(on.opt)
+    return cases.overlap_impl(on.opt)
 
 
 def encode(raw):
@@ -98,9 +101,9 @@ def case_helper_forward_outside_model_call():
     reads both parameters, so each step's overlap is lost (no warning: too
     few steps)."""
     for strict in (False, True):
-        with lost_overlap_warnings() as lost:
+        with cases.lost_overlap_warnings() as lost:
             impl = compare_reads(encode, strict=strict)
-        harness.assert_overlap_lost(lost, impl, "attribute")
+        cases.assert_overlap_lost(lost, impl, "attribute")
 
 
 def case_weight_norm_logging_between_steps():
@@ -113,16 +116,16 @@ def case_weight_norm_logging_between_steps():
 def case_parameters_loop_between_steps():
     """An EMA loop over parameters() between steps: each tensor checked
     before ``p.numpy()``, bitwise equal to off, each step's overlap lost."""
-    with lost_overlap_warnings() as lost:
+    with cases.lost_overlap_warnings() as lost:
         impl = compare_reads(reader=ema_over_parameters)
-    harness.assert_overlap_lost(lost, impl, "iteration")
+    cases.assert_overlap_lost(lost, impl, "iteration")
 
 
 def case_guard_removed_reads_are_caught():
     """Negative control: without the read guard the checker must report
     the helper's reads of parameters with a pending broadcast."""
-    with harness.read_guard_removed(), ParamSyncWaitChecker() as checker:
-        train_reading(encode, overlap=True, checker=checker)
+    with cases.read_guard_removed(), ParamSyncWaitChecker() as checker:
+        train_reading(encode, OneLinear, True, checker=checker)
     reads = [v for v in checker.violations if v[0] == "read:linear"]
     assert len(reads) >= 2 * 3, checker.violations  # weight + bias, 3 steps
 
@@ -132,9 +135,9 @@ def case_checker_catches_a_sync_started_by_a_hook():
     layer's weight (what a depth-limited schedule does) is named by the
     checker's outside-step record, and compare_on_off fails on it."""
 
-    def hook_starts_sync(step, model, opt):
-        if step == 0:
-            layer = model._layers.blocks[0].up
+    def hook_starts_sync(run):
+        if run.step == 0:
+            layer = run.raw.blocks[0].up
 
             def start(_layer, _inputs):
                 task = paddle.distributed.broadcast(
@@ -144,9 +147,9 @@ def case_checker_catches_a_sync_started_by_a_hook():
 
             layer.register_forward_pre_hook(start)
 
-    with harness.raises(AssertionError, "syncs started outside step()"):
-        harness.compare_on_off(on_step=hook_starts_sync)
+    with cases.raises(AssertionError, "syncs started outside step()"):
+        cases.compare_on_off(after_step=hook_starts_sync)
 
 
 if __name__ == "__main__":
-    sys.exit(harness.run_cases(harness.cases_of(globals())))
+    sys.exit(cases.run_cases(cases.cases_of(globals())))

@@ -18,7 +18,7 @@ Right after every ``optimizer.step()`` some ranks do what the others do
 not (save, an eval forward, read ``parameters()``, run a compiled program,
 evaluate longer), then every rank joins one collective: a sync unit left
 to start after ``step()`` would be started by the reading ranks alone
-(a hang or mixed data; the test harness checks after the launch that the
+(a hang or mixed data; the launcher checks after the launch that the
 ranks' collectives form one schedule). Each case is :func:`compare`.
 
 Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with
@@ -36,14 +36,13 @@ import sys
 import tempfile
 
 import numpy as np
-import sharding_cases as training
-from sharding_cases import adamw, overlap_impl, rank
+import sharding_cases as cases
 
 import paddle
 from paddle.distributed import fleet
 
 SETUP = os.environ.get("SCHEDULE_SETUP", "v1")
-SETUP_MODULE = training  # the module whose init_fleet sets the launch up
+SETUP_MODULE = cases  # the module whose init_fleet sets the launch up
 V2 = SETUP.startswith("v2")  # "v2" (2 ranks) or "v2_dp2_sharding2" (4)
 if SETUP in ("dp2_sharding2", "pp2_sharding2", "v2_dp2_sharding2"):
     import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid
@@ -65,22 +64,10 @@ def race_checker():
     return checker
 
 
-class Optimizers(list):
-    """Optimizers stepped one after the other as one."""
-
-    def step(self):
-        for opt in self:
-            opt.step()
-
-    def clear_grad(self):
-        for opt in self:
-            opt.clear_grad()
-
-
 def build_model():
     if SETUP in ("v1", "v2"):
-        cls = allgather.LM if SETUP == "v2" else training.TinyLM
-        return training.build_with_initial_state(cls)
+        cls = allgather.LM if SETUP == "v2" else cases.TinyLM
+        return cases.seeded(cls)
     if SETUP == "dp2_sharding2":
         return hybrid.build_same(hybrid.flat_model)
     if SETUP == "v2_dp2_sharding2":  # 4 comm buffers of 1 MB
@@ -93,41 +80,36 @@ def one_list(raw):
 
 
 def train(overlap, after_step, split=one_list, prepare=None, checker=None):
-    """``training.train`` of this set-up's model with one optimizer per list
+    """``cases.train`` of this set-up's model with one optimizer per list
     ``split(raw)`` returns (``run.held``: their parameters), the overlap on
-    each when ``overlap``; ``after_step(step, run)`` returns the values it
-    read (``run.extras``); ``prepare(run)`` before the first step; the wait
+    each when ``overlap``; ``after_step(run)`` returns the values it read
+    (``run.extras``); ``prepare(run)`` before the first step; the wait
     checker ``checker`` watches each optimizer."""
     raw = build_model()
     # the V2 set-ups' comm buffers of 1 MB
-    with training.sharding_v2(1) if V2 else contextlib.nullcontext():
-        opts = [fleet.distributed_optimizer(adamw(p)) for p in split(raw)]
+    with cases.sharding_v2() if V2 else contextlib.nullcontext():
+        opts = [fleet.distributed_optimizer(cases.adamw(p)) for p in split(raw)]
         model = fleet.distributed_model(raw)
+    enable = cases.v2 if V2 else cases.v1(2 * cases.KB if SETUP == "v1" else 0)
     for opt in opts if overlap else ():
-        if V2:
-            training.enable_all_gather_overlap(opt, model)
-        else:
-            bucket_mb = 2 / 1024 if SETUP == "v1" else 0
-            training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
+        enable(cases.Run(model=model, opt=opt))
     for opt in opts if checker is not None else ():
         checker.watch(model, opt)
-    opt = opts[0] if len(opts) == 1 else Optimizers(opts)
+    opt = opts[0] if len(opts) == 1 else cases.Optimizers(opts)
     kwargs = {}
     if SETUP == "pp2_sharding2":  # train_batch runs the optimizer
-
-        def micro_step(model, step, micro, acc_steps):
-            return model.train_batch(list(hybrid.data(step)), opt)
-
-        kwargs = dict(micro_step=micro_step, skip_update=lambda step: True)
+        kwargs = dict(micro_step=hybrid.train_batch, update=cases.no_update)
 
     def set_up(run):
-        run.raw, run.opts = raw, opts
-        run.held = [p for ps in split(raw) for p in ps]
+        run.opts, run.held = opts, [p for ps in split(raw) for p in ps]
         if prepare is not None:
             prepare(run)
 
-    return training.train(
-        model=model, opt=opt, prepare=set_up, after_step=after_step, **kwargs
+    return cases.train(
+        cases.Build.of(model, opt),
+        prepare=set_up,
+        after_step=after_step,
+        **kwargs,
     )
 
 
@@ -146,18 +128,18 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     before = checker.races() if checker else {}
     pending = []
 
-    def checked_after_step(step, run):
-        impls = [overlap_impl(opt) for opt in run.opts]
+    def checked_after_step(run):
+        impls = [cases.overlap_impl(opt) for opt in run.opts]
         if impls[0] is not None:
             due = [sum(u.needs_sync() for u in i.units) for i in impls]
             pending.append([(i.num_pending, n) for i, n in zip(impls, due)])
-        return after_step(step, run)
+        return after_step(run)
 
     off = train(False, after_step, split, prepare)
-    with training.lost_overlap_warnings() as said:
-        with training.ParamSyncWaitChecker() as waits:
+    with cases.lost_overlap_warnings() as said:
+        with cases.ParamSyncWaitChecker() as waits:
             on = train(True, checked_after_step, split, prepare, waits)
-    impls = [overlap_impl(opt) for opt in on.opts]
+    impls = [cases.overlap_impl(opt) for opt in on.opts]
     units = [len(impl.units) for impl in impls]
     launched = [impl.stats["launched"] for impl in impls]
     hcg = fleet.get_hybrid_communicate_group()
@@ -165,35 +147,35 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     # V2 leaves the data-parallel replicas unequal, off and on alike)
     by_group = SETUP in ("pp2_sharding2", "v2_dp2_sharding2")
     group = hcg.get_sharding_parallel_group() if by_group else None
-    replicas_equal = training.equal_in_group(training.digests(on.params), group)
+    replicas_equal = cases.equal_in_group(cases.digests(on.params), group)
     sharding = hcg.get_sharding_parallel_group()
-    launched_equal = training.equal_in_group(launched, sharding)
+    launched_equal = cases.equal_in_group(launched, sharding)
     frame = sys._getframe(1)
     while not frame.f_code.co_name.startswith("case_"):
         frame = frame.f_back
     what = f"{SETUP} {frame.f_code.co_name}"  # the case
     assert waits.counts["launched"] > 0, (what, waits.counts)
     assert waits.outside_step == [], (what, waits.outside_step[:8])
-    training.assert_runs_equal(off, on, what)
+    cases.assert_runs_equal(off, on, what)
     assert replicas_equal, f"{what}: parameters differ across the replicas"
     assert units[0] >= 3, f"{what}: sync units {units}"
-    steps = training.STEPS
+    steps = cases.STEPS
     assert pending == [[(n, n) for n in units]] * steps, (what, pending)
     assert launched == [steps * n for n in units], (what, launched, units)
     assert launched_equal, f"{what}: launches differ across the group"
-    if lost is None or rank() != 0:
+    if lost is None or cases.rank() != 0:
         assert said == [], (what, said)
-        history = [training.lost_steps_of(opt) for opt in on.opts]
+        history = [cases.lost_steps_of(opt) for opt in on.opts]
         assert not any(map(any, history)), (what, history)
     else:  # every owner's steps, each followed by a training forward
         for opt in on.opts:
-            training.assert_overlap_lost(said, opt, lost, steps - 1)
+            cases.assert_overlap_lost(said, opt, lost, steps - 1)
     races = {}
     if checker:
         races = {k: n - before.get(k, 0) for k, n in checker.races().items()}
         races = {k: n for k, n in races.items() if n}
     print(
-        f"rank {rank()} {what}: sync units {units}, {len(on.extras)} values "
+        f"rank {cases.rank()} {what}: sync units {units}, {len(on.extras)} values "
         f"read, stats {impls[0].stats}, racing reads "
         f"{sum(races.values()) if checker else '(race check off)'}",
         flush=True,
@@ -212,11 +194,11 @@ def rank0_save_then_barrier(split=one_list):
     0's reads waited for every unit of every step, the last file holds the
     final parameters; every other rank waited on a read only at the final
     ``state_dict()``, once per unit."""
-    with tempfile.TemporaryDirectory(prefix=f"schedule_r{rank()}_") as d:
+    with tempfile.TemporaryDirectory(prefix=f"schedule_r{cases.rank()}_") as d:
 
-        def after_step(step, run):
+        def after_step(run):
             values = []
-            if rank() == 0:
+            if cases.rank() == 0:
                 path = os.path.join(d, "model.pdparams")
                 paddle.save(run.model.state_dict(), path)
                 run.saved = paddle.load(path)
@@ -225,8 +207,8 @@ def rank0_save_then_barrier(split=one_list):
             return values
 
         on, _ = compare(after_step, split, lost="iteration")
-    steps = training.STEPS if rank() == 0 else 1
-    for impl in map(overlap_impl, on.opts):
+    steps = cases.STEPS if cases.rank() == 0 else 1
+    for impl in map(cases.overlap_impl, on.opts):
         waited = impl.stats["waited_on_read"]
         assert waited == steps * len(impl.units), (waited, dict(impl.stats))
     for k, v in getattr(on, "saved", {}).items():
@@ -246,11 +228,11 @@ def case_rank0_forward_then_all_reduce():
     hcg = fleet.get_hybrid_communicate_group()
     group = hcg.get_data_parallel_group() if "dp2" in SETUP else None
 
-    def after_step(step, run):
+    def after_step(run):
         loss = paddle.zeros([1])
-        if rank() == 0:
+        if cases.rank() == 0:
             with paddle.no_grad():
-                loss = training.lm_loss(run.model, 50 + step).reshape([1])
+                loss = cases.lm_loss(run.model, 50 + run.step).reshape([1])
         paddle.distributed.all_reduce(loss, group=group)
         return [loss]
 
@@ -261,10 +243,12 @@ def case_rank0_parameters_then_all_gather_object():
     """P3: rank 0 alone reads ``model.parameters()`` (the first one's
     dtype), then every rank all-gathers an object."""
 
-    def after_step(step, run):
-        mine = str(run.model.parameters()[0].dtype) if rank() == 0 else None
+    def after_step(run):
+        mine = (
+            str(run.model.parameters()[0].dtype) if cases.rank() == 0 else None
+        )
         gathered = []
-        paddle.distributed.all_gather_object(gathered, [step, mine])
+        paddle.distributed.all_gather_object(gathered, [run.step, mine])
         return [np.frombuffer(repr(gathered).encode(), dtype=np.uint8)]
 
     compare(after_step, lost="iteration")
@@ -273,15 +257,15 @@ def case_rank0_parameters_then_all_gather_object():
 def case_rank0_to_static_then_all_reduce():
     """P4: rank 0 alone runs a ``paddle.jit.to_static`` program of the
     model's forward between steps, then an all-reduce."""
-    tokens = training.batch(60)[0]
+    tokens = cases.batch(60)[0]
 
     def prepare(run):
-        if rank() == 0:
+        if cases.rank() == 0:
             run.static = paddle.jit.to_static(run.raw.forward, full_graph=True)
 
-    def after_step(step, run):
+    def after_step(run):
         value = paddle.zeros([1])
-        if rank() == 0:
+        if cases.rank() == 0:
             with paddle.no_grad():
                 value = run.static(tokens).mean().reshape([1])
         paddle.distributed.all_reduce(value)
@@ -294,12 +278,12 @@ def case_eval_lengths_differ_then_all_reduce():
     """P5: rank r runs r + 1 eval forwards under no_grad, then the metric
     is all-reduced."""
 
-    def after_step(step, run):
+    def after_step(run):
         metric = paddle.zeros([1])
         run.model.eval()
         with paddle.no_grad():
-            for i in range(rank() + 1):
-                metric += training.lm_loss(run.model, 70 + i).reshape([1])
+            for i in range(cases.rank() + 1):
+                metric += cases.lm_loss(run.model, 70 + i).reshape([1])
         run.model.train()
         paddle.distributed.all_reduce(metric)
         return [metric]
@@ -330,7 +314,7 @@ def case_ema_of_the_optimizers_parameters():
     def prepare(run):
         run.ema = [p.clone() for p in run.held]
 
-    def after_step(step, run):
+    def after_step(run):
         for e, p in zip(run.ema, run.held):
             e.set_value(e * 0.9 + p * 0.1)
         return [e.numpy() for e in run.ema]
@@ -342,7 +326,9 @@ def case_ema_of_the_optimizers_parameters():
     named = {name for name, _, _ in races}
     assert named <= names, f"racing reads beside the EMA's: {races}"
     assert named == names, f"EMA reads not named: {sorted(names - named)}"
-    print(f"rank {rank()} race check named the EMA reads of {sorted(named)}")
+    print(
+        f"rank {cases.rank()} race check named the EMA reads of {sorted(named)}"
+    )
 
 
 def case_pipeline_of_sharding_rank0_eval_batch_then_barrier():
@@ -353,10 +339,10 @@ def case_pipeline_of_sharding_rank0_eval_batch_then_barrier():
     pipe = hcg.get_pipe_parallel_group().ranks
     assert pipe == ([0, 2] if evaluates else [1, 3]), pipe
 
-    def after_step(step, run):
+    def after_step(run):
         values = []
         if evaluates:
-            data = list(hybrid.data(100 + step))
+            data = list(hybrid.data(100 + run.step))
             loss = run.model.eval_batch(data, compute_loss=True)
             values = [loss if loss is not None else np.zeros([1])]
         paddle.distributed.barrier()
@@ -366,16 +352,16 @@ def case_pipeline_of_sharding_rank0_eval_batch_then_barrier():
 
 
 def launch_cases():
-    cases = training.cases_of(globals())
-    names = list(cases)  # the pipeline case last
+    found = cases.cases_of(globals())
+    names = list(found)  # the pipeline case last
     pick = {"dp2_sharding2": names[:2], "pp2_sharding2": names[-1:]}
     pick["v2_dp2_sharding2"] = names[:2]
-    return {n: cases[n] for n in pick.get(SETUP, names[:-1])}
+    return {n: found[n] for n in pick.get(SETUP, names[:-1])}
 
 
 if __name__ == "__main__":
     sys.exit(
-        training.run_cases(
+        cases.run_cases(
             launch_cases(),
             init=SETUP_MODULE.init_fleet,
             stop_at_first_failure=True,

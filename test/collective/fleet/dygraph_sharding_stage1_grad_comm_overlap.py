@@ -29,43 +29,23 @@ import sys
 from unittest import mock
 
 import hybrid_parallel_cpu_shim
-import sharding_cases as training
-from sharding_cases import TinyLM, rank, sharding_optimizer
+import sharding_cases as cases
 
 import paddle
 from paddle.distributed import fleet
 
 STEPS = 3
-KB = 1 / 1024  # bucket_size_mb of 2 KB buckets: 2 * KB
-# V2 comm buffer size (sharding_configs.comm_buffer_size_MB, an int on 3.x)
-BUFFER_MB = 1
-PADDLE_2 = paddle.__version__.startswith("2.")
-
-
-def WideLM():
-    """TinyLM with 3 blocks of width 256, about 3.2 MB of fp32 parameters:
-    4 V2 comm buffers of 1 MB."""
-    return TinyLM(num_blocks=3, hidden=256)
 
 
 # ----------------------------------------------------------------------
 # set-up
 def v2_settings(acc):
-    return training.sharding_configs(
+    return cases.sharding_configs(
         ("comm_buffer_size_MB",),
         split_param=True,
         comm_overlap=True,
         accumulate_steps=acc,
-        comm_buffer_size_MB=BUFFER_MB,
-    )
-
-
-def enable_v1(bucket_mb):
-    """``train``'s ``enable`` of V1's overlap with ``bucket_size_mb`` (None:
-    its default)."""
-    kwargs = {} if bucket_mb is None else {"bucket_size_mb": bucket_mb}
-    return lambda opt, model: opt._set_broadcast_overlap(
-        True, layers=model, **kwargs
+        comm_buffer_size_MB=cases.V2_BUFFER_MB,
     )
 
 
@@ -80,34 +60,32 @@ def with_main_grad(raw, base):
 
 def build_v1():
     """TinyLM and V1 with the fleet strategy's current settings."""
-    model = training.build_with_initial_state(TinyLM)
+    model = cases.seeded(cases.TinyLM)
     with hybrid_parallel_cpu_shim.cpu_tensor_fusion():  # item 6
-        opt = fleet.distributed_optimizer(training.adamw(model.parameters()))
+        opt = fleet.distributed_optimizer(cases.adamw(model.parameters()))
     return fleet.distributed_model(model), opt
 
 
 def build_v2():
     """WideLM and V2 with :func:`with_main_grad`."""
-    raw = training.build_with_initial_state(WideLM)
-    base = with_main_grad(raw, training.adamw(raw.parameters()))
-    with hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB):  # items 8, 9
+    raw = cases.seeded(cases.WideLM)
+    base = with_main_grad(raw, cases.adamw(raw.parameters()))
+    # items 8, 9
+    with hybrid_parallel_cpu_shim.cpu_sharding_v2(cases.V2_BUFFER_MB):
         model = fleet.distributed_model(raw)
         opt = fleet.distributed_optimizer(base)
     return model, opt
 
 
-def train(
-    build, overlap=False, *, enable=None, acc=1, checker=None, train_batch=None
-):
-    """``training.train`` of ``build()``'s model and optimizer,
-    ``enable(opt, model)`` turning the overlap on. ``run.grad``: per step,
-    the gradient collectives (``paddle.distributed.reduce`` and
-    ``reduce_scatter``, what ``FusedCommBuffer._comm_grads`` calls;
-    ``reduce_scatter``: the CPU shim's item 7) before and after the split:
-    the end of the last backward or, with ``train_batch(model, opt, step)``
-    (a pipeline's, which runs the update), the start of the sharding
-    optimizer's ``step()``; ``run.launched``: per step, the parameter syncs
-    the checker saw."""
+def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):
+    """``cases.train`` of ``build()``'s model and optimizer (``kwargs``: its
+    ``enable``, ``checker``). ``run.grad``: per step, the gradient
+    collectives (``paddle.distributed.reduce`` and ``reduce_scatter``, what
+    ``FusedCommBuffer._comm_grads`` calls; ``reduce_scatter``: the CPU
+    shim's item 7) before and after the split: the end of the last backward
+    or, with ``train_batch`` (a pipeline's micro-step, which runs the
+    update), the start of the sharding optimizer's ``step()``;
+    ``run.launched``: per step, the parameter syncs the checker saw."""
     calls, marks = [0], []
 
     def counted(original):
@@ -120,43 +98,40 @@ def train(
     def mark(*_):
         marks.append(calls[0])
 
-    def micro_step(model, step, micro, acc_steps):
-        if micro == 0:
+    def micro_step(run):
+        if run.micro == 0:
             mark()
-        if train_batch:
-            loss = train_batch(model, opt, step)
-        else:
-            loss = training.default_micro_step(model, step, micro, acc_steps)
-        if micro == acc_steps - 1:
+        loss = (train_batch or cases.default_micro_step)(run)
+        if run.micro == run.acc_steps - 1:
             mark()  # (train_batch: the step's end)
         return loss
+
+    def split_at_the_update(run):
+        # the sharding optimizer's step(), called by the hybrid optimizer
+        inner = cases.sharding_optimizer(run.opt)
+        inner_step = inner.step
+
+        def counted_step(*args, **kwargs):
+            mark()
+            return inner_step(*args, **kwargs)
+
+        inner.step = counted_step
 
     dist = paddle.distributed
     with mock.patch.multiple(
         dist,
         **{n: counted(getattr(dist, n)) for n in ("reduce", "reduce_scatter")},
     ):
-        model, opt = build()
-        if overlap:
-            enable(opt, model)
-        if train_batch:  # the split: the sharding optimizer's step() starts
-            inner = sharding_optimizer(opt)  # called by the hybrid optimizer
-            inner_step = inner.step
-
-            def counted_step(*args, **kwargs):
-                mark()
-                return inner_step(*args, **kwargs)
-
-            inner.step = counted_step
-        run = training.train(
-            model=model,
-            opt=opt,
-            checker=checker,
+        run = cases.train(
+            cases.Build(made=build),
+            overlap,
             steps=STEPS,
             acc_steps=acc,
             micro_step=micro_step,
-            skip_update=(lambda step: True) if train_batch else None,
-            on_step=None if train_batch else mark,
+            prepare=split_at_the_update if train_batch else None,
+            update=cases.no_update if train_batch else None,
+            after_step=None if train_batch else mark,
+            **kwargs,
         )
     assert len(marks) == 3 * STEPS, marks
     run.grad = [(b - a, c - b) for a, b, c in zip(*[iter(marks)] * 3)]
@@ -165,7 +140,7 @@ def train(
 
 
 def compare(build, enable, grad_buffers, *, what="", **kwargs):
-    """``training.compare_on_off`` of :func:`train` (final parameters equal
+    """``cases.compare_on_off`` of :func:`train` (final parameters equal
     on ``replicas``, default every rank) and the collectives per step: one
     gradient collective (``reduce`` for V1, ``reduce_scatter`` for V2) per
     Paddle comm buffer (``grad_buffers(on run)``), all before the split,
@@ -175,14 +150,14 @@ def compare(build, enable, grad_buffers, *, what="", **kwargs):
     inside ``step()`` (its count and the checker's). Returns ``(on,
     checker, impl, buffers)``."""
     kwargs.setdefault("replicas", "world")
-    checker, on = training.compare_on_off(
-        build, run=train, enable=enable, **kwargs
+    checker, on = cases.compare_on_off(
+        build, train=train, enable=enable, **kwargs
     )
     buffers = grad_buffers(on)
     n = len(buffers)
     assert n >= 1, n
     assert on.off.grad == on.grad == [(n, 0)] * STEPS, (on.off.grad, on.grad)
-    impl = training.overlap_impl(on.opt)
+    impl = cases.overlap_impl(on.opt)
     assert impl is not None and impl.num_pending == 0
     units = len(impl.units)
     assert impl.stats["launched"] == STEPS * units, (impl.stats, units)
@@ -191,9 +166,9 @@ def compare(build, enable, grad_buffers, *, what="", **kwargs):
     # by the next forward's hooks or a read (reported right after the step)
     assert on.launched == [units] * STEPS, on.launched
     print(
-        f"rank {rank()} {what or build.__name__} {kwargs.get('acc', 1)}: units "
-        f"{units}, per step {on.launched}; gradient buffers {n}, collectives"
-        f" per step (before the split, after) {on.grad}"
+        f"rank {cases.rank()} {what or build.__name__} {kwargs.get('acc', 1)}"
+        f": units {units}, per step {on.launched}; gradient buffers {n},"
+        f" collectives per step (before the split, after) {on.grad}"
     )
     return on, checker, impl, buffers
 
@@ -208,46 +183,39 @@ def assert_one_gather_per_buffer(impl, checker, buffers):
 
 # ----------------------------------------------------------------------
 # V1
-def inside(spans, ptr):
-    return any(lo <= ptr < hi for lo, hi in spans)
-
-
 def check_v1_fused(tensor_fusion, acc):
     """V1 with comm_overlap (and tensor_fusion or not): Paddle fused the
     parameters; every bucket mode sends only Paddle's storage."""
-    num_params = len(list(TinyLM().parameters()))
-    for bucket_mb in (None, 2 * KB, 0):
-        with training.sharding_configs(
+    num_params = len(list(cases.TinyLM().parameters()))
+    for bucket_mb in (None, 2 * cases.KB, 0):
+        with cases.sharding_configs(
             tensor_fusion=tensor_fusion, comm_overlap=True, accumulate_steps=acc
         ):
             on, checker, impl, _ = compare(
                 build_v1,
-                enable_v1(bucket_mb),
-                lambda on: sharding_optimizer(on.opt)._comm_buffers,
+                cases.v1(bucket_mb),
+                lambda on: cases.sharding_optimizer(on.opt)._comm_buffers,
                 acc=acc,
             )
-        inner = sharding_optimizer(on.opt)
+        inner = cases.sharding_optimizer(on.opt)
         assert inner.comm_overlap and bool(inner.tensor_fusion) == tensor_fusion
         assert inner._rank2fused, "Paddle fused nothing"
-        spans = training.fused_spans(on.opt)
+        spans = cases.fused_spans(on.opt)
         num_fused = len(spans)
-        params = training.optimizer_parameters(on.opt)
+        params = cases.optimizer_parameters(on.opt)
         assert len(params) == num_params
         # not one parameter moved out of Paddle's fused storage
-        outside = [p.name for p in params if not inside(spans, p.data_ptr())]
+        outside = [
+            p.name for p in params if not cases.inside(spans, p.data_ptr())
+        ]
         assert outside == [], f"moved out of Paddle's fused storage: {outside}"
         units = len(impl.units)
-        slices = training.bucket_units(on.opt)
+        slices = cases.bucket_units(on.opt)
         if bucket_mb == 0:  # one broadcast per parameter
-            assert training.per_parameter(on.opt) and not slices, slices
-            assert units == num_params, units
+            cases.assert_per_parameter(on.opt)
         else:  # slices of Paddle's fused buffers, none of ours
             assert slices
-            for unit in slices:  # its first and last element
-                first = unit.tensor.data_ptr()
-                last = first + 4 * (int(unit.tensor._numel()) - 1)
-                assert inside(spans, first), (unit.label, first)
-                assert inside(spans, last), (unit.label, last)
+            cases.assert_slices_of_fused(on.opt, slices)
             assert units == len(slices), (units, len(slices))
             if bucket_mb is None:  # default 256 MB: one per fused buffer
                 assert units == num_fused, (units, num_fused)
@@ -255,13 +223,15 @@ def check_v1_fused(tensor_fusion, acc):
                 assert num_fused < units < num_params, (units, num_fused)
 
 
-# V1 cases: (tensor_fusion, accumulate_steps) of :func:`check_v1_fused`
-V1_CASES = {
-    "v1_tensor_fusion_comm_overlap": (True, 1),
-    "v1_tensor_fusion_comm_overlap_accumulate": (True, 2),
-    "v1_comm_overlap_alone": (False, 1),
-    "v1_comm_overlap_alone_accumulate": (False, 2),
-}
+# V1 cases: check_v1_fused(tensor_fusion, accumulate_steps)
+case_v1_tensor_fusion_comm_overlap = functools.partial(check_v1_fused, True, 1)
+case_v1_tensor_fusion_comm_overlap_accumulate = functools.partial(
+    check_v1_fused, True, 2
+)
+case_v1_comm_overlap_alone = functools.partial(check_v1_fused, False, 1)
+case_v1_comm_overlap_alone_accumulate = functools.partial(
+    check_v1_fused, False, 2
+)
 
 
 # ----------------------------------------------------------------------
@@ -270,31 +240,22 @@ def case_v2_comm_overlap():
     """Paddle 3.x: V2 with comm_overlap, with and without gradient
     accumulation. Paddle 2.6 refuses V2 with comm_overlap when it builds the
     optimizer: asserted, so the case is not silently empty there."""
-    if PADDLE_2:
-        with v2_settings(1), training.raises(
-            AssertionError, "not supported yet"
-        ):
+    if cases.PADDLE_2:
+        with v2_settings(1), cases.raises(AssertionError, "not supported yet"):
             build_v2()
         return
     for acc in (1, 2):
         with v2_settings(acc):
             on, checker, impl, buffers = compare(
                 build_v2,
-                training.enable_all_gather_overlap,
-                lambda on: sharding_optimizer(on.opt)._comm_buffer_list,
+                cases.v2,
+                lambda on: cases.sharding_optimizer(on.opt)._comm_buffer_list,
                 acc=acc,
             )
-        inner = sharding_optimizer(on.opt)
-        assert type(inner).__name__ == "DygraphShardingOptimizerV2"
-        assert inner.comm_overlap
-        assert len(buffers) >= 3, len(buffers)
+        cases.assert_v2(on.opt)
+        assert cases.sharding_optimizer(on.opt).comm_overlap
         assert_one_gather_per_buffer(impl, checker, buffers)
 
 
-def launch_cases():
-    v1 = {k: functools.partial(check_v1_fused, *a) for k, a in V1_CASES.items()}
-    return {**v1, **training.cases_of(globals())}
-
-
 if __name__ == "__main__":
-    sys.exit(training.run_cases(launch_cases()))
+    sys.exit(cases.run_cases(cases.cases_of(globals())))

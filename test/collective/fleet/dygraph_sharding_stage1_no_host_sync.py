@@ -33,40 +33,21 @@ release.
 
 import collections
 import contextlib
-import functools
 import operator
 import sys
 import warnings
 
-import hybrid_parallel_cpu_shim  # noqa: I001 (before fleet.init)
+import hybrid_parallel_cpu_shim
 import numpy as np
-import sharding_cases as training
+import sharding_cases as cases
 from blocking_calls import BlockingCallCounter, core
-from sharding_cases import (
-    TinyLM,
-    all_ranks_equal,
-    assert_bitwise_equal,
-    cases_of,
-    digests,
-    lm_loss,
-    optimizer_parameters,
-    overlap_impl,
-    rank,
-    run_cases,
-)
 
 import paddle
 
 STEPS = 4  # step 0 agrees the order; steps 1.. are the steady state
-KB = 1 / 1024  # in MB
-BUFFER_MB = 1  # V2 comm buffers (comm_buffer_size_MB, shim item 9 on 2.6)
 PARAM_SYNC = "param_sync"
 
 Mode = collections.namedtuple("Mode", "v2 bucket_mb tensor_fusion")
-
-
-# about 3.2 MB fp32: 4 V2 comm buffers of 1 MB
-WideLM = functools.partial(TinyLM, num_blocks=3, hidden=256)
 
 
 def make_optimizer(parameters):
@@ -81,14 +62,9 @@ def make_optimizer(parameters):
 def enable(mode):
     """Overlap on as PaddleFormers calls it."""
 
-    def on(opt, model):
-        if mode.v2:
-            opt._set_all_gather_overlap_forward(True, model)
-        else:
-            mb = mode.bucket_mb  # None: the default
-            kwargs = {} if mb is None else {"bucket_size_mb": mb}
-            opt._set_broadcast_overlap(True, layers=model, **kwargs)
-        assert overlap_impl(opt) is not None, "no overlap owner"
+    def on(run):  # (bucket_mb None: the default)
+        (cases.v2 if mode.v2 else cases.v1(mode.bucket_mb))(run)
+        assert cases.overlap_impl(run.opt) is not None, "no overlap owner"
 
     return on
 
@@ -102,58 +78,56 @@ def paddle_sync_count(mode, inner):
 
 
 def train(mode, overlap):
-    """One counted ``training.train`` run; adds ``steps`` (a ``Region`` per
+    """One counted ``cases.train`` run; adds ``steps`` (a ``Region`` per
     ``step()``), ``fwd_bwd`` (per forward + backward), ``pending`` (after
     each step, on only: the owner's units in flight and units needing a
     sync), ``paddle`` (Paddle's blocking sync count), ``inner``,
     ``owner``."""
     if mode.v2:
-        settings, around = (
-            training.sharding_v2(BUFFER_MB),
-            contextlib.nullcontext,
-        )
+        settings, around = cases.sharding_v2(), contextlib.nullcontext
     else:
-        settings = training.sharding_configs(tensor_fusion=mode.tensor_fusion)
+        settings = cases.sharding_configs(tensor_fusion=mode.tensor_fusion)
         around = hybrid_parallel_cpu_shim.cpu_tensor_fusion  # item 6
     pending = []
     with settings, BlockingCallCounter() as counter:
 
         def prepare(run):
-            run.inner = training.sharding_optimizer(run.opt)
+            run.inner = cases.sharding_optimizer(run.opt)
             run.paddle = paddle_sync_count(mode, run.inner)
             counter.tag_phase(
                 run.inner, "_sharding_sync_parameters", PARAM_SYNC
             )
             if overlap:  # its launch may be deferred to the end of step()
-                counter.tag_phase(overlap_impl(run.opt), "launch", PARAM_SYNC)
+                counter.tag_phase(
+                    cases.overlap_impl(run.opt), "launch", PARAM_SYNC
+                )
             counter.count_calls_of(run.opt, "step")
 
-        def micro_step(model, step, micro, acc_steps):
+        def micro_step(run):
             with counter.counting("fwd_bwd"):
-                loss = lm_loss(model, step)
+                loss = cases.lm_loss(run.model, run.step)
                 loss.backward()
             return loss
 
-        def on_step(step, model, opt):
+        def after_step(run):
             if overlap:
-                owner = overlap_impl(opt)
+                owner = cases.overlap_impl(run.opt)
                 due = sum(u.needs_sync() for u in owner.units)
                 pending.append((owner.num_pending, due))
 
-        run = training.train(
-            WideLM if mode.v2 else TinyLM,
+        model = cases.WideLM if mode.v2 else cases.TinyLM
+        run = cases.train(
+            cases.Build(model, optimizer=make_optimizer, around=around),
             overlap,
             steps=STEPS,
-            make_optimizer=make_optimizer,
-            around=around,
             enable=enable(mode),
             prepare=prepare,
             micro_step=micro_step,
-            on_step=on_step,
+            after_step=after_step,
         )
         run.steps = counter.regions["step"]
         run.fwd_bwd = counter.regions["fwd_bwd"]
-        run.owner, run.pending = overlap_impl(run.opt), pending
+        run.owner, run.pending = cases.overlap_impl(run.opt), pending
     assert len(run.steps) == STEPS, len(run.steps)
     return run
 
@@ -272,7 +246,7 @@ def case_counter_sees_every_name():
     assert barrier.collectives_of(), "no process-group call seen"
     now = (vars(core.task)["wait"], vars(paddle.Tensor)["numpy"])
     assert all(a is b for a, b in zip(now, originals)), "not restored"
-    if rank() == 0:
+    if cases.rank() == 0:
         print(f"counter probe on Paddle {paddle.__version__}: {dict(got)}")
 
 
@@ -282,8 +256,10 @@ def check_mode(name, *mode):
     mode = Mode(*mode)
     off = train(mode, overlap=False)
     on = train(mode, overlap=True)
-    same_on_ranks = all_ranks_equal(digests(on.params))
-    assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), name)
+    same_on_ranks = cases.all_ranks_equal(cases.digests(on.params))
+    cases.assert_bitwise_equal(
+        (off.losses, off.params), (on.losses, on.params), name
+    )
     assert same_on_ranks, f"{name}: final parameters differ across ranks"
     units = len(on.owner.units)
     # after each step every unit needs a sync and is left in flight
@@ -296,7 +272,7 @@ def check_mode(name, *mode):
 def case_v1_per_parameter():
     """V1, one broadcast per parameter (bucket_size_mb=0): a unit each."""
     off, on, units = check_mode("v1_per_parameter", False, 0, False)
-    assert units == len(optimizer_parameters(on.opt)), units
+    assert units == len(cases.optimizer_parameters(on.opt)), units
 
 
 def case_v1_buckets_default():
@@ -307,8 +283,8 @@ def case_v1_buckets_default():
 
 def case_v1_buckets_small():
     """V1, 2 KB buckets: several, fewer than the parameters."""
-    off, on, units = check_mode("v1_buckets_small", False, 2 * KB, False)
-    assert 2 < units < len(optimizer_parameters(off.opt)), units
+    off, on, units = check_mode("v1_buckets_small", False, 2 * cases.KB, False)
+    assert 2 < units < len(cases.optimizer_parameters(off.opt)), units
 
 
 def case_v1_fused_slices_default():
@@ -321,7 +297,9 @@ def case_v1_fused_slices_default():
 
 def case_v1_fused_slices_small():
     """V1 fused slices, 2 KB cap: more units than Paddle's fused buffers."""
-    off, on, units = check_mode("v1_fused_slices_small", False, 2 * KB, True)
+    off, on, units = check_mode(
+        "v1_fused_slices_small", False, 2 * cases.KB, True
+    )
     assert off.inner.tensor_fusion
     assert units > off.paddle, (units, off.paddle)
 
@@ -330,9 +308,9 @@ def case_v2_comm_buffers():
     """V2 (``split_param``, 1 MB comm buffers: 4 for WideLM; shim items 7 to
     9): a unit per comm buffer."""
     off, on, units = check_mode("v2_comm_buffers", True, None, False)
-    assert type(on.inner).__name__ == "DygraphShardingOptimizerV2"
+    cases.assert_v2(on.opt)
     assert units == off.paddle >= 3, (units, off.paddle)
 
 
 if __name__ == "__main__":
-    sys.exit(run_cases(cases_of(globals())))
+    sys.exit(cases.run_cases(cases.cases_of(globals())))

@@ -15,7 +15,7 @@
 
 Env ``PARAM_SYNC_SCALE_TOPOLOGY`` (``fleet.init`` runs once per process):
 ``sharding8`` (the V1 and V2 cases) or ``pp2_sharding4`` (the pipeline
-case). Every case is ``training.compare_on_off`` (bitwise equal off and on,
+case). Every case is ``cases.compare_on_off`` (bitwise equal off and on,
 the waits checked), the final parameters equal on every rank of the
 sharding group, then the case's own checks.
 """
@@ -24,16 +24,7 @@ import os
 import sys
 
 import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid
-import sharding_cases as training
-from sharding_cases import (
-    Block,
-    cases_of,
-    digests,
-    equal_in_group,
-    overlap_impl,
-    rank,
-    sharding_optimizer,
-)
+import sharding_cases as cases
 
 import paddle
 import paddle.nn.functional as F
@@ -51,9 +42,6 @@ BATCH = 4  # (pipeline micro-batches of 2)
 # 8 KB linear weights and after the 64 KB embedding, so the tiny parameters
 # of one owner share buckets between them
 SMALL_BUCKET_MB = 0.004
-# comm buffer size: sharding_configs.comm_buffer_size_MB on Paddle 3.x (an
-# int: 1 is the smallest), hybrid_parallel_cpu_shim item 9 on 2.6
-V2_BUFFER_MB = 1
 HIDDEN, VOCAB, CLASSES = 32, 512, 16  # V1
 V2_HIDDEN, V2_VOCAB = 256, 64  # about 3.3 MB of fp32: 4 comm buffers
 
@@ -61,11 +49,7 @@ V2_HIDDEN, V2_VOCAB = 256, 64  # about 3.3 MB of fp32: 4 comm buffers
 def init_fleet():
     world = paddle.distributed.get_world_size()
     assert world == 8, f"this script runs on 8 ranks, got {world}"
-    training.init_fleet(DEGREES[TOPOLOGY], micro_batch=BATCH // 2)
-
-
-def snapshot(layer):
-    return {k: v.numpy().copy() for k, v in layer.state_dict().items()}
+    cases.init_fleet(DEGREES[TOPOLOGY], micro_batch=BATCH // 2)
 
 
 def names_of(raw):
@@ -104,7 +88,7 @@ class UnevenLM(nn.Layer):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.tiny = tiny()
-        self.blocks = nn.LayerList([Block(hidden) for _ in range(3)])
+        self.blocks = nn.LayerList([cases.Block(hidden) for _ in range(3)])
         self.head = nn.Linear(hidden, out)
 
     def forward(self, tokens):
@@ -120,30 +104,32 @@ def V2LM():
 
 
 def batch(step, vocab=VOCAB, classes=CLASSES):
-    tokens, labels = training.batch(step, vocab=vocab)
+    tokens, labels = cases.batch(step, vocab=vocab)
     return tokens, labels % classes
 
 
 def compare_frozen(build, *, freeze, enable, data=batch, **kwargs):
-    """``training.compare_on_off`` of STEPS steps on ``data(step)``, the
+    """``cases.compare_on_off`` of STEPS steps on ``data(step)``, the
     final parameters equal across the sharding group; ``freeze(raw,
     inner)`` freezes parameters once the optimizer is built, before
-    ``enable(opt, model)``, and returns ``(layout, frozen)`` (on the run).
+    ``enable(run)``, and returns ``(layout, frozen)`` (on the run).
     Off and on froze the same, the frozen parameters ended as they started,
     each unit needing a sync launched once per step. Returns (checker, on
     run, owner, units needing a sync)."""
 
     def built(run):
-        run.layout, run.frozen = freeze(run.raw, sharding_optimizer(run.opt))
-        run.initial = snapshot(run.raw)
+        run.layout, run.frozen = freeze(
+            run.raw, cases.sharding_optimizer(run.opt)
+        )
+        run.initial = cases.snapshot(run.raw)
 
-    def micro_step(model, step, micro, acc_steps):
-        tokens, labels = data(step)
-        loss = F.cross_entropy(model(tokens), labels).mean()
+    def micro_step(run):
+        tokens, labels = data(run.step)
+        loss = F.cross_entropy(run.model(tokens), labels).mean()
         loss.backward()
         return loss
 
-    checker, on = training.compare_on_off(
+    checker, on = cases.compare_on_off(
         build,
         replicas=sharding_group(),
         steps=STEPS,
@@ -153,13 +139,13 @@ def compare_frozen(build, *, freeze, enable, data=batch, **kwargs):
         **kwargs,
     )
     assert (on.layout, on.frozen) == (on.off.layout, on.off.frozen)
-    final = snapshot(on.raw)
+    final = cases.snapshot(on.raw)
     for name in on.layout[on.frozen]:
         assert final[name].tobytes() == on.initial[name].tobytes(), name
-    impl = overlap_impl(on.opt)
+    impl = cases.overlap_impl(on.opt)
     due = [u for u in impl.units if u.needs_sync()]
     assert impl.stats["launched"] == STEPS * len(due), (impl.stats, len(due))
-    print(f"rank {rank()}: checker {checker.counts}, stats {impl.stats}")
+    print(f"rank {cases.rank()}: checker {checker.counts}, stats {impl.stats}")
     return checker, on, impl, due
 
 
@@ -186,10 +172,9 @@ def freeze_rank(raw, inner):
 
 
 def compare_v1(bucket_mb):
-    def enable(opt, model):
-        training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
-
-    _, on, _, due = compare_frozen(UnevenLM, freeze=freeze_rank, enable=enable)
+    _, on, _, due = compare_frozen(
+        UnevenLM, freeze=freeze_rank, enable=cases.v1(bucket_mb)
+    )
     group, layout, frozen = sharding_group(), on.layout, on.frozen
     assert len(layout) == paddle.distributed.get_world_size(), layout
     # very different loads: one rank holds the embedding alone, another
@@ -206,7 +191,9 @@ def compare_v1(bucket_mb):
         assert all(len(u.params) == 1 for u in due), due
         trainable = sum(not p.stop_gradient for p in on.raw.parameters())
         assert len(due) == trainable, (len(due), trainable)
-    print(f"rank {rank()}: frozen rank {frozen} {layout[frozen]}, {layout}")
+    print(
+        f"rank {cases.rank()}: frozen rank {frozen} {layout[frozen]}, {layout}"
+    )
 
 
 def case_v1_buckets_uneven_owners_frozen_rank():
@@ -238,7 +225,7 @@ def freeze_buffer(raw, inner):
 def padding_per_rank(run):
     """Each group rank's padding per comm buffer (every rank calls it)."""
     group, pads = sharding_group(), []
-    for buffer in sharding_optimizer(run.opt)._comm_buffer_list:
+    for buffer in cases.sharding_optimizer(run.opt)._comm_buffer_list:
         shard = int(buffer.param_storage._numel()) // group.nranks
         begin = shard * max(group.rank, 0)
         real = 0
@@ -257,14 +244,13 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
     """V2 (1 MB comm buffers): parameters of 5 and 201 elements, a frozen
     buffer never gathered, per-rank padding that differs."""
     checker, on, _, due = compare_frozen(
-        V2LM,
+        cases.Build(V2LM, around=cases.sharding_v2),
         freeze=freeze_buffer,
-        enable=training.enable_all_gather_overlap,
+        enable=cases.v2,
         data=lambda step: batch(step, V2_VOCAB, V2_VOCAB),
-        around=lambda: training.sharding_v2(V2_BUFFER_MB),
         final=padding_per_rank,
     )
-    buffers = sharding_optimizer(on.opt)._comm_buffer_list
+    buffers = cases.sharding_optimizer(on.opt)._comm_buffer_list
     layout, frozen = on.layout, on.frozen
     assert len(buffers) >= 3, f"{len(buffers)} comm buffers: {layout}"
     sizes = {n: p.size for n, p in on.params.items()}
@@ -278,7 +264,7 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
     assert len(due) == len(buffers) - 1, (len(due), len(buffers))
     # each rank's shards hold a different share of padding
     assert len({tuple(p) for p in on.padding}) > 1, on.padding
-    print(f"rank {rank()}: frozen buffer {frozen}, padding {on.padding}")
+    print(f"rank {cases.rank()}: frozen buffer {frozen}, padding {on.padding}")
 
 
 # ----------------------------------------------------------------------
@@ -290,25 +276,21 @@ def case_pipeline_tied_embedding_head_buckets():
     hcg = fleet.get_hybrid_communicate_group()
 
     def tied_equal(run):  # collectives before compare_on_off's assertions
-        params = snapshot(run.model)
+        params = cases.snapshot(run.model)
         run.tied = {
             k: v for k, v in params.items() if k.endswith("embedding_weight")
         }
         group = hcg.get_pipe_parallel_group()
-        run.tied_equal = equal_in_group(digests(run.tied), group)
-
-    def enable(opt, model):
-        bucket_mb = SMALL_BUCKET_MB / 8
-        training.enable_broadcast_overlap(opt, model, bucket_mb=bucket_mb)
+        run.tied_equal = cases.equal_in_group(cases.digests(run.tied), group)
 
     checker, on = hybrid.compare(
         lambda: hybrid.pipeline_model(tied=True, blocks=4),
-        enable=enable,
+        enable=cases.v1(SMALL_BUCKET_MB / 8),
         final=tied_equal,
     )
     assert len(on.tied) == 1, sorted(on.params)
     assert on.tied_equal, "the tied weight differs between the two stages"
-    impl = overlap_impl(on.opt)
+    impl = cases.overlap_impl(on.opt)
     due = [u for u in impl.units if u.needs_sync()]
     assert len({u.src for u in due}) == 4, [(u.label, u.src) for u in due]
     if hcg.is_last_stage:
@@ -320,10 +302,10 @@ def case_pipeline_tied_embedding_head_buckets():
 # ----------------------------------------------------------------------
 def launch_cases():
     """The cases of this launch's topology."""
-    cases = cases_of(globals())
+    found = cases.cases_of(globals())
     pipeline = TOPOLOGY == "pp2_sharding4"
     return {
-        k: v for k, v in cases.items() if k.startswith("pipeline") == pipeline
+        k: v for k, v in found.items() if k.startswith("pipeline") == pipeline
     }
 
 
@@ -337,4 +319,4 @@ def init():
 
 
 if __name__ == "__main__":
-    sys.exit(training.run_cases(launch_cases(), init))
+    sys.exit(cases.run_cases(launch_cases(), init))

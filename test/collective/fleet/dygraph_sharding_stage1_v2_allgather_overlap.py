@@ -23,7 +23,6 @@ off bitwise. A rank exits non-zero at its first failed case; the launcher
 then stops the others.
 """
 
-import contextlib
 import os
 import sys
 import traceback
@@ -39,11 +38,6 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.param_sync_overl
     get_param_sync_overlap,
 )
 from paddle.distributed.fleet.utils import mix_precision_utils
-
-try:  # gloo ranks: V2's comm buffers on the CPU (a test shim, where present)
-    import hybrid_parallel_cpu_shim
-except ImportError:  # GPUs need none
-    hybrid_parallel_cpu_shim = None
 
 VOCAB, HIDDEN, SEQ, BATCH, STEPS = 64, 256, 6, 4, 3
 BUFFER_MB = 1  # about 3.2 MB of fp32 parameters: 4 comm buffers
@@ -109,12 +103,6 @@ def assert_waits_balanced(stats):
     assert sum(waits.values()) == stats["launched"], stats
 
 
-def v2_context():
-    if hybrid_parallel_cpu_shim is None:
-        return contextlib.nullcontext()
-    return hybrid_parallel_cpu_shim.cpu_sharding_v2(BUFFER_MB)
-
-
 def inner_v2(opt):
     while type(opt).__name__ != "DygraphShardingOptimizerV2":
         opt = vars(opt)["_inner_opt"]
@@ -127,11 +115,10 @@ def train(overlap, acc=1, steps=STEPS, after_step=None, prepare=None):
     model, the optimizer and the raw layer."""
     paddle.seed(2026)  # the same initial weights on every rank and run
     raw = LM()
-    with v2_context():
-        opt = fleet.distributed_optimizer(
-            paddle.optimizer.AdamW(0.01, parameters=raw.parameters())
-        )
-        model = fleet.distributed_model(raw)
+    opt = fleet.distributed_optimizer(
+        paddle.optimizer.AdamW(0.01, parameters=raw.parameters())
+    )
+    model = fleet.distributed_model(raw)
     if overlap:  # as PaddleFormers' --stage1_allgather_overlap calls it
         opt._set_all_gather_overlap_forward(True, model)
     if prepare is not None:
@@ -336,8 +323,6 @@ def case_bf16():
 
 
 def init_fleet():
-    if hybrid_parallel_cpu_shim is not None:
-        hybrid_parallel_cpu_shim.install()  # gloo; nothing on GPUs
     strategy = fleet.DistributedStrategy()
     degrees = dict(dp_degree=1, mp_degree=1, pp_degree=1, sharding_degree=2)
     strategy.hybrid_configs = degrees

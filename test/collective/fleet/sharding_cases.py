@@ -12,17 +12,20 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""The multi-rank case harness of the sharding stage 1 parameter-sync
-overlap's per-rank scripts (V1 broadcasts and V2 all-gathers alike).
+"""The case module of the per-rank scripts of the sharding stage 1
+parameter-sync overlap (V1 broadcasts and V2 all-gathers alike), imported
+everywhere as ``import sharding_cases as cases``. (The launcher that starts
+the ranks is elsewhere: ``tools/collective/collective_launch.py``.)
 
 - Models: :class:`TinyLM` (embedding, :class:`Block` s, head; sized by its
   arguments) and :class:`VariantLM` (the same with overridable parts);
   deterministic per-rank data (:func:`batch`); seeded builds.
-- :func:`train`: the one training loop (building, the overlap turned on by
-  ``enable``, micro-batches, ``after_step`` reads, a final read), returning a
-  :class:`Run`; :func:`compare_on_off`: overlap off vs on bitwise (losses,
-  values read between steps, final parameters, ranks equal per group) under
-  the wait checker (:mod:`param_sync_checker`), which every on run gets.
+- :func:`train`: the one training loop, returning a :class:`Run`; what it
+  trains is a :class:`Build`; every callback of it takes the ``Run`` alone
+  (``run.step``, ``run.micro``: where the loop is). :func:`compare_on_off`:
+  overlap off vs on bitwise (losses, values read between steps, final
+  parameters, ranks equal per group) under the wait checker
+  (:mod:`param_sync_checker`), which every on run gets.
 - Public views of the owner (:func:`overlap_impl`, :func:`optimizer_parameters`,
   :func:`bucket_units`, ...) and of fleet's set-up (:func:`init_fleet`,
   :func:`sharding_configs`, :func:`sharding_v2`).
@@ -33,16 +36,16 @@ overlap's per-rank scripts (V1 broadcasts and V2 all-gathers alike).
   runs several scripts' cases in one launch.
 
 The collective-sequence recorder (``tools/collective/collective_recorder.py``)
-needs nothing here: the launch harness installs it in every rank of every
-launch and checks its records after each launch.
+needs nothing here: the launcher installs it in every rank of every launch
+and checks its records after each launch.
 """
 
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 import traceback
@@ -60,6 +63,11 @@ from paddle.distributed import fleet
 
 VOCAB, HIDDEN, SEQ, BATCH = 32, 16, 6, 4
 STEPS = int(os.environ.get("BROADCAST_OVERLAP_STEPS", "4"))
+KB = 1 / 1024  # in MB (bucket_size_mb)
+# V2's comm buffers in MB (sharding_configs.comm_buffer_size_MB on Paddle
+# 3.x, an int: 1 is the smallest; the CPU shim's item 9 on 2.6)
+V2_BUFFER_MB = 1
+PADDLE_2 = paddle.__version__.startswith("2.")
 
 
 # ----------------------------------------------------------------------
@@ -100,6 +108,12 @@ class TinyLM(paddle.nn.Layer):
         return self.head(x)
 
 
+def WideLM():
+    """TinyLM of 3 blocks of width 256, about 3.2 MB of fp32 parameters: 4
+    V2 comm buffers of 1 MB."""
+    return TinyLM(num_blocks=3, hidden=256)
+
+
 # ----------------------------------------------------------------------
 # data and set-up
 def rank():
@@ -114,15 +128,19 @@ def batch(step, micro=0, vocab=VOCAB):
     return paddle.to_tensor(tokens), paddle.to_tensor(labels)
 
 
-def build_with_initial_state(build):
-    """``build()`` with weights from a seeded build, the same on all ranks
+def seeded(model):
+    """``model()`` with weights from a seeded build, the same on all ranks
     and in every run of one case."""
     paddle.seed(2026)
-    reference = build()
-    state = {k: v.numpy().copy() for k, v in reference.state_dict().items()}
-    model = build()
-    model.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
-    return model
+    state = snapshot(model())
+    built = model()
+    built.set_state_dict({k: paddle.to_tensor(v) for k, v in state.items()})
+    return built
+
+
+def snapshot(layer):
+    """{name: numpy copy} of ``layer.state_dict()``."""
+    return {k: v.numpy().copy() for k, v in layer.state_dict().items()}
 
 
 def lm_loss(model, step, micro=0):
@@ -131,11 +149,17 @@ def lm_loss(model, step, micro=0):
     return paddle.nn.functional.cross_entropy(logits, labels).mean()
 
 
-def default_micro_step(model, step, micro, acc_steps):
+def default_micro_step(run):
     """Forward and backward of one micro-batch; returns the loss."""
-    loss = lm_loss(model, step, micro)
-    (loss / acc_steps).backward()
+    loss = lm_loss(run.model, run.step, run.micro)
+    (loss / run.acc_steps).backward()
     return loss
+
+
+def step_aware_micro_step(run):
+    """``default_micro_step`` that first sets the user's layer's ``step``."""
+    run.model._layers.step = run.step
+    return default_micro_step(run)
 
 
 def adamw(parameters):
@@ -144,117 +168,162 @@ def adamw(parameters):
     )
 
 
+def sgd(parameters):
+    """For float64 or bfloat16 parameters: the CPU has no such AdamW
+    kernel with a float32 learning rate."""
+    return paddle.optimizer.SGD(learning_rate=0.05, parameters=parameters)
+
+
+@dataclasses.dataclass
+class Build:
+    """What :func:`train` builds, each field a callable: ``model()`` the
+    user's layer; ``init(model)`` it with the run's initial weights
+    (default :func:`seeded`); ``wrap(layer)`` the layer fleet wraps (e.g.
+    ``MixPrecisionLayer``); ``parameters(layer)`` the optimizer's list
+    (default all); ``optimizer(parameters)`` the inner optimizer;
+    ``around()`` a context manager fleet's optimizer and model are built in
+    (V2: :func:`sharding_v2`). ``made()``: ``(fleet model, fleet
+    optimizer)`` built by the caller instead (several optimizers, a
+    continued run: :meth:`of`)."""
+
+    model: object = TinyLM
+    init: object = seeded
+    wrap: object = None
+    parameters: object = None
+    optimizer: object = adamw
+    around: object = contextlib.nullcontext
+    made: object = None
+
+    @classmethod
+    def of(cls, model, opt):
+        """A Build of fleet's ``model`` and ``opt`` as they are."""
+        return cls(made=lambda: (model, opt))
+
+
+class Optimizers(list):
+    """Optimizers stepped one after the other as one."""
+
+    def step(self):
+        for opt in self:
+            opt.step()
+
+    def clear_grad(self):
+        for opt in self:
+            opt.clear_grad()
+
+
 class Run(types.SimpleNamespace):
-    """One training run: ``losses``, ``params`` (numpy copies), ``extras``
-    (numpy values ``after_step`` read), ``raw`` (the user's layer),
-    ``model`` (fleet's), ``opt``. Unpacks as ``(losses, params, run)``;
-    ``run["model"]`` is ``run.model``."""
-
-    def __iter__(self):
-        return iter((self.losses, self.params, self))
-
-    def __getitem__(self, key):
-        if isinstance(key, str):
-            return getattr(self, key)
-        return (self.losses, self.params, self)[key]
+    """One training run, the one argument of every callback of
+    :func:`train`: ``raw`` (the user's layer), ``model`` (fleet's), ``opt``,
+    ``checker`` (the wait checker, None with overlap off), ``acc_steps``,
+    ``losses``, ``extras`` (numpy values ``after_step`` returned),
+    ``reports`` (the checker's per step), at the end ``params`` (numpy
+    copies); while the loop runs ``step``, ``micro`` and ``loss``. Callbacks
+    may keep their own attributes on it."""
 
 
-def enable_broadcast_overlap(opt, model, *, bucket_mb=0.0, strict=False):
-    opt._set_broadcast_overlap(
-        True, layers=model, strict=strict, bucket_size_mb=bucket_mb
-    )
+def v1(bucket_mb=0.0, strict=False):
+    """``train``'s ``enable`` of V1's broadcast overlap (``bucket_mb``:
+    ``bucket_size_mb``, 0 one broadcast per parameter, None the product's
+    default)."""
+    sizes = {} if bucket_mb is None else {"bucket_size_mb": bucket_mb}
+
+    def enable(run):
+        run.opt._set_broadcast_overlap(
+            True, layers=run.model, strict=strict, **sizes
+        )
+
+    return enable
+
+
+def v2(run):
+    """``train``'s ``enable`` of V2's all-gather overlap, turned on as
+    PaddleFormers does (two arguments)."""
+    run.opt._set_all_gather_overlap_forward(True, run.model)
+    assert overlap_impl(run.opt) is not None, "no overlap owner on V2"
+
+
+def no_update(run):
+    """``train``'s ``update`` when the micro-step updates (a pipeline's
+    ``train_batch``)."""
 
 
 def train(
     build=TinyLM,
     overlap=False,
     *,
-    acc_steps=1,
     steps=STEPS,
-    use_minimize=False,
+    acc_steps=1,
+    first_step=0,
     checker=None,
-    strict=False,
-    micro_step=default_micro_step,
-    on_step=None,
-    after_step=None,
-    prepare=None,
-    skip_update=None,
-    parameters=None,
-    wrap_model=None,
-    make_optimizer=adamw,
-    init=build_with_initial_state,
-    around=contextlib.nullcontext,
     enable=None,
     built=None,
-    model=None,
-    opt=None,
-    first_step=0,
-    bucket_mb=0.0,
+    prepare=None,
+    micro_step=default_micro_step,
+    update=None,
+    after_step=None,
     final=None,
 ):
-    """Train and return a :class:`Run`, the one training loop of the
-    scripts.
+    """Train ``build`` (a :class:`Build`, or its ``model`` alone) and return
+    the :class:`Run`: the one training loop of the scripts. Every callback
+    takes the Run.
 
-    Building (unless ``model``/``opt`` continue a previous run from step
-    ``first_step``): ``init(build)`` (default: weights of a seeded build),
-    ``wrap_model(layer)``, ``parameters(layer)`` for ``make_optimizer``;
-    fleet's optimizer and model are built inside ``around()`` (a V2 set-up);
-    ``built(run)`` runs next, off and on alike (e.g. freezing parameters
-    the optimizer holds); with ``overlap``, ``enable(opt, model)`` turns it
-    on (default V1's broadcast overlap with ``bucket_mb``, 0: one broadcast
-    per parameter, and ``strict``). ``prepare(run)`` runs before the first step.
-
-    Each step: ``micro_step(model, step, micro, acc_steps)`` per
-    micro-batch returns its loss; the update unless ``skip_update(step)``
-    (``use_minimize``: ``opt.minimize``); ``on_step(step, model, opt)``;
-    ``after_step(step, run)`` returns values read between steps, kept in
-    ``run.extras``. At the end ``final(run)`` (e.g. one more forward), then
-    ``run.params`` from ``model.state_dict()``.
+    After building: ``built(run)``, off and on alike (e.g. freezing
+    parameters the optimizer holds); with ``overlap``, ``enable(run)`` turns
+    it on (default ``v1()``: one broadcast per parameter); the ``checker``
+    watches; ``prepare(run)`` before the first step. Each step from
+    ``first_step``: ``micro_step(run)`` per micro-batch returns its loss,
+    ``update(run)`` (default ``run.opt.step()``), ``clear_grad``, then
+    ``after_step(run)``, which may return values read between steps (kept
+    in ``run.extras``). At the end ``final(run)`` (e.g. one more forward),
+    then ``run.params`` from ``model.state_dict()``.
     """
-    run = Run(raw=None, model=model, opt=opt, losses=[], extras=[], reports=[])
-    if model is None:
-        raw = init(build)
-        if wrap_model is not None:
-            raw = wrap_model(raw)
-        params = parameters(raw) if parameters else raw.parameters()
-        with around():
-            opt = fleet.distributed_optimizer(make_optimizer(params))
-            model = fleet.distributed_model(raw)
-        run.raw, run.model, run.opt = raw, model, opt
-        if built is not None:
-            built(run)
-        if overlap:
-            if enable is None:
-                enable_broadcast_overlap(
-                    opt, model, bucket_mb=bucket_mb, strict=strict
-                )
-            else:
-                enable(opt, model)
+    build = build if isinstance(build, Build) else Build(build)
+    run = Run(checker=checker, acc_steps=acc_steps, losses=[], extras=[])
+    run.reports = []
+    if build.made is not None:
+        run.model, run.opt = build.made()
+        run.raw = getattr(run.model, "_layers", run.model)
+    else:
+        run.raw = build.init(build.model)
+        if build.wrap is not None:
+            run.raw = build.wrap(run.raw)
+        if build.parameters is None:
+            params = run.raw.parameters()
+        else:
+            params = build.parameters(run.raw)
+        with build.around():
+            run.opt = fleet.distributed_optimizer(build.optimizer(params))
+            run.model = fleet.distributed_model(run.raw)
+    if built is not None:
+        built(run)
+    if overlap:
+        (enable or v1())(run)
     if checker is not None:
-        checker.watch(model, opt)
+        checker.watch(run.model, run.opt)
     if prepare is not None:
         prepare(run)
     for step in range(first_step, first_step + steps):
+        run.step = step
         for micro in range(acc_steps):
-            loss = micro_step(model, step, micro, acc_steps)
-            run.losses.append(np.array(loss.numpy()).copy())
-        if skip_update is None or not skip_update(step):
-            if use_minimize:
-                opt.minimize(loss)
-            else:
-                opt.step()
-        opt.clear_grad()
+            run.micro = micro
+            run.loss = micro_step(run)
+            run.losses.append(np.array(run.loss.numpy()).copy())
+        if update is None:
+            run.opt.step()
+        else:
+            update(run)
+        run.opt.clear_grad()
         if checker is not None:
             checker.hooks_last()  # after hooks a first step() registered
             run.reports.append(checker.step_report())
             print(f"rank {rank()} step {step} wait check: {run.reports[-1]}")
-        if on_step is not None:
-            on_step(step, model, opt)
         if after_step is not None:
-            run.extras += [np.array(v).copy() for v in after_step(step, run)]
+            values = after_step(run) or ()
+            run.extras += [np.array(v).copy() for v in values]
     if final is not None:
         final(run)
-    run.params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    run.params = snapshot(run.model)
     return run
 
 
@@ -277,25 +346,18 @@ def assert_bitwise_equal(expected, actual, what):
         )
 
 
-def overlap_module():
-    """The module holding ParamSyncOverlap, found next to the
-    DygraphShardingOptimizer module that defines _set_broadcast_overlap
-    (Paddle's own when the patch is applied; the overlay's when it was
-    applied at start-up, e.g. by PADDLE_OVERLAY=1)."""
+def overlap_module(name="param_sync_overlap"):
+    """The product's module ``name`` (default the one holding
+    ParamSyncOverlap; ``read_interception``, ``sync_registry``), found next
+    to the DygraphShardingOptimizer module that defines
+    _set_broadcast_overlap (Paddle's own when the patch is applied; the
+    overlay's when it was applied at start-up, e.g. by PADDLE_OVERLAY=1)."""
     from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
         dygraph_sharding_optimizer as dso,
     )
 
     defined_in = dso.DygraphShardingOptimizer._set_broadcast_overlap.__module__
-    package = defined_in.rpartition(".")[0]
-    return importlib.import_module(package + ".param_sync_overlap")
-
-
-def read_guard_module():
-    """The module holding GuardedParameters (overlay's or patched Paddle's)."""
-    return sys.modules[
-        overlap_module().__name__.rpartition(".")[0] + ".read_interception"
-    ]
+    return importlib.import_module(f"{defined_in.rpartition('.')[0]}.{name}")
 
 
 @contextlib.contextmanager
@@ -303,28 +365,13 @@ def read_guard_removed():
     """Negative controls: inside the block a layer's ``_parameters``
     lookups (``[]``, ``get``) are plain ``OrderedDict`` ones, so attribute
     reads of a parameter no longer wait for its sync."""
-    guarded = read_guard_module().GuardedParameters
+    guarded = overlap_module("read_interception").GuardedParameters
     saved = (guarded.__getitem__, guarded.get)
     guarded.__getitem__, guarded.get = OrderedDict.__getitem__, OrderedDict.get
     try:
         yield
     finally:
         guarded.__getitem__, guarded.get = saved
-
-
-def sync_registry_module():
-    """The module holding the open owners (``open_owners()``, creation
-    order) and ``PENDING`` (overlay's or patched Paddle's)."""
-    return importlib.import_module(
-        overlap_module().__name__.rpartition(".")[0] + ".sync_registry"
-    )
-
-
-def per_parameter(opt):
-    """True when ``opt``'s overlap sends one broadcast per parameter (no
-    buckets): the structural checks that count per-parameter tasks hold."""
-    units = overlap_impl(opt).units
-    return all(len(u.params) == 1 and u.tensor is u.params[0] for u in units)
 
 
 def overlap_impl(opt):
@@ -365,6 +412,24 @@ def bucket_units(opt):
         for u in overlap_impl(opt).units
         if not (len(u.params) == 1 and u.tensor is u.params[0])
     ]
+
+
+def assert_per_parameter(opt):
+    """``opt``'s overlap sends one broadcast per parameter of the sharding
+    optimizer (no bucket: each unit sends its parameter itself)."""
+    units, n = overlap_impl(opt).units, len(optimizer_parameters(opt))
+    assert not bucket_units(opt), bucket_units(opt)
+    assert len(units) == n, (len(units), n)
+
+
+def assert_v2(opt, buffers=3):
+    """``opt``'s sharding optimizer is V2 with at least ``buffers`` comm
+    buffers; returns them."""
+    inner = sharding_optimizer(opt)
+    assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
+    found = inner._comm_buffer_list
+    assert len(found) >= buffers, f"{len(found)} comm buffers"
+    return found
 
 
 def slot_offsets(unit):
@@ -434,6 +499,21 @@ def fused_spans(opt):
     ]
 
 
+def inside(spans, address):
+    return any(lo <= address < hi for lo, hi in spans)
+
+
+def assert_slices_of_fused(opt, units):
+    """Each of ``units`` sends a slice of Paddle's fused buffers (its first
+    and last element inside one), nothing of the overlap's own."""
+    spans = fused_spans(opt)
+    for unit in units:
+        first, size = unit.tensor.data_ptr(), unit.tensor.element_size()
+        last = first + size * (int(unit.tensor._numel()) - 1)
+        assert inside(spans, first), (unit.label, first)
+        assert inside(spans, last), (unit.label, last)
+
+
 def save_and_load_fresh(model, opt, build=TinyLM):
     """``model``'s layer and ``opt``'s state saved (paddle.save, per rank,
     no synchronize first) and loaded into a fresh ``build()`` and fleet
@@ -457,26 +537,26 @@ def save_and_load_fresh(model, opt, build=TinyLM):
 
 
 def compare_on_off(
-    build=TinyLM, *, replicas=None, run=None, started_in_step=True, **kwargs
+    build=TinyLM, *, replicas=None, train=train, started_in_step=True, **kwargs
 ):
-    """Off run, then on run under the wait checker (``run``: the training
-    function, default :func:`train`, called with ``overlap`` and
-    ``checker``): bitwise-equal losses, values read between steps and final
-    parameters; the final parameters equal on every rank of ``replicas``
-    (a group; ``"world"``: every rank; None: not checked), gathered before
-    any assertion so a failure on one rank leaves the ranks in step; no
-    read of a pending sync, some async sync seen, every one started inside
-    step()/minimize() (none by a hook or a read; ``started_in_step=False``:
-    not checked, for Paddle's own V2 overlap, whose hooks start them), none
-    left unwaited.
+    """Off run, then on run under the wait checker (``train``: the training
+    function, default :func:`train`, called as ``train(build, overlap,
+    checker=..., **kwargs)``): bitwise-equal losses, values read between
+    steps and final parameters; the final parameters equal on every rank of
+    ``replicas`` (a group; ``"world"``: every rank; None: not checked),
+    gathered before any assertion so a failure on one rank leaves the ranks
+    in step; no read of a pending sync, some async sync seen, every one
+    started inside step()/minimize() (none by a hook or a read;
+    ``started_in_step=False``: not checked, for Paddle's own V2 overlap,
+    whose hooks start them), none left unwaited.
     Returns ``(checker, the on run)``; ``on.off`` is the off run."""
-    run = run or train
-    off = run(build, overlap=False, **kwargs)
+    off = train(build, False, **kwargs)
     with ParamSyncWaitChecker() as checker:
-        on = run(build, overlap=True, checker=checker, **kwargs)
+        on = train(build, True, checker=checker, **kwargs)
     group = None if replicas == "world" else replicas
     same = replicas is None or equal_in_group(digests(on.params), group)
-    what = f"{getattr(build, '__name__', build)} {sorted(kwargs)}"
+    model = build.model if isinstance(build, Build) else build
+    what = f"{getattr(model, '__name__', model)} {sorted(kwargs)}"
     # first: a schedule fault (a hook or a read starting a sync) also
     # breaks the values, and this names it
     assert checker.watching, "the wait checker watched no optimizer"
@@ -560,7 +640,7 @@ def pp_configs(**fields):
 
 
 @contextlib.contextmanager
-def sharding_v2(buffer_mb):
+def sharding_v2(buffer_mb=V2_BUFFER_MB):
     """V2 for the optimizer built in the block: ``split_param`` on and, on
     Paddle 3.x, ``comm_buffer_size_MB`` (both restored on exit); the CPU
     shim's items 8 and 9 (a no-op on GPUs)."""
@@ -570,13 +650,6 @@ def sharding_v2(buffer_mb):
     ):
         with hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb):
             yield
-
-
-def enable_all_gather_overlap(opt, model):
-    """V2's all-gather overlap turned on as PaddleFormers does (two
-    arguments): ``train``'s ``enable``."""
-    opt._set_all_gather_overlap_forward(True, model)
-    assert overlap_impl(opt) is not None, "no overlap owner on V2"
 
 
 def init_fleet(
@@ -594,9 +667,9 @@ def init_fleet(
     always batches, see hybrid_parallel_cpu_shim); ``mp_sync_param``:
     ``mp_configs.sync_param``; ``split_param``: V2, with comm buffers of
     ``buffer_mb`` MB on Paddle 3.x."""
-    hybrid_parallel_cpu_shim.install()  # gloo group creation (no-op on GPUs)
+    hybrid_parallel_cpu_shim.install()  # CPU ranks (a no-op on GPUs)
     if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
-        # set by the CPU test harness; Paddle's CI keeps its default device
+        # set by this project's launcher; Paddle's CI keeps its default device
         paddle.set_device(os.environ["PADDLE_OVERLAY_TEST_DEVICE"])
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "2"))
     strategy = fleet.DistributedStrategy()
@@ -651,28 +724,11 @@ class VariantLM(TinyLM):
         return self.blocks[i](x)
 
 
-def step_aware_micro_step(model, step, micro, acc_steps):
-    """``default_micro_step`` that first sets the user's layer's ``step``."""
-    model._layers.step = step
-    return default_micro_step(model, step, micro, acc_steps)
-
-
 def assert_order_agreed(run):
     """The overlap of ``run`` (a :class:`Run`) agreed on one order, the
     same on every rank."""
     impl = overlap_impl(run.opt)
     assert impl.order is not None and all_ranks_equal(impl.order)
-
-
-def train_with_checker(build=TinyLM, on_step=None, checker=None, **kwargs):
-    """:func:`train` whose ``on_step(step, model, opt, checker)`` also gets
-    the wait checker (None with overlap off), for ``compare_on_off(run=
-    train_with_checker, on_step=...)``."""
-
-    def on_step_with_checker(step, model, opt):
-        on_step(step, model, opt, checker=checker)
-
-    return train(build, checker=checker, on_step=on_step_with_checker, **kwargs)
 
 
 # Warnings any case may raise without asserting on them: Paddle's own

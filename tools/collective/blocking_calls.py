@@ -1,19 +1,8 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Counts host synchronisations and collectives inside chosen regions (e.g.
-an optimizer's ``step()``), per name; test and benchmark helper. While a
+an optimizer's ``step()``), per name; test and benchmark helper (in
+``tools/collective``, imported by name as ``hybrid_parallel_cpu_shim`` says).
+While a
 :class:`BlockingCallCounter` is entered it wraps (restored on exit), and
 counts only inside a :meth:`~BlockingCallCounter.counting` region:
 
@@ -42,10 +31,10 @@ Example::
 import collections
 import contextlib
 import functools
-import os
 import sys
 import types
 
+import collective_recorder
 import paddle
 
 try:
@@ -117,19 +106,6 @@ class Region:
             if (phase is any or c.phase == phase)
             and (level is any or c.level == level)
         ]
-
-
-def _collective_methods(cls):
-    """The collective recorder's (tools/collective: loaded in every launched
-    rank, imported from there elsewhere, e.g. by a benchmark)."""
-    if "collective_recorder" not in sys.modules:
-        here = os.path.dirname(os.path.abspath(__file__))
-        sys.path.append(
-            os.path.join(here, "..", "..", "..", "tools", "collective")
-        )
-    import collective_recorder
-
-    return collective_recorder.collective_methods(cls)
 
 
 def _subclasses(cls):
@@ -254,7 +230,7 @@ class BlockingCallCounter:
     def _wrap_process_groups(self):
         counter = self
         for cls in _subclasses(core.ProcessGroup):
-            for name in _collective_methods(cls):
+            for name in collective_recorder.collective_methods(cls):
                 original = getattr(cls, name)
 
                 def collective(pg, *args, _name=name, _original=original, **kw):

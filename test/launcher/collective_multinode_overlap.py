@@ -10,7 +10,7 @@ and ``CASE <name> PASS|FAIL``; exits non-zero on a failure or when the launch is
 import os
 import sys
 
-import sharding_cases as training  # test/collective/fleet, on the launch's PYTHONPATH
+import sharding_cases as cases  # test/collective/fleet, on the launch's PYTHONPATH
 
 import paddle
 
@@ -28,8 +28,8 @@ def check_topology():
 
 
 def compare_v1(bucket_mb):
-    checker, on = training.compare_on_off(training.TinyLM, replicas="world", bucket_mb=bucket_mb)
-    units = training.overlap_impl(on.opt).units
+    checker, on = cases.compare_on_off(cases.TinyLM, replicas="world", enable=cases.v1(bucket_mb))
+    units = cases.overlap_impl(on.opt).units
     assert len({u.src for u in units}) == NODES, [(u.label, u.src) for u in units]  # both nodes send
     print(f"V1 bucket_size_mb={bucket_mb}: {len(units)} broadcasts per step, checker {checker.counts}", flush=True)
 
@@ -42,28 +42,19 @@ def case_v1_per_parameter():
     compare_v1(0)
 
 
-def train_v2(build, overlap, **kwargs):
-    """``training.train`` of V2 (``split_param``, 1 MB comm buffers), the overlap turned on as PaddleFormers
-    does."""
-
-    def is_v2(run):
-        inner = training.sharding_optimizer(run.opt)
-        assert type(inner).__name__ == "DygraphShardingOptimizerV2", type(inner)
-
-    return training.train(build, overlap, around=lambda: training.sharding_v2(1), prepare=is_v2,
-                          enable=lambda opt, model: opt._set_all_gather_overlap_forward(True, model), **kwargs)
-
-
 def case_v2():
-    checker, on = training.compare_on_off(training.TinyLM, run=train_v2, replicas="world")
+    """V2 (``split_param``, 1 MB comm buffers), the overlap turned on as PaddleFormers does."""
+    build = cases.Build(around=cases.sharding_v2)
+    checker, on = cases.compare_on_off(build, replicas="world", enable=cases.v2)
+    cases.assert_v2(on.opt, buffers=1)
     assert checker.counts["gathers"] > 0, checker.counts
-    print(f"V2: stats {training.overlap_impl(on.opt).stats}, checker {checker.counts}", flush=True)
+    print(f"V2: stats {cases.overlap_impl(on.opt).stats}, checker {checker.counts}", flush=True)
 
 
 def init():
-    training.init_fleet()  # sharding degree = world size (PADDLE_TRAINERS_NUM)
+    cases.init_fleet()  # sharding degree = world size (PADDLE_TRAINERS_NUM)
     check_topology()
 
 
 if __name__ == "__main__":
-    sys.exit(training.run_cases(training.cases_of(globals()), init=init))
+    sys.exit(cases.run_cases(cases.cases_of(globals()), init=init))

@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 RUNNER = os.path.join(ROOT, "tools", "collective_runner.py")
 ROW = os.path.splitext(os.path.basename(__file__))[0]
 SCRIPT = os.path.join(HERE, "collective_multinode_overlap.py")
-FLEET = os.path.join(ROOT, "test", "collective", "fleet")  # the harness SCRIPT imports
+FLEET = os.path.join(ROOT, "test", "collective", "fleet")  # the case module SCRIPT imports
 NODES = 2
 NODE_TIMEOUT = 120  # seconds of behaviour of each node's launch, after its rank is ready
 MARKER_ENV = "PADDLE_OVERLAY_MULTINODE_TEST"  # in every process of the two node trees
@@ -120,7 +120,7 @@ class TestCollectiveLaunchMultinode(unittest.TestCase):
         from legacy_test.test_parallel_dygraph_dataparallel import rank_env
 
         args = launch_args()
-        path = os.pathsep.join(p for p in (FLEET, os.environ.get("PYTHONPATH")) if p)  # the case harness first
+        path = os.pathsep.join(p for p in (FLEET, os.environ.get("PYTHONPATH")) if p)  # the case module first
         env = rank_env("auto_growth", {"PYTHONPATH": path})
         result = launch_collective(SCRIPT, nproc=1, timeout=NODE_TIMEOUT, env=env)
         log = result.rank_logs[0]

@@ -3,7 +3,7 @@
 names that rank with its log tail, and leaves no process behind; rank start-up, however slow,
 is charged neither to the launch's timeout nor to the test's own (pytest-timeout).
 
-Run once per suite (not per Paddle release): it tests the harness, not the overlay.
+Run once per suite (not per Paddle release): it tests the launcher, not the overlay.
 """
 
 import os

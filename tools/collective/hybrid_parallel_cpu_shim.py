@@ -1,22 +1,18 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Test-only shims: run Paddle's hybrid-parallel layers and tensor fusion on
-CPU ranks (gloo). Never for training.
+CPU ranks (gloo). Never for training, never part of the Paddle patch.
 
-The one place where the collective tests work around what Paddle's CPU
-build lacks. :func:`install` does nothing when Paddle is compiled with CUDA
-and the ranks use GPUs; on CPU it replaces, for the test process only:
+The one place where the collective tests, the benchmarks and the examples
+work around what Paddle's CPU build lacks. It lives in ``tools/collective/``
+and is imported by name, ``import hybrid_parallel_cpu_shim``, as
+``blocking_calls`` beside it: that folder is on pytest's path
+(``pyproject.toml``), on the runner's, and on every rank's ``PYTHONPATH``
+that ``collective_launch.launch_collective`` starts; a launch of your own
+(a benchmark, the PaddleFormers example) puts it there with
+``PYTHONPATH=tools/collective``.
+
+:func:`install` does nothing when Paddle is compiled with CUDA and the ranks
+use GPUs; on CPU it replaces, for the test process only:
 
 1. ``paddle.distributed.new_group`` -> the same call between two barriers
    of the global group, and the global group itself for a group of every
@@ -30,10 +26,7 @@ and the ranks use GPUs; on CPU it replaces, for the test process only:
    ``Connection refused`` under load); and (1b) each sub-group's gloo
    rendezvous through a TCP store of its own (Paddle's ``ProcessGroupGloo``
    reads the launch's one store without a per-group prefix: on 8 ranks
-   groups of 2 or 4 failed in 7 of 8 launches). The harness installs this item
-   alone for every script beside this file and for the example launches
-   of ``test/examples`` (``install_group_creation``),
-   so per-rank scripts in upstream's form need not import the shim.
+   groups of 2 or 4 failed in 7 of 8 launches).
 2. ``ParallelEnv._device_id`` -> a class default of 0. Why:
    ``PipelineLayer.__init__`` reads ``ParallelEnv().device_id``, which is
    only set when a GPU/XPU device is selected; on CPU the attribute is
@@ -61,8 +54,9 @@ buffers on the CPU.
 
 Sharding stage 1 V2 (``sharding_configs.split_param = True``,
 ``DygraphShardingOptimizerV2``), items 7 to 9 (7 by :func:`install`, 8 and 9
-by :func:`cpu_sharding_v2`, a context manager around
-``fleet.distributed_model`` and ``fleet.distributed_optimizer``):
+around every build of V2's comm buffers, and 8 for the block of
+:func:`cpu_sharding_v2`, a context manager around ``fleet.distributed_model``
+and ``fleet.distributed_optimizer``):
 
 7. ``paddle.distributed.reduce_scatter`` -> an all-reduce (sum) of a copy of
    the input over the group, then this rank's slice copied into the output
@@ -85,11 +79,13 @@ by :func:`cpu_sharding_v2`, a context manager around
    hard-coded ``device="gpu"`` is only on the non-reduce-scatter path,
    item 6). Restored on exit.
 9. ``DygraphShardingOptimizerV2._build_comm_buffers`` (Paddle 2.6 only) ->
-   the same call with ``group_size`` = ``comm_buffer_size_MB`` MiB. Why:
-   Paddle 2.6 has no ``sharding_configs.comm_buffer_size_MB`` and always
-   groups parameters into 256 MB buffers, so a small test model gets one
-   buffer; on 3.x the tests set ``comm_buffer_size_MB`` and this item does
-   nothing. Restored on exit.
+   the same call with ``group_size`` = the ``comm_buffer_size_MB`` MiB of
+   the innermost open :func:`cpu_sharding_v2` block (``None``: Paddle's
+   256 MB), outside any block :data:`SITE_V2_BUFFER_MB`, unless the caller
+   passes a size. Why: Paddle 2.6 has no
+   ``sharding_configs.comm_buffer_size_MB`` and always groups parameters
+   into 256 MB buffers, so a small test model gets one buffer; on 3.x the
+   tests set ``comm_buffer_size_MB`` and this item does nothing.
 
 Gradient-communication overlap (``sharding_configs.comm_overlap`` on V1
 needs only item 6 around building the optimizer, which is where V1 builds
@@ -109,6 +105,15 @@ its fused buffers and reduce hooks; on V2 items 7 and 8), and
     ``The device should not be ... 'gpu:0'..., since PaddlePaddle is not
     compiled with CUDA`` (``GradStorage`` is made with ``device="gpu"``).
     Item 6 is active only for the duration of the call.
+
+:func:`install_site` is what a per-rank script in upstream's form, which
+imports nothing of this project, needs on a CPU rank (items 1, 7, and 8 and
+9 around V2's comm buffers: the patch's V2 script); the launcher's site hook
+``tools/collective/cpu_site/sitecustomize.py`` calls it before the script
+runs, in the CPU ranks of every launch through the ``TestMultipleGpus`` and
+``CommunicationTestDistBase`` stand-ins (``test/legacy_test``,
+``test/collective``) and of the example launches of ``test/examples``.
+:func:`install` includes it.
 """
 
 import contextlib
@@ -118,20 +123,24 @@ import os
 import paddle
 
 _INSTALLED = []
+# item 9 on Paddle 2.6, for V2 built outside any cpu_sharding_v2 block: the
+# comm buffer size the patch's V2 script sets on 3.x (comm_buffer_size_MB)
+SITE_V2_BUFFER_MB = 1
+_V2_BLOCKS = []  # comm_buffer_size_MB of each open cpu_sharding_v2 block
 
 
 def _on_cpu():
     return not paddle.is_compiled_with_cuda() or paddle.get_device() == "cpu"
 
 
-def install_group_creation():
-    """Item 1 alone, once per process; a no-op on GPU ranks. The harness's
-    ``tools/collective/cpu_site/sitecustomize.py`` calls it for
-    CPU ranks of every script beside this file, so scripts in upstream's
-    form run on gloo without importing this module."""
+def install_site():
+    """Items 1, 7, and 8 and 9 around every build of V2's comm buffers, once
+    per process; a no-op on GPU ranks (see the module docstring)."""
     if _on_cpu() and not getattr(paddle.distributed.new_group, "_shim", False):
         _serialize_group_creation()
         _gloo_store_per_group()
+        _reduce_scatter_by_all_reduce()
+        _v2_comm_buffers_on_cpu()
 
 
 def _gloo_store_per_group():
@@ -386,12 +395,11 @@ def install():
     if _INSTALLED or not _on_cpu():
         return
     _INSTALLED.append(True)
-    install_group_creation()
+    install_site()
     _default_device_id()
     _identity_for_c_identity()
     _broadcast_input_data_on_cpu()
     _pipeline_p2p_with_isend_irecv()
-    _reduce_scatter_by_all_reduce()
     _pipeline_comm_buffers_on_cpu()
 
 
@@ -440,42 +448,62 @@ def cpu_tensor_fusion():
 
 
 @contextlib.contextmanager
-def cpu_sharding_v2(comm_buffer_size_MB=None):
-    """8 and 9. Inside this block, sharding stage 1 V2 builds its comm
-    buffers on the CPU (Paddle 3.x: item 8) and, on Paddle 2.6, in buffers
-    of ``comm_buffer_size_MB`` MiB (item 9; ``None`` keeps Paddle's 256 MB).
-    Wrap ``fleet.distributed_model`` (a pipeline builds V2's buffers there)
-    and ``fleet.distributed_optimizer``. A no-op on GPU ranks. Restored on
-    exit."""
-    if not _on_cpu():
-        yield
-        return
-    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-        dygraph_sharding_optimizer as dso,
-    )
+def _device_type_cpu():
+    """8. (see the module docstring); a no-op on Paddle 2.6."""
     from paddle.distributed.fleet.utils import tensor_fusion_helper as tfh
 
+    if not hasattr(tfh, "__current_device_type__"):
+        yield
+        return
     saved_alignment = dict(tfh.alignment)
-    has_type = hasattr(tfh, "__current_device_type__")
-    saved_type = getattr(tfh, "__current_device_type__", None)
-    v2 = dso.DygraphShardingOptimizerV2
-    saved_build = v2.__dict__["_build_comm_buffers"]
-    if has_type:  # 8: Paddle 3.x asks the device type
-        tfh.alignment["cpu"] = tfh.alignment["gpu"]
-        tfh.__current_device_type__ = "cpu"
-    elif comm_buffer_size_MB is not None:  # 9: Paddle 2.6, fixed 256 MB
-
-        @functools.wraps(saved_build)
-        def build_comm_buffers(self, acc_steps, group_size=None, *args):
-            size = int(comm_buffer_size_MB * 1024 * 1024)
-            return saved_build(self, acc_steps, size, *args)
-
-        v2._build_comm_buffers = build_comm_buffers
+    saved_type = tfh.__current_device_type__
+    tfh.alignment["cpu"] = tfh.alignment["gpu"]
+    tfh.__current_device_type__ = "cpu"
     try:
         yield
     finally:
         tfh.alignment.clear()
         tfh.alignment.update(saved_alignment)
-        if has_type:
-            tfh.__current_device_type__ = saved_type
-        v2._build_comm_buffers = saved_build
+        tfh.__current_device_type__ = saved_type
+
+
+def _v2_comm_buffers_on_cpu():
+    """8 and 9 around ``DygraphShardingOptimizerV2._build_comm_buffers``."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+        dygraph_sharding_optimizer as dso,
+    )
+
+    v2 = dso.DygraphShardingOptimizerV2
+    original = v2.__dict__["_build_comm_buffers"]
+    if getattr(original, "_shim", False):
+        return
+
+    @functools.wraps(original)
+    def build_comm_buffers(self, acc_steps, *args, **kwargs):
+        size_mb = _V2_BLOCKS[-1] if _V2_BLOCKS else SITE_V2_BUFFER_MB
+        if not args and not kwargs and size_mb is not None:
+            args = (int(size_mb * 1024 * 1024),)  # 9: Paddle 2.6 passes no size
+        with _device_type_cpu():
+            return original(self, acc_steps, *args, **kwargs)
+
+    build_comm_buffers._shim = True
+    v2._build_comm_buffers = build_comm_buffers
+
+
+@contextlib.contextmanager
+def cpu_sharding_v2(comm_buffer_size_MB=None):
+    """8 and 9. Inside this block, sharding stage 1 V2 builds its comm
+    buffers on the CPU (Paddle 3.x: item 8) and, on Paddle 2.6, in buffers
+    of ``comm_buffer_size_MB`` MiB (item 9; ``None`` keeps Paddle's 256 MB).
+    Wrap ``fleet.distributed_model`` (a pipeline builds V2's buffers there)
+    and ``fleet.distributed_optimizer``. A no-op on GPU ranks."""
+    if not _on_cpu():
+        yield
+        return
+    _v2_comm_buffers_on_cpu()
+    _V2_BLOCKS.append(comm_buffer_size_MB)
+    try:
+        with _device_type_cpu():
+            yield
+    finally:
+        _V2_BLOCKS.pop()
