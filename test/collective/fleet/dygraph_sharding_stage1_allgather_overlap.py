@@ -564,7 +564,7 @@ def rebuild_after_step(clear, launched_current):
             inner._slice_params = {}
             for buffer in inner._comm_buffer_list:
                 buffer.param_storage._clear_to_zero_allocation()
-        with cases.sharding_v2(BUFFER_MB):
+        with cases.sharding_v2(cases.V2_BUFFER_MB):
             run.opt.rebuild()
 
     return after_step

@@ -563,7 +563,7 @@ def case_pipeline_shared_weight_owners_differ():
     per parameter and in 2 KB buckets (the shared weight planned into a
     bucket of its own, first). Paddle 2.6 has no pp_configs.sync_param:
     asserted there."""
-    if PADDLE_2:
+    if cases.PADDLE_2:
         assert not hasattr(pp_strategy(), "sync_param")
         return
     for mode, bucket_mb in (("broadcast", 0.0), ("average", 0.002)):
@@ -582,7 +582,7 @@ def case_pipeline_v2_shared_weight():
     holds the same slice of it on both stages (asserted); the order is
     value-safe because that buffer is gathered first and waited before
     the pipeline's sync reads it."""
-    if PADDLE_2:
+    if cases.PADDLE_2:
         assert not hasattr(pp_strategy(), "sync_param")
         return
     with cases.pp_configs(sync_param=True):
@@ -607,7 +607,7 @@ def case_pipeline_sync_moment_equal_owners():
     of :func:`pipeline_model` (its sharding owner is rank 0 on both stages,
     asserted: Paddle's moment sync runs on the owners only, so with owners
     that differ Paddle's own step hangs, overlap off as on)."""
-    if PADDLE_2:
+    if cases.PADDLE_2:
         assert not hasattr(pp_strategy(), "sync_moment")
         return
 
@@ -644,7 +644,7 @@ def case_pipeline_set_state_dir_between_steps():
         layers.set_state_dir(folder)
         return []
 
-    settings = {} if PADDLE_2 else {"sync_param": True}
+    settings = {} if cases.PADDLE_2 else {"sync_param": True}
     with cases.pp_configs(**settings):
         checker, _ = compare(owner_shift_pipeline, after_step=after_step)
     assert checker.counts["writes"] > 0, checker.counts
@@ -658,7 +658,7 @@ def paddle_moment_sync_owners_differ_hangs():
     first stage waits in a broadcast its last-stage peer never issues: the
     step hangs. Run alone in its own launch, which the driver expects to
     time out with that broadcast named; the overlap changes nothing here."""
-    assert not PADDLE_2, "Paddle 2.6 has no pp_configs.sync_moment"
+    assert not cases.PADDLE_2, "Paddle 2.6 has no pp_configs.sync_moment"
 
     def built(run):
         params = shared_weights(run.raw)
