@@ -40,11 +40,6 @@ class LlamaShape:
         self.layers, self.hidden, self.ffn, self.heads = layers, hidden, ffn, heads
         self.vocab, self.dtype_bytes = vocab, dtype_bytes
 
-    def layer_param_bytes(self):
-        """Bytes of one decoder layer's 9 parameters (4 attention, 3 MLP projections, 2 norms)."""
-        h, f = self.hidden, self.ffn
-        return (4 * h * h + 3 * h * f + 2 * h) * self.dtype_bytes
-
 
 LLAMA7B = LlamaShape()
 

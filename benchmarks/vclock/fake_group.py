@@ -28,19 +28,6 @@ _SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
 _GROUP_IDS = itertools.count(10_000)
 
 
-class _Finished:
-    """A collective's task that has finished."""
-
-    def wait(self, *args, **kwargs):
-        return True
-
-    def is_completed(self):
-        return True
-
-    def synchronize(self):
-        return None
-
-
 class FakeProcessGroup:
     """A process group of ``nranks`` ranks in which this process is rank ``rank``: every collective
     returns a finished task at once and moves no data."""
@@ -63,7 +50,7 @@ class FakeProcessGroup:
 
 
 def _finished(self, *args, **kwargs):
-    return _Finished()
+    return _shim()._FinishedTask()
 
 
 # the collective methods Paddle's communication functions call on a process group
@@ -140,10 +127,15 @@ def sharding_optimizer(parameters, group, split_param=False, lr=1e-3):
 
 
 def cpu_v2():
-    """The test-only CPU shim's ``cpu_sharding_v2()`` (``test/collective/fleet/hybrid_parallel_cpu_shim.py``,
-    item 8): V2's comm buffers built on the CPU with the GPU's alignment. A context manager."""
+    """The test-only CPU shim's ``cpu_sharding_v2()`` (item 8): V2's comm buffers built on the CPU with
+    the GPU's alignment. A context manager."""
+    return _shim().cpu_sharding_v2()
+
+
+def _shim():
+    """``test/collective/fleet/hybrid_parallel_cpu_shim.py`` (its finished task, its V2 comm buffers)."""
     if _SHIM_DIR not in sys.path:
         sys.path.insert(0, _SHIM_DIR)
     import hybrid_parallel_cpu_shim
 
-    return hybrid_parallel_cpu_shim.cpu_sharding_v2()
+    return hybrid_parallel_cpu_shim

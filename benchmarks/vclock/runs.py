@@ -13,7 +13,6 @@ N ranks (values not checked), :class:`FleetBackend` on real ranks under ``paddle
 """
 
 import contextlib
-import warnings
 
 import paddle
 import paddle_overlay
@@ -42,17 +41,16 @@ class Mode:
         return self.family == "v2"
 
     def enable(self, opt, model):
-        """Turn this mode's overlap on (upstream's warnings about manual synchronisation are expected)."""
+        """Turn this mode's overlap on (upstream V1 warns that a manual synchronize is needed before
+        saving: its own warning)."""
         if self.kind == "off":
             return
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*paddle.device.cuda.synchronize.*")
-            if self.v2:
-                opt._set_all_gather_overlap_forward(True, model)
-            elif self.kind == "ours":
-                opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=llama.tiny_mb(self.size_mb))
-            else:
-                opt._set_broadcast_overlap(True, layers=model)
+        if self.v2:
+            opt._set_all_gather_overlap_forward(True, model)
+        elif self.kind == "ours":
+            opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=llama.tiny_mb(self.size_mb))
+        else:
+            opt._set_broadcast_overlap(True, layers=model)
 
     def disable(self, opt, model):
         if self.kind == "off":
@@ -149,7 +147,7 @@ class FleetBackend:
 
 def scenarios(contention_source="nccl_2gpu"):
     """The clock's scenarios: 1k and 4k tokens, each without contention (``*_free``) and with the
-    contention of ``contention_source`` (:func:`vclock.costs.contention`)."""
+    contention of ``contention_source`` (:func:`vclock.contention.contention`)."""
     out = []
     for tokens in costs.TOKENS:
         k = f"{tokens // 1024}k"
@@ -177,7 +175,8 @@ def run(backend, mode, variant="llama7b", layers=32, steps=3, clock_scenarios=No
             for t in tokens:
                 forward[t] += ms[t]
         n_params = sum(llama.modelled_sizes(model).values()) // 2
-        update = {t: UPDATE_BYTES_PER_PARAM * n_params / backend.nranks / (copy_gbps() * 1e6) for t in tokens}
+        copy_per_ms = costs.load("h200_anchor")["d2d_copy_GBps"] * 1e6
+        update = {t: UPDATE_BYTES_PER_PARAM * n_params / backend.nranks / copy_per_ms for t in tokens}
         backward = {t: BACKWARD_PER_FORWARD * forward[t] for t in tokens}
         clock.install(backend.process_group_classes())
         losses = []
@@ -201,7 +200,3 @@ def run(backend, mode, variant="llama7b", layers=32, steps=3, clock_scenarios=No
             mode.disable(opt, model)
     return clock, losses
 
-
-def copy_gbps():
-    """The measured device copy bandwidth (GB/s) of ``h200_anchor.json``."""
-    return costs.load("h200_anchor")["d2d_copy_GBps"]

@@ -23,11 +23,11 @@ class Collective:
     """One collective on a modelled stream: ``work_ms`` its duration alone, ``done_at`` its completion
     time (None while in flight), ``sync`` whether it is part of the parameter sync."""
 
-    __slots__ = ("label", "sync", "work_ms", "remaining", "issued_at", "started_at", "done_at")
+    __slots__ = ("label", "sync", "work_ms", "remaining", "done_at")
 
-    def __init__(self, label, sync, work_ms, now):
+    def __init__(self, label, sync, work_ms):
         self.label, self.sync, self.work_ms, self.remaining = label, sync, work_ms, work_ms
-        self.issued_at, self.started_at, self.done_at = now, None, None
+        self.done_at = None
 
 
 class Timeline:
@@ -45,7 +45,6 @@ class Timeline:
             raise ValueError(f"pipelined_ms must be >= 0, got {pipelined_ms}")
         self.rc, self.rb, self.pipelined_ms, self.free_sync = rc, rb, pipelined_ms, free_sync
         self.now = 0.0
-        self.compute_work_ms = 0.0  # compute run so far, at full speed
         self._streams = {}  # group key -> [Collective, ...] not done, head first
 
     def issue(self, group, work_ms, sync, label=""):
@@ -57,24 +56,17 @@ class Timeline:
             work_ms = 0.0
         elif queue:
             work_ms = max(0.0, work_ms - self.pipelined_ms)
-        item = Collective(label, sync, work_ms, self.now)
+        item = Collective(label, sync, work_ms)
         if work_ms <= _EPS and not queue:
-            item.started_at = item.done_at = self.now
+            item.done_at = self.now
             return item
-        if not queue:
-            item.started_at = self.now
         queue.append(item)
         return item
-
-    def in_flight(self):
-        """The collectives not completed yet, over all streams."""
-        return [item for queue in self._streams.values() for item in queue]
 
     def compute(self, work_ms):
         """Run ``work_ms`` of compute (ms at full speed); returns the time it took."""
         if work_ms < 0:
             raise ValueError(f"work_ms must be >= 0, got {work_ms}")
-        self.compute_work_ms += work_ms
         return self._advance(work_ms, None)
 
     def wait(self, item):
@@ -109,8 +101,6 @@ class Timeline:
         for queue in self._streams.values():
             if queue and queue[0] is item:
                 queue.pop(0)
-                if queue:
-                    queue[0].started_at = self.now
                 return
 
 
