@@ -10,7 +10,7 @@ tokens: exposed sync ms with the NCCL contention model, the same without content
 schedule on one in-order stream without contention exposes less) and the modelled step time. Same
 numbers on any machine.
 
-    python benchmarks/overlap_clock.py                       # ~3 min on 2 cores
+    python benchmarks/overlap_clock.py                       # ~5 min on 2 cores
     python benchmarks/overlap_clock.py --plot docs/img/overlap_clock.png
     python benchmarks/overlap_clock.py --standins            # the stand-ins replayed, model vs measured
 """
@@ -18,6 +18,7 @@ numbers on any machine.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,11 +64,10 @@ def measure(backend, ways, layers, steps):
 
 def rank_main(args):
     """One rank of the 2-rank launch: every row, written to ``--out``/rank-N.json."""
+    import paddle.distributed as dist
     import sharding_cases
 
     sharding_cases.init_fleet()
-    import paddle.distributed as dist
-
     rows = measure(runs.FleetBackend(), 2, args.layers, args.steps)
     with open(os.path.join(args.out, f"rank-{dist.get_rank()}.json"), "w") as f:
         json.dump(rows, f)
@@ -88,6 +88,7 @@ def launch_two_ranks(args):
     for rank in (0, 1):
         with open(os.path.join(out, f"rank-{rank}.json")) as f:
             ranks.append(json.load(f))
+    shutil.rmtree(out)
     return ranks
 
 

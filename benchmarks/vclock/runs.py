@@ -168,13 +168,14 @@ def run(backend, mode, variant="llama7b", layers=32, steps=3, clock_scenarios=No
         opt = backend.optimizer(model, mode)
         mode.enable(opt, model)
         clock = vc.VirtualClock(costs.CollectiveCosts.from_anchor(), clock_scenarios)
-        clock.register(llama.modelled_sizes(model))
+        sizes = llama.modelled_sizes(model)
+        clock.register(sizes)
         forward = {t: 0.0 for t in tokens}
         for layer, ms, params in llama.segments(model, tokens):
             clock.add_segment(layer, ms, params)
             for t in tokens:
                 forward[t] += ms[t]
-        n_params = sum(llama.modelled_sizes(model).values()) // 2
+        n_params = sum(sizes.values()) // 2  # bf16
         copy_per_ms = costs.load("h200_anchor")["d2d_copy_GBps"] * 1e6
         update = {t: UPDATE_BYTES_PER_PARAM * n_params / backend.nranks / copy_per_ms for t in tokens}
         backward = {t: BACKWARD_PER_FORWARD * forward[t] for t in tokens}
