@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run every CPU measurement of the product, saving each output under OUT (the research model in
-# benchmarks/research/ is not run: its README gives its commands).
+# Run every CPU measurement of the product, saving each output under OUT (the virtual clock's
+# benchmark, overlap_clock.py, is a model, not a measurement: benchmarks/README.md gives its command).
 # usage: benchmarks/run_all.sh [OUT]   (default build/bench; about 6 minutes on 2 cores)
 # Uses .venv-test/paddle-3.3.1 and, when present, .venv-test/paddle-2.6.2
 # (tools/run_collective_tests.sh makes them); PY331 / PY262 override.

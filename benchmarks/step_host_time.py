@@ -29,7 +29,7 @@ gloo's collectives are synchronous: on 2 CPU ranks every collective,
 asynchronous or not, has finished when its call returns, so these times
 carry the transfers and cannot show what a host synchronisation costs on a
 GPU (the CPU stalls until the GPU stream drains). The GPU estimate is
-``research/data/h200_host_sync_1gpu.json`` (a torch stand-in on one H200: an int64
+``data/h200_host_sync_1gpu.json`` (a torch stand-in on one H200: an int64
 read-back between the update and the launch, what bucket mode did each
 step before, adds 0.6-1.1 ms per step at 1k tokens and is within noise at
 4k). Nothing here is asserted on time.
@@ -61,7 +61,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 COLLECTIVE_TOOLS = os.path.join(ROOT, "tools", "collective")  # the CPU shim, blocking_calls
-GPU_ESTIMATE = os.path.join(HERE, "research", "data", "h200_host_sync_1gpu.json")
+GPU_ESTIMATE = os.path.join(HERE, "data", "h200_host_sync_1gpu.json")
 MODES = {
     "v1_buckets": {"v2": False, "bucket_mb": None},
     "v1_buckets_scaled": {"v2": False, "bucket_mb": 0.125},
@@ -332,7 +332,7 @@ def report(args, results):
         "NOTE: gloo's collectives are synchronous (an async collective has "
         "finished when its call returns), so the CPU cannot show the GPU "
         "cost of a host synchronisation; the GPU estimate is "
-        "benchmarks/research/data/h200_host_sync_1gpu.json (below)."
+        "benchmarks/data/h200_host_sync_1gpu.json (below)."
     )
     print()
     print(
