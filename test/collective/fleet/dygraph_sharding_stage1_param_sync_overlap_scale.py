@@ -299,6 +299,24 @@ def case_pipeline_tied_embedding_head_buckets():
         assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
 
 
+def case_pipeline_shared_weight_owners_differ_synced():
+    """pp2 x sharding4, pp_configs.sync_param: the tied embedding/head's
+    sharding owner differs between the stages (asserted), V1 per
+    parameter; bitwise equal to off with the same equality pattern, the
+    shared weight's unit first and waited before Paddle's sync (the
+    hybrid script's check). Paddle 2.6 has no pp_configs.sync_param:
+    asserted there."""
+    if cases.PADDLE_2:
+        assert not hasattr(hybrid.pp_strategy(), "sync_param")
+        return
+    with cases.pp_configs(sync_param=True):
+        hybrid.compare_hybrid_synced(
+            hybrid.owner_shift_pipeline,
+            lambda run: hybrid.shared_weights(run.raw),
+            lambda p: p.color["broadcast_group"],
+        )
+
+
 # ----------------------------------------------------------------------
 def launch_cases():
     """The cases of this launch's topology."""
