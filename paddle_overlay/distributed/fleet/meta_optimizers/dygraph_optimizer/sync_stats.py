@@ -53,6 +53,10 @@ class SyncStat(str, enum.Enum):
     OUT_OF_ORDER = "waited_out_of_order"
     REBOUND = "rebound"  # parameters put back into their bucket slots
 
+    def __repr__(self):
+        # a printed ``stats`` reads as a dict of strings
+        return repr(self.value)
+
 
 # the members a wait is counted under
 WAIT_REASONS = frozenset(s for s in SyncStat if s.value.startswith("waited_"))
