@@ -102,11 +102,29 @@ def test_windows_close_at_the_lead():
     assert [s.indices for s in specs] == [(2,), (0, 1, 3)]
 
 
+def test_the_lead_is_waited_before_the_launch_returns():
+    """Whatever code sends the lead on next (Paddle's ``_insert_sync``, or a
+    trainer's replacement of it on the instance, as PaddleFormers 1.2.0
+    sets one), the update returns with it synced."""
+    model = Chain()
+    owner, comm = make_owner(model)
+    model(X)
+    owner.lead_with([model.c.weight, model.a.bias])
+    owner.launch()
+    events = comm.take()
+    started = [e[1] for e in events if e[0] == "broadcast"]
+    assert events[-2:] == [("wait", "a.bias"), ("wait", "c.weight")], events
+    assert started[:2] == ["a.bias", "c.weight"] and len(started) == 8
+    assert owner.stats["waited_for_hybrid_sync"] == 2 and owner.num_pending == 6
+
+
 def test_hybrid_sync_waits_for_its_parameter_only():
+    """A parameter Paddle syncs that is not in the lead (a set rank 0
+    did not plan): ``_insert_sync`` waits for its unit, and only it."""
     model = Chain()
     owner, comm = make_owner(model)
     weight = model.c.weight  # a reference, as the optimizer's list holds
-    agreed_launch(owner, comm, model, [weight])
+    agreed_launch(owner, comm, model)
     pso.wait_before_hybrid_sync(weight)
     pso.wait_before_hybrid_sync(paddle.ones([1]))  # no sync of it: nothing
     assert comm.take() == [("wait", "c.weight")]

@@ -28,6 +28,7 @@ import functools
 import os
 import sys
 import tempfile
+import types
 import zlib
 
 import dygraph_sharding_stage1_grad_comm_overlap as grad_comm
@@ -682,6 +683,36 @@ def case_mp_synced_owner_differs():
                 lambda p: hcg().get_model_parallel_group(),
                 enable=cases.v1(bucket_mb),
             )
+
+
+def trainers_insert_sync(self, sync_var, src, mp_group, sync_mode):
+    """A trainer's own ``_insert_sync``, set on the optimizer instance (as
+    PaddleFormers 1.2.0's ``_wrap_model`` does, for pinned memory): the
+    overlay's edit of the class method never runs."""
+    if sync_mode == "broadcast":
+        paddle.distributed.broadcast(sync_var, src=src, group=mp_group)
+    else:
+        paddle.distributed.all_reduce(sync_var, group=mp_group)
+        sync_var.scale_(1.0 / mp_group.nranks)
+
+
+def case_mp_trainer_replaces_insert_sync():
+    """:func:`case_mp_synced_owner_differs` (broadcast, per parameter) with
+    the hybrid optimizer's ``_insert_sync`` replaced on the instance by a
+    trainer's (:func:`trainers_insert_sync`), off and on: the synced
+    parameters' units are waited before the update returns, so the
+    replacement too sends and receives the values of overlap off."""
+
+    def replace(run):
+        hybrid = run.opt
+        hybrid._insert_sync = types.MethodType(trainers_insert_sync, hybrid)
+
+    compare_hybrid_synced(
+        uneven_model,
+        lambda run: mp_synced(run.opt, run.raw),
+        lambda p: hcg().get_model_parallel_group(),
+        built_also=replace,
+    )
 
 
 def slices_in_buffers(opt, params):

@@ -46,6 +46,7 @@ LAUNCHES = [
         {
             "BROADCAST_OVERLAP_CASES": "sharding_group_layout,"
             "mp_synced_owner_differs,"
+            "mp_trainer_replaces_insert_sync,"
             "v2_allgather_overlap_on_off,"
             "mp_v2_synced_params"
         },

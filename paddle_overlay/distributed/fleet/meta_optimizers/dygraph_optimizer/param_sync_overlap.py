@@ -43,11 +43,11 @@ rules:
 * Paddle's own step code after the update: every parameter it reads or
   writes holds, when it does, the value overlap off gives it, and no
   collective of it runs on memory a unit is still writing.
-  ``HybridParallelOptimizer._insert_sync`` (its model- and
-  pipeline-parallel parameter syncs, both ``sync_mode`` s) waits for the
-  parameter's unit first; the parameters those syncs cover are planned
-  into the first units (``lead_with``, agreed with the order), so only
-  they lose the overlap. V2's ``rebuild()`` and ``clear_param_storage()``
+  The parameters ``HybridParallelOptimizer._step``'s model- and
+  pipeline-parallel syncs cover (both ``sync_mode`` s) are planned into
+  the first units (``lead_with``, agreed with the order), waited before
+  the launch returns, so only they lose the overlap; ``_insert_sync``
+  waits for any other parameter it sends. V2's ``rebuild()`` and ``clear_param_storage()``
   wait for everything first, and the plan follows rebuilt comm buffers.
 * Reads: every Python read of a parameter waits for its own unit, a
   compiled program for every unit (``read_interception``). Not seen: a
@@ -254,6 +254,7 @@ class ParamSyncOverlap:
         self._launch = LaunchState.IDLE
         self._recorded = {}  # first-use order while RECORDING (dict as set)
         self._lead = {}  # positions planned into the first units (as set)
+        self._lead_units = ()  # the units holding them, waited at launch
         self._order = self._plan = None
         self._pre_hook_handles = {}  # id(layer) -> handle
         self._post_hook_handle = self._finalizer = None
@@ -437,7 +438,10 @@ class ParamSyncOverlap:
         """Start every unit that needs a sync after an update, in the agreed
         order (the first call agrees it: one int64 broadcast of the count
         and one of the order, the only host synchronisation); frozen units
-        are skipped, units no layer waits for are waited at once.
+        are skipped. Waited at once: the first units, which hold what
+        Paddle's own step code reads next (:meth:`lead_with`: the update
+        returns with them synced, whichever code sends them on), and units
+        no layer waits for.
 
         Raises:
             RuntimeError (names the rank): closed, a unit still pending, or
@@ -464,6 +468,9 @@ class ParamSyncOverlap:
         units = self._plan.units()
         if units is not self._waits.units:
             self._waits.use(units)
+            self._lead_units = tuple(
+                u for u in units if any(i in self._lead for i in u.indices)
+            )
         due = [unit for unit in units if unit.needs_sync()]
         self._wait_for_other_owners(due)
         self._waits.arm()
@@ -475,6 +482,7 @@ class ParamSyncOverlap:
                 self.stats[SyncStat.LAUNCHED] += 1
         self._launch = LaunchState.IDLE
         sync_stats.notify("on_launch", self, due)
+        self.wait(self._lead_units, SyncStat.FOR_HYBRID_SYNC)
         self.wait(self._waits.unreachable_units, SyncStat.UNREACHABLE)
 
     def _plan_units(self):
