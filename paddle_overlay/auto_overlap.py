@@ -12,14 +12,16 @@ What it does, per process:
   wrapped model (a ``MetaParallelBase``: ``fleet.distributed_model``'s result, a
   ``PipelineParallel`` built directly) is noted when its ``__init__`` returns;
 * as soon as an optimizer and the one wrapped model that holds all of its parameters both exist,
-  in either order, the optimizer's own switch is called for it, exactly as a trainer would:
-  V1 ``_set_broadcast_overlap(True, layers=model)``, V2 ``_set_all_gather_overlap_forward(True,
+  in either order, the optimizer's own switch is called for it, exactly as a trainer would: V1
+  ``_set_broadcast_overlap(True, layers=model)``, V2 ``_set_all_gather_overlap_forward(True,
   model)`` (their defaults: buckets of 256 MB for V1, not strict). That is before the model's
-  first forward after both exist, so that forward records the order, as with an explicit call;
+  first forward after both exist, so that forward records the order, as with an explicit call.
+  A wrapped model inside another one that exists then does not count (ERNIEKit wraps a
+  ``TensorParallel`` it built in ``fleet.distributed_model``'s: the outer one runs the forward);
 * an optimizer that has no such model when its first ``step()``/``minimize()`` starts, or that
-  two wrapped models hold, gets no overlap; neither does one whose switch refuses the
-  configuration (its ``ValueError``, e.g. V2 with ``release_gradients``): it trains as without
-  the overlay, and the reason is printed;
+  two wrapped models (neither inside the other) hold, gets no overlap; neither does one whose
+  switch refuses the configuration (its ``ValueError``, e.g. V2 with ``release_gradients``): it
+  trains as without the overlay, and the reason is printed;
 * an explicit call of the switch by the trainer that returns decides from then on: on, with its
   arguments (the owner it opens replaces the one opened here), or off, for good. A call that
   raises raises as without this module and changes nothing here.
@@ -140,6 +142,13 @@ def _param_ids(model):
     return {id(p) for layer in layers for p in dict.values(layer._parameters) if p is not None}
 
 
+def _outermost(models):
+    """``models`` less those another of them wraps (ERNIEKit wraps a ``TensorParallel`` it built
+    in ``fleet.distributed_model``'s: the outer one runs the forward)."""
+    inner = {id(sub) for m in models for sub in m.sublayers()}
+    return [m for m in models if id(m) not in inner]
+
+
 def _describe(model):
     inner = model._sub_layers.get("_layers")
     return f"{type(model).__name__}({type(inner).__name__})" if inner is not None else type(model).__name__
@@ -202,7 +211,7 @@ def _try(optimizer):
     record = vars(optimizer)[_ATTR]
     kind = record.kind
     wanted = {id(p) for p in vars(optimizer)[kind.params_attr]}
-    holders = [m for m in _live(_state.wrappers) if wanted <= _param_ids(m)]
+    holders = _outermost([m for m in _live(_state.wrappers) if wanted <= _param_ids(m)])
     if not holders:
         return  # decided at the first update if no wrapped model comes first
     if len(holders) > 1:

@@ -218,6 +218,19 @@ def test_two_models_holding_the_parameters_are_not_chosen_between(v1):
     assert v1.switch.calls == []
 
 
+def test_a_model_wrapped_in_another_is_not_chosen(v1):
+    net = paddle.nn.Linear(2, 2)
+    inner = FakeWrapper(net)  # ERNIEKit's TensorParallel(model), then fleet.distributed_model of it
+    outer = FakeWrapper(inner)
+    auto_overlap.wrapper_built(inner)
+    auto_overlap.wrapper_built(outer)
+    opt = FakeOptimizer(net.parameters())
+    assert said(lambda: auto_overlap.optimizer_built(opt, v1)) == [
+        label(1, 2) + ON.replace("FakeWrapper(Linear)", "FakeWrapper(FakeWrapper)")
+    ]
+    assert v1.switch.calls == [(opt, True, outer)]
+
+
 def test_no_model_holds_them_all_by_the_first_update(v1):
     net, head = paddle.nn.Linear(2, 2), paddle.nn.Linear(2, 2)
     model = FakeWrapper(net)  # holds 2 of the 4
