@@ -37,7 +37,6 @@ import sys
 import textwrap
 import warnings
 
-from . import _startup, auto_overlap
 from ._version_gate import CALL_PATHS, REQUIRED_INTERNALS, USED_CLASSES, check_call_paths, check_internals
 from ._version_gate import paddle_class, sot_skip_files, used_classes
 
@@ -377,8 +376,8 @@ def _announce(version, overlap):
     said = f"paddle_overlay: applied to Paddle {version} ({where})"
     if overlap:
         said += (
-            f"; {_startup.ENV_VAR}={_startup.OVERLAP_VALUE}: the parameter-sync overlap of every sharding "
-            "stage 1 optimizer is turned on with its wrapped model (one line per optimizer)"
+            "; PADDLE_OVERLAY=overlap: the parameter-sync overlap of every sharding stage 1 optimizer is "
+            "turned on with its wrapped model (one line per optimizer)"
         )
     sys.stderr.write(said + "\n")
     sys.stderr.flush()
@@ -418,7 +417,8 @@ def apply(check=None):
             ``_startup.mode`` refuses.
         All are raised before anything is patched.
     """
-    from . import race_check
+    # imported here: _startup and auto_overlap are on floor 4 (docs/architecture.md)
+    from . import _startup, auto_overlap, race_check
 
     if check is None:
         check_mode = race_check.mode_from_env()
