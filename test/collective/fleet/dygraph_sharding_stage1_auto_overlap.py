@@ -25,11 +25,10 @@ import json
 import os
 import sys
 
-import hybrid_parallel_cpu_shim as shim
+import hybrid_parallel_cpu_shim
 import numpy as np
-import sharding_cases as training
+import sharding_cases as cases
 from param_sync_checker import ParamSyncWaitChecker
-from sharding_cases import TinyLM, overlap_impl, rank, sharding_optimizer
 
 import paddle
 from paddle.distributed import fleet
@@ -44,9 +43,7 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_
 AUTO = os.environ["PADDLE_OVERLAY"] == "overlap"
 RESULTS = os.environ["AUTO_OVERLAP_RESULTS"]
 PIPELINE = os.environ.get("AUTO_OVERLAP_TOPOLOGY", "sharding2") == "pp2_sharding2"
-PADDLE_2 = paddle.__version__.startswith("2.")
 STEPS = 3
-BUFFER_MB = 1  # V2 comm buffers (sharding_configs.comm_buffer_size_MB on 3.x, the shim's item 9 on 2.6)
 SETTING = "turned on by PADDLE_OVERLAY=overlap as"
 V1 = ("V1", "broadcast", "_set_broadcast_overlap", "optimizer._set_broadcast_overlap(True, layers=model)")
 V2 = (
@@ -62,11 +59,6 @@ GRADIENT_NOTE = (
 )
 BUILT = itertools.count(1)  # sharding stage 1 optimizers this process built: the lines' "#n"
 SERIAL = {}  # id(sharding optimizer) -> its "#n"
-
-
-def WideLM():
-    """TinyLM of width 256: 4 V2 comm buffers of 1 MB."""
-    return TinyLM(num_blocks=3, hidden=256)
 
 
 # ----------------------------------------------------------------------
@@ -101,10 +93,10 @@ class FirstUse:
 
 def line(opt, kind, text):
     """The exact line auto_overlap prints for the sharding optimizer of ``opt``."""
-    inner = sharding_optimizer(opt)
-    count = len(training.optimizer_parameters(opt))
+    inner = cases.sharding_optimizer(opt)
+    count = len(cases.optimizer_parameters(opt))
     name = f"{type(inner).__name__} #{SERIAL[id(inner)]}"
-    return f"paddle_overlay: rank {rank()}: {name} ({kind[0]}, {count} parameters): {text}"
+    return f"paddle_overlay: rank {cases.rank()}: {name} ({kind[0]}, {count} parameters): {text}"
 
 
 def on_line(opt, kind, model):
@@ -134,11 +126,11 @@ class Case:
             stack.enter_context(contextlib.redirect_stderr(Tee(printed)))
             checker = stack.enter_context(ParamSyncWaitChecker()) if AUTO and self.on else None
             raw, model, opt = self.build()
-            SERIAL[id(sharding_optimizer(opt))] = next(BUILT)
+            SERIAL[id(cases.sharding_optimizer(opt))] = next(BUILT)
             if checker is not None:
                 checker.watch(model, opt)
             losses = [self.train_step(model, opt, step) for step in range(STEPS)]
-            impl = overlap_impl(opt)
+            impl = cases.overlap_impl(opt)
             stats = None if impl is None else dict(impl.stats)  # before the final read waits
             params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
         lines = [l for l in printed.getvalue().splitlines() if l.startswith("paddle_overlay: rank")]
@@ -150,7 +142,7 @@ class Case:
         if not self.on:
             assert impl is None, impl
             return
-        assert impl.order == raw.first_use.order(training.optimizer_parameters(opt)), impl.order
+        assert impl.order == raw.first_use.order(cases.optimizer_parameters(opt)), impl.order
         # every unit of every step but the last waited by the forward pre-hook that needs it
         waited = sum(v for k, v in stats.items() if k.startswith("waited_") and k != "waited_out_of_order")
         assert stats["waited_in_forward"] == waited == stats["launched"] - len(impl.units) > 0, stats
@@ -158,7 +150,7 @@ class Case:
         assert checker.violations == [] and checker.outside_step == [], (checker.violations, checker.outside_step)
         assert checker.counts["launched"] > 0, checker.counts
         units = len(impl.units)
-        print(f"rank {rank()} {name}: stats {stats}, units {units}, checker {checker.counts}", flush=True)
+        print(f"rank {cases.rank()} {name}: stats {stats}, units {units}, checker {checker.counts}", flush=True)
 
 
 class Tee(io.TextIOBase):
@@ -176,39 +168,39 @@ class Tee(io.TextIOBase):
 
 
 def save(name, losses, params, lines):
-    base = os.path.join(RESULTS, f"{name}.rank{rank()}")
+    base = os.path.join(RESULTS, f"{name}.rank{cases.rank()}")
     np.savez(base + ".npz", losses=np.stack(losses), **{"param/" + k: v for k, v in params.items()})
     with open(base + ".lines.json", "w") as f:
         json.dump(lines, f)
 
 
 def lm_step(model, opt, step):
-    loss = training.lm_loss(model, step)
+    loss = cases.lm_loss(model, step)
     loss.backward()
     opt.step()
     opt.clear_grad()
     return loss.numpy().copy()
 
 
-def raw_model(build=TinyLM):
-    raw = training.build_with_initial_state(build)
+def raw_model(build=cases.TinyLM):
+    raw = cases.seeded(build)
     raw.first_use = FirstUse(raw)
     return raw
 
 
 # ----------------------------------------------------------------------
 # builds, as trainers write them (none calls the switch)
-def script_model_first(build=TinyLM):
+def script_model_first(build=cases.TinyLM):
     """The README's order: fleet.distributed_model, then fleet.distributed_optimizer."""
     raw = raw_model(build)
     model = fleet.distributed_model(raw)
-    return raw, model, fleet.distributed_optimizer(training.adamw(raw.parameters()))
+    return raw, model, fleet.distributed_optimizer(cases.adamw(raw.parameters()))
 
 
 def script_optimizer_first():
     """Paddle's own docs' order (and sharding_cases.train's): the optimizer first."""
     raw = raw_model()
-    opt = fleet.distributed_optimizer(training.adamw(raw.parameters()))
+    opt = fleet.distributed_optimizer(cases.adamw(raw.parameters()))
     return raw, fleet.distributed_model(raw), opt
 
 
@@ -216,7 +208,7 @@ def v2(build):
     """``build`` with sharding stage 1 V2 (split_param, 1 MB comm buffers) for its optimizer."""
 
     def built():
-        with training.sharding_v2(BUFFER_MB):
+        with cases.sharding_v2():
             return build()
 
     return built
@@ -241,10 +233,10 @@ class DirectHybridOptimizer(HybridParallelOptimizer):
 
 
 def direct_subclass():
-    raw = raw_model(WideLM)
+    raw = raw_model(cases.WideLM)
     model = fleet.distributed_model(raw)
     hcg = fleet.get_hybrid_communicate_group()
-    opt = DirectHybridOptimizer(training.adamw(raw.parameters()), hcg, fleet.fleet._user_defined_strategy)
+    opt = DirectHybridOptimizer(cases.adamw(raw.parameters()), hcg, fleet.fleet._user_defined_strategy)
     return raw, model, opt
 
 
@@ -254,8 +246,8 @@ def wrap_model_style():
     fleet.distributed_optimizer, and no overlap switch."""
     from paddle.distributed.fleet.utils import mix_precision_utils as mpu
 
-    raw = raw_model(WideLM)
-    optimizer = training.adamw(raw.parameters())  # the trainer's create_optimizer, before wrapping
+    raw = raw_model(cases.WideLM)
+    optimizer = cases.adamw(raw.parameters())  # the trainer's create_optimizer, before wrapping
     mpu.MixPrecisionLayer(raw, dtype="bfloat16")
     model = fleet.distributed_model(raw)
     opt = fleet.distributed_optimizer(mpu.MixPrecisionOptimizer(optimizer))
@@ -271,22 +263,22 @@ def erniekit_tensor_parallel_inside():
     raw = raw_model()
     model = TensorParallel(raw, fleet.get_hybrid_communicate_group(), strategy=None)
     model = fleet.distributed_model(model)
-    return raw, model, fleet.distributed_optimizer(training.adamw(raw.parameters()))
+    return raw, model, fleet.distributed_optimizer(cases.adamw(raw.parameters()))
 
 
 def no_wrapped_model():
     """A loop that trains the layer itself: nothing holds the optimizer's parameters."""
     raw = raw_model()
-    return raw, raw, fleet.distributed_optimizer(training.adamw(raw.parameters()))
+    return raw, raw, fleet.distributed_optimizer(cases.adamw(raw.parameters()))
 
 
 def explicit_off_before_the_model():
     """The optimizer first, the trainer turns the overlap off, then the model is wrapped (which
     would otherwise turn it on); the gradient overlap (comm_overlap) is on."""
     raw = raw_model()
-    with training.sharding_configs(comm_overlap=True):
-        with shim.cpu_tensor_fusion():
-            opt = fleet.distributed_optimizer(training.adamw(raw.parameters()))
+    with cases.sharding_configs(comm_overlap=True):
+        with hybrid_parallel_cpu_shim.cpu_tensor_fusion():
+            opt = fleet.distributed_optimizer(cases.adamw(raw.parameters()))
         opt._set_broadcast_overlap(False)
         return raw, fleet.distributed_model(raw), opt
 
@@ -295,7 +287,7 @@ def explicit_on_after_the_setting():
     """The setting turned it on (buckets); the trainer's own call (one broadcast per parameter)
     replaces it before the first forward."""
     raw, model, opt = script_model_first()
-    assert overlap_impl(opt) is not None or not AUTO
+    assert cases.overlap_impl(opt) is not None or not AUTO
     opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=0)
     return raw, model, opt
 
@@ -303,7 +295,7 @@ def explicit_on_after_the_setting():
 def v2_release_gradients():
     """ERNIE's large SFT configs: V2 with release_gradients and amp_master_grad (Paddle's V2
     releases only main_grad gradients), the _wrap_model above."""
-    with training.sharding_configs(release_gradients=True):
+    with cases.sharding_configs(release_gradients=True):
         return v2(wrap_model_style)()
 
 
@@ -319,7 +311,7 @@ def pipeline_build():
     raw = PipelineLayer(layers=descs, topology=hcg.topology(), loss_fn=paddle.nn.MSELoss())
     raw.first_use = FirstUse(raw)
     model = fleet.distributed_model(raw)
-    return raw, model, fleet.distributed_optimizer(training.adamw(raw.parameters()))
+    return raw, model, fleet.distributed_optimizer(cases.adamw(raw.parameters()))
 
 
 def pipeline_step(model, opt, step):
@@ -343,7 +335,7 @@ def off(kind, text, note=""):
 
 
 def no_model_text(opt, model):
-    count = len(training.optimizer_parameters(opt))
+    count = len(cases.optimizer_parameters(opt))
     return (
         "no wrapped model (fleet.distributed_model's result or a PipelineParallel) holds all of its "
         f"{count} parameters at its first update. Call {V1[3]} yourself, with the model whose forward uses them."
@@ -370,7 +362,7 @@ def explicit(kind, state, note=""):
 
 
 def explicit_on_expected(opt, model):
-    impl = overlap_impl(opt)
+    impl = cases.overlap_impl(opt)
     assert all(len(u.params) == 1 for u in impl.units), "the trainer's bucket_size_mb=0 did not win"
     return on(V1)(opt, model) + explicit(V1, "on")(opt, model)
 
@@ -378,7 +370,7 @@ def explicit_on_expected(opt, model):
 CASES = {
     "script_v1": Case(script_model_first, on(V1), True),
     "script_v1_optimizer_first": Case(script_optimizer_first, on(V1), True),
-    "script_v2": Case(v2(lambda: script_model_first(WideLM)), on(V2), True),
+    "script_v2": Case(v2(lambda: script_model_first(cases.WideLM)), on(V2), True),
     "direct_hybrid_subclass_v1": Case(direct_subclass, on(V1), True),
     "direct_hybrid_subclass_v2": Case(v2(direct_subclass), on(V2), True),
     "wrap_model_v2": Case(v2(wrap_model_style), on(V2), True),
@@ -391,7 +383,7 @@ CASES = {
         explicit_on_after_the_setting, explicit_on_expected, True, baseline_on=True
     ),
 }
-if not PADDLE_2:  # Paddle 2.6 has no sharding_configs.release_gradients
+if not cases.PADDLE_2:  # Paddle 2.6 has no sharding_configs.release_gradients
     CASES["v2_release_gradients_refused"] = Case(v2_release_gradients, off(V2, refusal_text), False)
 PIPELINE_CASES = {
     "pipeline_v1": Case(pipeline_build, on(V1), True, train_step=pipeline_step),
@@ -401,9 +393,9 @@ PIPELINE_CASES = {
 
 def init():
     if PIPELINE:
-        training.init_fleet({"pp_degree": 2, "sharding_degree": 2}, micro_batch=2)
+        cases.init_fleet({"pp_degree": 2, "sharding_degree": 2}, micro_batch=2)
     else:
-        training.init_fleet()
+        cases.init_fleet()
 
 
 # Paddle's own notice when TensorParallel is built with model-parallel degree 1 (the ERNIEKit case):
@@ -411,6 +403,6 @@ def init():
 NOTICES = (r"^Current global rank \d+ is not in group ",)
 
 if __name__ == "__main__":
-    cases = PIPELINE_CASES if PIPELINE else CASES
-    named = {name: (lambda n=name: cases[n](n)) for name in cases}
-    sys.exit(training.run_cases(named, init=init, notices=NOTICES))
+    chosen = PIPELINE_CASES if PIPELINE else CASES
+    named = {name: (lambda n=name: chosen[n](n)) for name in chosen}
+    sys.exit(cases.run_cases(named, init=init, notices=NOTICES))
