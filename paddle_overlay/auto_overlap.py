@@ -45,7 +45,17 @@ import weakref
 
 from ._version_gate import paddle_class
 
-__all__ = ["KINDS", "forget", "patches"]
+__all__ = [
+    "KINDS",
+    "Kind",
+    "before_update",
+    "explicit_call_returned",
+    "forget",
+    "gradient_overlap_note",
+    "optimizer_built",
+    "patches",
+    "wrapper_built",
+]
 
 _ATTR = "_paddle_overlay_auto"  # the per-optimizer record, in the optimizer's __dict__
 _WRAPPER = ("distributed.fleet.meta_parallel.meta_parallel_base", "MetaParallelBase")
@@ -69,7 +79,11 @@ class Kind:
         self.switch = None  # the switch's function, set by patches()
 
     def turn_on(self, optimizer, model):
-        """Call the switch (the function the class had before :func:`patches`) for ``model``."""
+        """Call the switch (the function the class had before :func:`patches`) for ``model``.
+
+        Raises:
+            ValueError, TypeError: the switch's own (``dygraph_sharding_optimizer.py``).
+        """
         if self.name == "V1":
             return self.switch(optimizer, True, layers=model)
         return self.switch(optimizer, True, model)
@@ -191,8 +205,17 @@ def _decide(optimizer, record, text, overlapped, by="setting"):
 
 
 def optimizer_built(optimizer, kind):
-    """Note a sharding stage 1 optimizer whose ``__init__`` returned; turn its overlap on if the
-    wrapped model that holds its parameters exists already."""
+    """Note a sharding stage 1 optimizer whose ``__init__`` returned (called by the wrapper
+    :func:`patches` sets on its class); turn its overlap on if the wrapped model that holds its
+    parameters exists already, else leave it undecided.
+
+    Args:
+        optimizer: a ``DygraphShardingOptimizer`` or ``DygraphShardingOptimizerV2``.
+        kind (Kind): its entry of :data:`KINDS`.
+
+    Raises:
+        Any error of the switch other than its ``ValueError`` (a refusal, said and absorbed).
+    """
     params = vars(optimizer)[kind.params_attr]
     vars(optimizer)[_ATTR] = _Record(next(_state.serials), kind, len(params))
     _state.undecided.append(weakref.ref(optimizer))
@@ -200,8 +223,16 @@ def optimizer_built(optimizer, kind):
 
 
 def wrapper_built(model):
-    """Note a wrapped model whose ``__init__`` returned; turn the overlap on for every undecided
-    optimizer whose parameters it holds (in the optimizers' creation order)."""
+    """Note a wrapped model whose ``__init__`` returned (called by the wrapper :func:`patches`
+    sets on ``MetaParallelBase``); turn the overlap on for every undecided optimizer whose
+    parameters it holds, in the optimizers' creation order.
+
+    Args:
+        model (paddle.nn.Layer): a ``MetaParallelBase``.
+
+    Raises:
+        As :func:`optimizer_built`.
+    """
     _state.wrappers = [ref for ref in _state.wrappers if ref() is not None] + [weakref.ref(model)]
     for optimizer in _live(_state.undecided):
         _try(optimizer)
@@ -247,8 +278,9 @@ def _try(optimizer):
 
 
 def before_update(optimizer):
-    """At each ``step()``/``minimize()`` of a sharding stage 1 optimizer: one still undecided
-    (no wrapped model holds all of its parameters) is decided now, without overlap."""
+    """At each ``step()``/``minimize()`` of a sharding stage 1 optimizer, before the overlay's
+    edit of it: one still undecided (no wrapped model holds all of its parameters) is decided
+    now, without overlap, and says so. Raises nothing of its own."""
     record = vars(optimizer).get(_ATTR)
     if record is None or record.by is not None:
         return
@@ -268,8 +300,9 @@ def before_update(optimizer):
 
 
 def explicit_call_returned(optimizer, method):
-    """The trainer's own call of ``method`` on ``optimizer`` returned: from now on the trainer
-    decides this optimizer's overlap (said once)."""
+    """The trainer's own call of ``method`` (the switch) on ``optimizer`` returned: from now on
+    the trainer decides this optimizer's overlap (said once, with the state the call left).
+    Optimizers built before :func:`patches` was applied are not known here and left alone."""
     record = vars(optimizer).get(_ATTR)
     if record is None or record.by == "trainer":
         return

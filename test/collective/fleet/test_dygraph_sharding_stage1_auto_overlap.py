@@ -15,6 +15,12 @@ import numpy as np
 from legacy_test.test_parallel_dygraph_dataparallel import rank_env, run
 
 SCRIPT = "dygraph_sharding_stage1_auto_overlap.py"
+# the end of each rank's start-up line, per setting
+STARTUP_ENDS = {
+    "1": "(rank {rank})",
+    "overlap": "(rank {rank}); PADDLE_OVERLAY=overlap: the parameter-sync overlap of every sharding stage 1 "
+    "optimizer is turned on with its wrapped model (one line per optimizer)",
+}
 
 
 def results(folder):
@@ -40,7 +46,11 @@ class TestDygraphShardingStage1AutoOverlap(unittest.TestCase):
             folder = os.path.join(base, f"{topology}-{setting}")
             os.makedirs(folder)
             env = {"PADDLE_OVERLAY": setting, "AUTO_OVERLAP_RESULTS": folder, "AUTO_OVERLAP_TOPOLOGY": topology}
-            run(self, SCRIPT, nproc, rank_env("auto_growth", env))
+            launched = run(self, SCRIPT, nproc, rank_env("auto_growth", env))
+            for rank, log in enumerate(launched.rank_logs):
+                said = [l for l in log.splitlines() if l.startswith("paddle_overlay: applied to Paddle ")]
+                self.assertEqual(len(said), 1, said)
+                self.assertTrue(said[0].endswith(STARTUP_ENDS[setting].format(rank=rank)), said[0])
             out[setting] = results(folder)
         return out
 
