@@ -370,10 +370,16 @@ def _check_structure(version, targets):
         _refuse(version, problems)
 
 
-def _announce(version):
+def _announce(version, overlap):
     rank = os.environ.get("PADDLE_TRAINER_ID")
     where = f"rank {rank}" if rank is not None else f"process {os.getpid()}, no PADDLE_TRAINER_ID"
-    sys.stderr.write(f"paddle_overlay: applied to Paddle {version} ({where})\n")
+    said = f"paddle_overlay: applied to Paddle {version} ({where})"
+    if overlap:
+        said += (
+            "; PADDLE_OVERLAY=overlap: the parameter-sync overlap of every sharding stage 1 optimizer is "
+            "turned on with its wrapped model (one line per optimizer)"
+        )
+    sys.stderr.write(said + "\n")
     sys.stderr.flush()
 
 
@@ -390,6 +396,12 @@ def apply(check=None):
     Prints ``paddle_overlay: applied to Paddle X (rank R)`` to stderr each time
     it patches (once per process unless :func:`remove` ran in between).
 
+    With ``PADDLE_OVERLAY=overlap`` in the environment when it patches, it
+    also installs ``auto_overlap.py``: every sharding stage 1 optimizer gets
+    its parameter-sync overlap with the wrapped model that holds its
+    parameters, without a call of the switch (one line per optimizer on
+    stderr; the line above then says so).
+
     Warns (``UserWarning``, once per version) when the installed Paddle is a
     release newer than the oldest in :data:`TESTED_PADDLE` but not in it.
 
@@ -401,10 +413,12 @@ def apply(check=None):
             :data:`REQUIRED_INTERNALS` moved, or an added method would shadow
             one of the installed Paddle; the message names each.
         ValueError: ``check`` or ``PADDLE_OVERLAY_CHECK`` is not a mode the
-            race checker knows.
+            race checker knows, or ``PADDLE_OVERLAY`` is set to a value
+            ``_startup.mode`` refuses.
         All are raised before anything is patched.
     """
-    from . import race_check
+    # imported here: _startup and auto_overlap are on floor 4 (docs/architecture.md)
+    from . import _startup, auto_overlap, race_check
 
     if check is None:
         check_mode = race_check.mode_from_env()
@@ -422,6 +436,7 @@ def apply(check=None):
     if _saved:
         _set_check(race_check, check_mode, explicit=check is not None)
         return
+    overlap = _startup.mode(os.environ.get(_startup.ENV_VAR)) == "overlap"
     import paddle
 
     version = paddle.__version__
@@ -439,6 +454,13 @@ def apply(check=None):
                 plan.append((target, origin_name(name), vars(target)[name]))
                 fn = edit_wrapper(overlay_module, fn, origin_name(name))
             plan.append((target, name, fn))
+    if overlap:  # PADDLE_OVERLAY=overlap: wraps what the plan sets, so it comes after
+        planned = {(target, name): value for target, name, value in plan}
+        auto_plan, problems = auto_overlap.patches(lambda c, n: planned.get((c, n), vars(c).get(n)))
+        if problems:
+            _refuse(version, problems)
+        plan += auto_plan
+        _undo.append(auto_overlap.forget)
     for target, name, value in plan:
         _saved.setdefault((target, name), vars(target).get(name, _MISSING))
         setattr(target, name, value)
@@ -449,7 +471,7 @@ def apply(check=None):
     restore_sot = _skip_mirrors_in_sot()
     if restore_sot is not None:
         _undo.append(restore_sot)
-    _announce(version)
+    _announce(version, overlap)
     if os.environ.get(REMOVED_DEPTH_ENV, "").strip():
         warnings.warn(
             f"{REMOVED_DEPTH_ENV} is ignored: the launch depth was removed (every "

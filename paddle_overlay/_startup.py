@@ -1,4 +1,6 @@
-"""Apply the overlay in every Python process when ``PADDLE_OVERLAY=1`` is set.
+"""Apply the overlay in every Python process when ``PADDLE_OVERLAY=1`` is set
+(``PADDLE_OVERLAY=overlap``: apply it and turn the parameter-sync overlap on, see
+``auto_overlap.py``).
 
 The installed package ships ``paddle_overlay_startup.pth`` at the top of
 site-packages (added to the wheel by ``build_backend/``). ``site`` runs its
@@ -22,17 +24,20 @@ inherit the variable and apply the overlay themselves.
 import os
 import sys
 
-__all__ = ["ENV_VAR", "ON_VALUES", "OFF_VALUES", "parse", "install"]
+__all__ = ["ENV_VAR", "ON_VALUES", "OVERLAP_VALUE", "OFF_VALUES", "mode", "parse", "install"]
 
 ENV_VAR = "PADDLE_OVERLAY"
 ON_VALUES = ("1", "true", "yes", "on")
+# apply, and turn the parameter-sync overlap on for every sharding stage 1 optimizer
+# (paddle_overlay/auto_overlap.py)
+OVERLAP_VALUE = "overlap"
 OFF_VALUES = ("", "0", "false", "no", "off")
 # Main modules of Paddle's launchers (``-m`` targets) and their console scripts.
 _LAUNCHER_MODULES = ("paddle.distributed.launch", "paddle.distributed.fleet.launch")
 _LAUNCHER_SCRIPTS = ("fleetrun",)
 
 
-def parse(value):
+def mode(value):
     """Read the value of ``PADDLE_OVERLAY``.
 
     Args:
@@ -40,26 +45,48 @@ def parse(value):
             Case and surrounding blanks are ignored.
 
     Returns:
-        bool: True for one of :data:`ON_VALUES`, False for unset or one of
-        :data:`OFF_VALUES`.
+        str or None: ``"apply"`` for one of :data:`ON_VALUES` (apply the
+        overlay), ``"overlap"`` for :data:`OVERLAP_VALUE` (apply it and turn
+        the parameter-sync overlap on for every sharding stage 1 optimizer,
+        ``auto_overlap.py``), None for unset or one of :data:`OFF_VALUES`.
 
     Raises:
         ValueError: any other value; the message names the value and the
             accepted ones.
     """
     if value is None:
-        return False
+        return None
     word = value.strip().lower()
     if word in ON_VALUES:
-        return True
+        return "apply"
+    if word == OVERLAP_VALUE:
+        return "overlap"
     if word in OFF_VALUES:
-        return False
+        return None
     raise ValueError(
         f"{ENV_VAR}={value!r} is not understood. Set {ENV_VAR}=1 to apply "
-        "paddle_overlay when Paddle is imported, or 0 (or unset it) to leave "
-        f"Paddle unpatched. Accepted: {', '.join(ON_VALUES)} / "
+        f"paddle_overlay when Paddle is imported, {ENV_VAR}={OVERLAP_VALUE} to "
+        "apply it and also turn the parameter-sync overlap on for every "
+        "sharding stage 1 optimizer, or 0 (or unset it) to leave Paddle "
+        f"unpatched. Accepted: {', '.join(ON_VALUES)} / {OVERLAP_VALUE} / "
         f"{', '.join(v for v in OFF_VALUES if v)}."
     )
+
+
+def parse(value):
+    """Whether ``PADDLE_OVERLAY=value`` applies the overlay.
+
+    Args:
+        value (str or None): as in :func:`mode`.
+
+    Returns:
+        bool: True for one of :data:`ON_VALUES` or :data:`OVERLAP_VALUE`,
+        False for unset or one of :data:`OFF_VALUES`.
+
+    Raises:
+        ValueError: from :func:`mode`.
+    """
+    return mode(value) is not None
 
 
 def _is_launcher_process():

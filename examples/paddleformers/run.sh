@@ -10,6 +10,8 @@
 #   off     no PADDLE_OVERLAY, overlap switch false, same 6 steps
 #   resume  PADDLE_OVERLAY=1, resumes the on run's checkpoint-3 and trains to step 6
 # then check_results.py: on vs off bitwise (losses, parameters), resume vs on bitwise.
+# --by-setting: on and resume with PADDLE_OVERLAY=overlap and no trainer switch at all (the overlay
+# turns the overlap on by itself, paddle_overlay/auto_overlap.py); each rank's overlap line is shown.
 # Opt-in, not part of CI: it makes its own venv from requirements.txt (about 1 GB, a few
 # minutes the first time) and needs the package registry.
 set -euo pipefail
@@ -20,16 +22,19 @@ VENV="${PADDLEFORMERS_VENV:-$ROOT/.venv-examples/paddleformers}"
 OUT="$ROOT/.test-out/examples/paddleformers/$(date +%Y%m%d-%H%M%S)"
 TIMEOUT=600  # seconds per launch
 STAGES=(v1 v2)
+BY_SETTING=""
 
 usage() {
   cat <<EOF
-usage: examples/paddleformers/run.sh [--out DIR] [--only v1|v2]
+usage: examples/paddleformers/run.sh [--out DIR] [--only v1|v2] [--by-setting]
 
 Makes or reuses the venv $VENV (pinned requirements.txt, then this project with
 pip install -e), runs the on / off / resume launches on 2 CPU ranks for sharding stage 1
 V1 and V2 and compares them.
   --out DIR     where runs, rank logs and checkpoints go (default .test-out/examples/paddleformers/<time>)
   --only STAGE  v1 (broadcast overlap) or v2 (all-gather overlap) only; default both
+  --by-setting  on and resume runs: PADDLE_OVERLAY=overlap and no overlap switch, instead of
+                PADDLE_OVERLAY=1 and the switch true
 Environment: PADDLEFORMERS_VENV (venv path), PYTHON (interpreter that creates it, default python3).
 EOF
 }
@@ -41,6 +46,7 @@ while (($#)); do
     --only)
       [[ $# -ge 2 && ( "$2" == v1 || "$2" == v2 ) ]] || { echo "error: --only needs v1 or v2" >&2; exit 2; }
       STAGES=("$2"); shift 2 ;;
+    --by-setting) BY_SETTING=1; shift ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -109,10 +115,15 @@ for stage in "${STAGES[@]}"; do
   else
     extra=("${V2[@]}"); switch=--stage1_allgather_overlap
   fi
-  launch "$stage/on" PADDLE_OVERLAY=1 -- "${extra[@]}" "$switch" true
+  on=(PADDLE_OVERLAY=1 -- "${extra[@]}" "$switch" true)
+  [[ -z "$BY_SETTING" ]] || on=(PADDLE_OVERLAY=overlap -- "${extra[@]}")
+  launch "$stage/on" "${on[@]}"
   launch "$stage/off" -- "${extra[@]}" "$switch" false
-  launch "$stage/resume" PADDLE_OVERLAY=1 -- "${extra[@]}" "$switch" true \
-    --resume_from_checkpoint "$OUT/$stage/on/out/checkpoint-3"
+  launch "$stage/resume" "${on[@]}" --resume_from_checkpoint "$OUT/$stage/on/out/checkpoint-3"
+  if [[ -n "$BY_SETTING" ]] && ! grep -h "^paddle_overlay: rank" "$OUT/$stage/on/log"/workerlog.*; then
+    echo "FAIL  on: no rank printed a PADDLE_OVERLAY=overlap line" >&2
+    failed=1
+  fi
   echo "== $stage: runs in $OUT/$stage"
   "$VENV/bin/python" "$HERE/check_results.py" "$OUT/$stage/on/out" "$OUT/$stage/off/out" \
     "$OUT/$stage/resume/out" 3 "$stage" || failed=1
