@@ -1,30 +1,13 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-"""Per-rank script (2 ranks): sharding stage 1 V2 (``split_param``, comm
-buffers of ``cases.V2_BUFFER_MB`` MB: several per model) with the parameter all-gather
-overlapped with the next forward (``opt._set_all_gather_overlap_forward(
-True, model)``, as PaddleFormers calls it) against V2 without overlap:
-each case is :func:`compare` (``cases.compare_on_off``) unless it says
-otherwise. The cases whose reads between steps wait for every gather
-assert the product's lost-overlap warning; the others must not see it.
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank script (2 ranks): sharding stage 1 V2 (``split_param``, comm buffers of ``cases.V2_BUFFER_MB`` MB: several per
+model) with the parameter all-gather overlapped with the next forward (``opt._set_all_gather_overlap_forward( True,
+model)``, as PaddleFormers calls it) against V2 without overlap: each case is :func:`compare` (``cases.compare_on_off``)
+unless it says otherwise. The cases whose reads between steps wait for every gather assert the product's lost-overlap
+warning; the others must not see it.
 
-Env ``ALLGATHER_OVERLAP_IMPL``: ``product`` (default; the overlay or a
-patched Paddle provides the owner, checked) or ``upstream`` (Paddle's own,
-the overlay not applied, checked: only ``tools/v2_upstream_faults.py``
-runs it). ``BROADCAST_OVERLAP_CASES``, ``..._EXPECTED_FAILURES``: see
-``cases.run_cases``.
-"""
+Env ``ALLGATHER_OVERLAP_IMPL``: ``product`` (default; the overlay or a patched Paddle provides the owner, checked) or
+``upstream`` (Paddle's own, the overlay not applied, checked: only ``tools/v2_upstream_faults.py`` runs it).
+``BROADCAST_OVERLAP_CASES``, ``..._EXPECTED_FAILURES``: see ``cases.run_cases``."""
 
 import functools
 import os
@@ -54,8 +37,7 @@ STEPS = 3
 # ----------------------------------------------------------------------
 # models
 class CollectiveBlock(cases.Block):
-    """Runs its own collective (MoE-like: an all-reduce over another group
-    object) between its matmuls."""
+    """Runs its own collective (MoE-like: an all-reduce over another group object) between its matmuls."""
 
     group = None
 
@@ -67,10 +49,9 @@ class CollectiveBlock(cases.Block):
 
 
 class LM(cases.TinyLM):
-    """TinyLM of 3 blocks at this size (about 3.2 MB of fp32: 4 buffers);
-    ``tied``: the head reads the embedding's weight; ``adapter``: a layer
-    the optimizer does not hold (frozen adapter, teacher, ...) after the
-    embedding; ``collective``: block 1 is a CollectiveBlock."""
+    """TinyLM of 3 blocks at this size (about 3.2 MB of fp32: 4 buffers); ``tied``: the head reads the embedding's weight;
+    ``adapter``: a layer the optimizer does not hold (frozen adapter, teacher, ...) after the embedding; ``collective``:
+    block 1 is a CollectiveBlock."""
 
     def __init__(self, tied=False, adapter=False, collective=False):
         super().__init__(num_blocks=3, vocab=VOCAB, hidden=HIDDEN)
@@ -125,9 +106,8 @@ class Tables(nn.Layer):
 
 
 class EncodeLM(LM):
-    """``encode()`` (retrieval-style) calls a sublayer outside ``forward``;
-    its parameters fill buffers 0 to 5, of equal sizes (ranks gathering
-    them in different orders mix data instead of aborting gloo)."""
+    """``encode()`` (retrieval-style) calls a sublayer outside ``forward``; its parameters fill buffers 0 to 5, of equal
+    sizes (ranks gathering them in different orders mix data instead of aborting gloo)."""
 
     def __init__(self):
         nn.Layer.__init__(self)
@@ -142,8 +122,7 @@ class EncodeLM(LM):
 
 
 class BF16Linear(nn.Linear):
-    """Linear with bfloat16 weight and bias, computing in fp32 (the CPU has
-    no bfloat16 matmul)."""
+    """Linear with bfloat16 weight and bias, computing in fp32 (the CPU has no bfloat16 matmul)."""
 
     def __init__(self, n_in, n_out):
         super().__init__(n_in, n_out)
@@ -155,9 +134,8 @@ class BF16Linear(nn.Linear):
 
 
 class MixedLM(LM):
-    """fp32 embedding, norms and head beside bfloat16 linears: Paddle 3.x
-    sorts each buffer group by dtype name, so the fp32 embedding, used
-    first, lands in a later buffer."""
+    """fp32 embedding, norms and head beside bfloat16 linears: Paddle 3.x sorts each buffer group by dtype name, so the
+    fp32 embedding, used first, lands in a later buffer."""
 
     def __init__(self):
         super().__init__()
@@ -169,28 +147,21 @@ class MixedLM(LM):
 # ----------------------------------------------------------------------
 # set-up, the on/off comparison
 def init_fleet():
-    """fleet.init of V2, the collective blocks' group, the implementation
-    the launch asked for checked."""
+    """fleet.init of V2, the collective blocks' group, the implementation the launch asked for checked."""
     cases.init_fleet(split_param=True, buffer_mb=cases.V2_BUFFER_MB)
     world = paddle.distributed.get_world_size()
     CollectiveBlock.group = paddle.distributed.new_group(list(range(world)))
     if IMPL == "upstream":
         overlay = sys.modules.get("paddle_overlay")
         assert overlay is None or not overlay.is_applied(), (
-            "ALLGATHER_OVERLAP_IMPL=upstream but paddle_overlay is applied "
-            "(set PADDLE_OVERLAY=0)"
+            "ALLGATHER_OVERLAP_IMPL=upstream but paddle_overlay is applied " "(set PADDLE_OVERLAY=0)"
         )
-    print(
-        f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, {world} ranks"
-    )
+    print(f"allgather overlap: Paddle {paddle.__version__}, impl {IMPL}, {world} ranks")
 
 
 def buffers(opt):
-    """[[parameter, ...] per comm buffer], in Paddle's buffer order (never
-    changed by the overlap)."""
-    return [
-        list(b._params) for b in cases.sharding_optimizer(opt)._comm_buffer_list
-    ]
+    """[[parameter, ...] per comm buffer], in Paddle's buffer order (never changed by the overlap)."""
+    return [list(b._params) for b in cases.sharding_optimizer(opt)._comm_buffer_list]
 
 
 def buffer_of(opt):
@@ -199,8 +170,8 @@ def buffer_of(opt):
 
 
 def final_forward(run):
-    """One more forward before the final read (every implementation syncs
-    what a forward uses; reads right after step() are the cases')."""
+    """One more forward before the final read (every implementation syncs what a forward uses; reads right after step() are
+    the cases')."""
     with paddle.no_grad():
         run.model(cases.batch(99)[0])
 
@@ -214,15 +185,12 @@ def train(
     optimizer=cases.adamw,
     **kwargs,
 ):
-    """``cases.train`` of V2 (``parameters``, ``optimizer``: the
-    :class:`cases.Build`'s), the overlap on as PaddleFormers turns it on
-    (the product's owner checked); ``raw_layers``: ``layers`` is the user's
-    layer, not fleet's wrapper of it."""
+    """``cases.train`` of V2 (``parameters``, ``optimizer``: the :class:`cases.Build`'s), the overlap on as PaddleFormers
+    turns it on (the product's owner checked); ``raw_layers``: ``layers`` is the user's layer, not fleet's wrapper of
+    it."""
 
     def on(run):
-        run.opt._set_all_gather_overlap_forward(
-            True, run.raw if raw_layers else run.model
-        )
+        run.opt._set_all_gather_overlap_forward(True, run.raw if raw_layers else run.model)
         if IMPL == "product":
             assert cases.overlap_impl(run.opt) is not None, (
                 "the product is not applied to V2: _set_all_gather_overlap_"
@@ -241,12 +209,10 @@ def train(
 
 
 def compare(cls=LM, lost=None, waits=(), **kwargs):
-    """``cases.compare_on_off`` of :func:`train` (every rank's final
-    parameters equal), >= 3 comm buffers, some all-gather seen; returns
-    ``(checker, on)``. ``lost``: the path of the reads that took the
-    product's overlap away on this rank (None: none; never a warning in
-    these short runs);
-    ``waits``: the product's wait counters (``stats``) that must be > 0."""
+    """``cases.compare_on_off`` of :func:`train` (every rank's final parameters equal), >= 3 comm buffers, some all-gather
+    seen; returns ``(checker, on)``. ``lost``: the path of the reads that took the product's overlap away on this rank
+    (None: none; never a warning in these short runs); ``waits``: the product's wait counters (``stats``) that must be >
+    0."""
     with cases.lost_overlap_warnings() as said:
         checker, on = cases.compare_on_off(
             cls,
@@ -281,9 +247,7 @@ def evaluate(run):
 
 
 def not_held(raw):
-    return [
-        p for n, p in raw.named_parameters() if not n.startswith("adapter.")
-    ]
+    return [p for n, p in raw.named_parameters() if not n.startswith("adapter.")]
 
 
 # cases that are one compare(**kwargs): name -> (what it proves, kwargs)
@@ -300,8 +264,7 @@ COMPARES = {
         ),
     ),
     "layer_parameter_not_in_optimizer": (
-        "Item 5: a layer of ``layers`` whose parameters the optimizer does "
-        "not hold.",
+        "Item 5: a layer of ``layers`` whose parameters the optimizer does " "not hold.",
         dict(cls=functools.partial(LM, adapter=True), parameters=not_held),
     ),
     "root_owned_parameter": (
@@ -310,8 +273,7 @@ COMPARES = {
         dict(cls=RootParamLM, raw_layers=True),
     ),
     "root_owned_parameter_wrapped_layers": (
-        "Item 6 with fleet's wrapper as ``layers`` (as PaddleFormers passes "
-        "it): the model is a sublayer.",
+        "Item 6 with fleet's wrapper as ``layers`` (as PaddleFormers passes " "it): the model is a sublayer.",
         dict(cls=RootParamLM),
     ),
     "tied_embedding_head": (
@@ -358,9 +320,8 @@ def case_parameters_loop_ema_right_after_step():
 
 
 def case_encode_helper_between_steps():
-    """Item 3: a helper calls, between steps, a sublayer whose parameters
-    span several buffers (Paddle's own overlap started the first one only);
-    the call waits in its pre-hook (a forward: no lost-overlap warning)."""
+    """Item 3: a helper calls, between steps, a sublayer whose parameters span several buffers (Paddle's own overlap
+    started the first one only); the call waits in its pre-hook (a forward: no lost-overlap warning)."""
     tokens, names = cases.batch(7)[0], []
 
     def encoder_names(run):  # before training: the check reads no parameter
@@ -376,8 +337,8 @@ def case_encode_helper_between_steps():
 
 
 def case_freeze_parameters_after_first_step():
-    """Item 4: after the first step the buffer holding the embedding (then
-    frozen-only) and one parameter of another buffer stop training."""
+    """Item 4: after the first step the buffer holding the embedding (then frozen-only) and one parameter of another buffer
+    stop training."""
 
     def freeze(run):
         if run.step == 0:
@@ -392,9 +353,8 @@ def case_freeze_parameters_after_first_step():
 
 
 def case_hooks_constant_and_removed():
-    """Item 6: the hook count is constant over steps, and
-    ``_set_all_gather_overlap_forward(False, model)`` removes every hook;
-    one more step is then bitwise equal to overlap off's."""
+    """Item 6: the hook count is constant over steps, and ``_set_all_gather_overlap_forward(False, model)`` removes every
+    hook; one more step is then bitwise equal to overlap off's."""
     counts = []
 
     def count(run):
@@ -414,8 +374,7 @@ def case_hooks_constant_and_removed():
     )
     assert IMPL != "product" or cases.overlap_impl(on.opt) is None
     off2, on2 = (  # one more step without overlap
-        cases.train(cases.Build.of(r.model, r.opt), first_step=50, steps=1)
-        for r in (off, on)
+        cases.train(cases.Build.of(r.model, r.opt), first_step=50, steps=1) for r in (off, on)
     )
     cases.assert_bitwise_equal(
         (off.losses + off2.losses, off2.params),
@@ -427,11 +386,9 @@ def case_hooks_constant_and_removed():
 # ----------------------------------------------------------------------
 # cases: order, layout, dtypes
 def case_gather_order_follows_forward():
-    """Item 1: after each step the buffers are all-gathered in the order
-    forward first uses them, the same on every rank. MixedLM: bfloat16
-    linears beside fp32 embedding, norms and head, two dtypes of buffers
-    (the CPU has no float16 matmul or optimizer kernels; bfloat16 has an
-    SGD kernel); on 3.x not in Paddle's buffer order."""
+    """Item 1: after each step the buffers are all-gathered in the order forward first uses them, the same on every rank.
+    MixedLM: bfloat16 linears beside fp32 embedding, norms and head, two dtypes of buffers (the CPU has no float16
+    matmul or optimizer kernels; bfloat16 has an SGD kernel); on 3.x not in Paddle's buffer order."""
     first_use = []
 
     def record_first_use(run):
@@ -442,27 +399,17 @@ def case_gather_order_follows_forward():
                 if p.name in where and where[p.name] not in first_use:
                     first_use.append(where[p.name])
 
-        handles = [
-            layer.register_forward_pre_hook(hook)
-            for layer in run.raw.sublayers(include_self=True)
-        ]
+        handles = [layer.register_forward_pre_hook(hook) for layer in run.raw.sublayers(include_self=True)]
         run.raw(cases.batch(0)[0])
         for h in handles:
             h.remove()
 
-    checker, on = compare(
-        MixedLM, optimizer=cases.sgd, prepare=record_first_use
-    )
+    checker, on = compare(MixedLM, optimizer=cases.sgd, prepare=record_first_use)
     where = buffer_of(on.opt)
-    launched = [
-        min(where[p.name] for p in t.params) for t in checker.gather_log
-    ]
-    same_on_ranks = cases.all_ranks_equal(
-        [len(launched), zlib.crc32(repr(launched).encode())]
-    )
+    launched = [min(where[p.name] for p in t.params) for t in checker.gather_log]
+    same_on_ranks = cases.all_ranks_equal([len(launched), zlib.crc32(repr(launched).encode())])
     n = len(first_use)
-    # one gather per buffer per step (the last step's may be cut short by
-    # the final forward): check each full step
+    # one gather per buffer per step (the last step's may be cut short by the final forward): check each full step
     per_step = [launched[i : i + n] for i in range(0, n * STEPS, n)]
     for i, order in enumerate(per_step):
         assert order == first_use, (
@@ -476,16 +423,14 @@ def case_gather_order_follows_forward():
 
 
 def case_layer_spanning_two_buffers():
-    """A Linear whose weight and bias lie in two buffers, read by a helper
-    (F.linear of its weight and bias) right after each step."""
+    """A Linear whose weight and bias lie in two buffers, read by a helper (F.linear of its weight and bias) right after
+    each step."""
     probe = paddle.ones([1, 2 * HIDDEN])
     linears = []
 
     def find_linears(run):  # names before training: no read between steps
         linears[:] = [
-            (layer, layer.weight.name, layer.bias.name)
-            for layer in run.raw.sublayers()
-            if isinstance(layer, nn.Linear)
+            (layer, layer.weight.name, layer.bias.name) for layer in run.raw.sublayers() if isinstance(layer, nn.Linear)
         ]
 
     def read_split_layer(run):
@@ -500,8 +445,8 @@ def case_layer_spanning_two_buffers():
 
 
 def case_color_groups():
-    """``param.color`` groups (Paddle 3.x builds each colour's buffers
-    apart, on the colour's group, as MoE experts do; 2.6 ignores it)."""
+    """``param.color`` groups (Paddle 3.x builds each colour's buffers apart, on the colour's group, as MoE experts do; 2.6
+    ignores it)."""
     world = paddle.distributed.get_world_size()
     group = paddle.distributed.new_group(list(range(world)))
 
@@ -518,8 +463,8 @@ def case_color_groups():
 # ----------------------------------------------------------------------
 # cases: checkpoints, the schedule, arguments
 def saving(folder):
-    """after_step: paddle.save(state_dict()) right after step(), loaded
-    into a fresh model (rank 0 alone saving: the schedule script)."""
+    """after_step: paddle.save(state_dict()) right after step(), loaded into a fresh model (rank 0 alone saving: the
+    schedule script)."""
     counter = [0]
 
     def after_step(run):
@@ -534,30 +479,25 @@ def saving(folder):
 
 
 def case_save_right_after_step_and_reload():
-    """paddle.save(model.state_dict()) right after step(), with no
-    synchronize, and reload into a fresh model: equal to overlap off."""
+    """paddle.save(model.state_dict()) right after step(), with no synchronize, and reload into a fresh model: equal to
+    overlap off."""
     prefix = f"allgather_overlap_r{cases.rank()}_"
     with tempfile.TemporaryDirectory(prefix=prefix) as folder:
         compare(LM, after_step=saving(folder), lost="iteration")
 
 
 def rebuild_after_step(clear, launched_current):
-    """An ``after_step`` of Paddle's own rebuild test
-    (``hybrid_parallel_sharding_model_rebuild.py``): after each step V2's
-    comm buffers are built again (``clear``: first the slice parameters'
-    and the buffers' parameter storage freed, as that test does), with
-    this script's buffer size (and, on the CPU, the shim's items 8 and 9).
-    Appends to ``launched_current`` whether the step's units gathered the
-    current buffers' storage (overlap on, product)."""
+    """An ``after_step`` of Paddle's own rebuild test (``hybrid_parallel_sharding_model_rebuild.py``): after each step V2's
+    comm buffers are built again (``clear``: first the slice parameters' and the buffers' parameter storage freed, as
+    that test does), with this script's buffer size (and, on the CPU, the shim's items 8 and 9). Appends to
+    ``launched_current`` whether the step's units gathered the current buffers' storage (overlap on, product)."""
 
     def after_step(run):
         inner = cases.sharding_optimizer(run.opt)
         impl = cases.overlap_impl(run.opt) if IMPL == "product" else None
         if impl is not None:
             storages = {id(b.param_storage) for b in inner._comm_buffer_list}
-            launched_current.append(
-                {id(u.tensor) for u in impl.units} == storages
-            )
+            launched_current.append({id(u.tensor) for u in impl.units} == storages)
         if clear:
             for param in inner._slice_params.values():
                 param._clear_to_zero_allocation()
@@ -571,15 +511,11 @@ def rebuild_after_step(clear, launched_current):
 
 
 def case_rebuild_between_steps():
-    """V2's ``rebuild()`` after every step, without and with the storage
-    freed first: the all-gathers pending from the step are waited before
-    the rebuild reads the parameters (``waited_on_demand``: every unit of
-    every step) and each launch gathers the buffers of the latest rebuild
-    (the plan follows them), equal to overlap off. Paddle 2.6's V2 has no
+    """V2's ``rebuild()`` after every step, without and with the storage freed first: the all-gathers pending from the step
+    are waited before the rebuild reads the parameters (``waited_on_demand``: every unit of every step) and each launch
+    gathers the buffers of the latest rebuild (the plan follows them), equal to overlap off. Paddle 2.6's V2 has no
     ``rebuild``: asserted there."""
-    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-        dygraph_sharding_optimizer as dso,
-    )
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import dygraph_sharding_optimizer as dso
 
     if not hasattr(dso.DygraphShardingOptimizerV2, "rebuild"):
         assert cases.PADDLE_2, paddle.__version__
@@ -594,9 +530,8 @@ def case_rebuild_between_steps():
 
 
 def case_bad_arguments_refused_before_any_change():
-    """Product only: a bad ``layers`` or ``strict`` passed to fleet's
-    optimizer raises naming it and leaves no hook and no owner behind (the
-    flag's type, the removed ``max_in_flight`` and the delegation to V2:
+    """Product only: a bad ``layers`` or ``strict`` passed to fleet's optimizer raises naming it and leaves no hook and no
+    owner behind (the flag's type, the removed ``max_in_flight`` and the delegation to V2:
     test/unit/test_hybrid_overlap_delegation.py)."""
     run = train(LM, steps=0)
     base = cases.total_forward_pre_hooks(run.raw)

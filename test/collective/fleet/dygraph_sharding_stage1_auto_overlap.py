@@ -1,22 +1,20 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""Per-rank script: ``PADDLE_OVERLAY=overlap`` on training code that never calls the overlap's
-switch (``paddle_overlay/auto_overlap.py``; overlay only, never in the patches).
+"""Per-rank script: ``PADDLE_OVERLAY=overlap`` on training code that never calls the overlap's switch
+(``paddle_overlay/auto_overlap.py``; overlay only, never in the patches).
 
-The driver (``test_dygraph_sharding_stage1_auto_overlap.py``) launches this same script twice per
-topology: with ``PADDLE_OVERLAY=1`` (the overlay applied, nothing turns the overlap on: every case's
-baseline, which asserts that no overlap owner exists and that nothing printed an overlap line) and
-with ``PADDLE_OVERLAY=overlap``. Each case writes its losses and final parameters
-(``<case>.rank<r>.npz``) and the overlap lines it printed (``<case>.rank<r>.lines.json``) under env
-``AUTO_OVERLAP_RESULTS``; the driver requires every case bitwise equal across the two launches.
+The driver (``test_dygraph_sharding_stage1_auto_overlap.py``) launches this same script twice per topology: with
+``PADDLE_OVERLAY=1`` (the overlay applied, nothing turns the overlap on: every case's baseline, which asserts that no
+overlap owner exists and that nothing printed an overlap line) and with ``PADDLE_OVERLAY=overlap``. Each case writes its
+losses and final parameters (``<case>.rank<r>.npz``) and the overlap lines it printed (``<case>.rank<r>.lines.json``)
+under env ``AUTO_OVERLAP_RESULTS``; the driver requires every case bitwise equal across the two launches.
 
-With ``overlap`` each case also checks, on each rank: the exact line printed for its optimizer;
-where the overlap is on, the owner's switch, the agreed order equal to the order the first
-forward used the parameters, its units waited by forward pre-hooks (``waited_in_forward`` > 0, none
-out of order; a lost-overlap warning fails the case) and the wait checker's verdict (no read of a
-pending sync, every sync started inside ``step()``); where it is off, that no owner exists.
+With ``overlap`` each case also checks, on each rank: the exact line printed for its optimizer; where the overlap is on,
+the owner's switch, the agreed order equal to the order the first forward used the parameters, its units waited by
+forward pre-hooks (``waited_in_forward`` > 0, none out of order; a lost-overlap warning fails the case) and the wait
+checker's verdict (no read of a pending sync, every sync started inside ``step()``); where it is off, that no owner
+exists.
 
-Env ``AUTO_OVERLAP_TOPOLOGY``: ``sharding2`` (2 ranks; default) or ``pp2_sharding2`` (4 ranks).
-"""
+Env ``AUTO_OVERLAP_TOPOLOGY``: ``sharding2`` (2 ranks; default) or ``pp2_sharding2`` (4 ranks)."""
 
 import contextlib
 import io
@@ -36,9 +34,7 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
     DygraphShardingOptimizer,
     DygraphShardingOptimizerV2,
 )
-from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
-    HybridParallelOptimizer,
-)
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import HybridParallelOptimizer
 
 AUTO = os.environ["PADDLE_OVERLAY"] == "overlap"
 RESULTS = os.environ["AUTO_OVERLAP_RESULTS"]
@@ -64,8 +60,8 @@ SERIAL = {}  # id(sharding optimizer) -> its "#n"
 # ----------------------------------------------------------------------
 # what a case checks
 class FirstUse:
-    """The order in which the first forward of ``raw`` uses its parameters (pre-hooks on every
-    layer owning parameters, registered before anything wraps it)."""
+    """The order in which the first forward of ``raw`` uses its parameters (pre-hooks on every layer owning parameters,
+    registered before anything wraps it)."""
 
     def __init__(self, raw):
         self.layers = []
@@ -80,8 +76,7 @@ class FirstUse:
             self.layers.append(layer)
 
     def order(self, params):
-        """Positions in ``params``: first use, then the unused ones in list order (the owner's
-        rule)."""
+        """Positions in ``params``: first use, then the unused ones in list order (the owner's rule)."""
         index = {id(p): i for i, p in enumerate(params)}
         used = {}
         for layer in self.layers:
@@ -110,10 +105,9 @@ def on_line(opt, kind, model):
 
 
 class Case:
-    """One training run: ``build()`` returns (raw layer, forward model, optimizer);
-    ``expect(opt, model)`` returns the lines this rank must print (checked with ``overlap``);
-    ``on``: the overlap is on then (owner checks) or off (no owner); ``baseline_on``: the
-    trainer's own call turns it on under ``PADDLE_OVERLAY=1`` too."""
+    """One training run: ``build()`` returns (raw layer, forward model, optimizer); ``expect(opt, model)`` returns the
+    lines this rank must print (checked with ``overlap``); ``on``: the overlap is on then (owner checks) or off (no
+    owner); ``baseline_on``: the trainer's own call turns it on under ``PADDLE_OVERLAY=1`` too."""
 
     def __init__(self, build, expect, on, train_step=None, baseline_on=False):
         self.build, self.expect, self.on = build, expect, on
@@ -215,9 +209,9 @@ def v2(build):
 
 
 class DirectHybridOptimizer(HybridParallelOptimizer):
-    """ERNIE 4.5's MoE pattern (ernie/moe/distributed/hybrid_parallel_optimizer.py): a
-    HybridParallelOptimizer subclass built directly, whose __init__ builds the sharding optimizer
-    itself and never calls HybridParallelOptimizer.__init__."""
+    """ERNIE 4.5's MoE pattern (ernie/moe/distributed/hybrid_parallel_optimizer.py): a HybridParallelOptimizer subclass
+    built directly, whose __init__ builds the sharding optimizer itself and never calls
+    HybridParallelOptimizer.__init__."""
 
     def __init__(self, optimizer, hcg, strategy):
         split = strategy.hybrid_configs["sharding_configs"].split_param
@@ -241,9 +235,8 @@ def direct_subclass():
 
 
 def wrap_model_style():
-    """PaddleFormers' / ERNIEKit's Trainer._wrap_model for sharding stage 1 with
-    amp_master_grad: MixPrecisionLayer, fleet.distributed_model, MixPrecisionOptimizer,
-    fleet.distributed_optimizer, and no overlap switch."""
+    """PaddleFormers' / ERNIEKit's Trainer._wrap_model for sharding stage 1 with amp_master_grad: MixPrecisionLayer,
+    fleet.distributed_model, MixPrecisionOptimizer, fleet.distributed_optimizer, and no overlap switch."""
     from paddle.distributed.fleet.utils import mix_precision_utils as mpu
 
     raw = raw_model(cases.WideLM)
@@ -255,9 +248,9 @@ def wrap_model_style():
 
 
 def erniekit_tensor_parallel_inside():
-    """ERNIEKit's SFT Trainer._wrap_model for sharding stage 1 with tensor parallelism: it builds
-    TensorParallel(model) itself, then fleet.distributed_model wraps that (here mp degree 1:
-    ShardingParallel(TensorParallel)); both hold every parameter, the outer one trains."""
+    """ERNIEKit's SFT Trainer._wrap_model for sharding stage 1 with tensor parallelism: it builds TensorParallel(model)
+    itself, then fleet.distributed_model wraps that (here mp degree 1: ShardingParallel(TensorParallel)); both hold
+    every parameter, the outer one trains."""
     from paddle.distributed.fleet.meta_parallel import TensorParallel
 
     raw = raw_model()
@@ -273,8 +266,8 @@ def no_wrapped_model():
 
 
 def explicit_off_before_the_model():
-    """The optimizer first, the trainer turns the overlap off, then the model is wrapped (which
-    would otherwise turn it on); the gradient overlap (comm_overlap) is on."""
+    """The optimizer first, the trainer turns the overlap off, then the model is wrapped (which would otherwise turn it
+    on); the gradient overlap (comm_overlap) is on."""
     raw = raw_model()
     with cases.sharding_configs(comm_overlap=True):
         with hybrid_parallel_cpu_shim.cpu_tensor_fusion():
@@ -284,8 +277,8 @@ def explicit_off_before_the_model():
 
 
 def explicit_on_after_the_setting():
-    """The setting turned it on (buckets); the trainer's own call (one broadcast per parameter)
-    replaces it before the first forward."""
+    """The setting turned it on (buckets); the trainer's own call (one broadcast per parameter) replaces it before the
+    first forward."""
     raw, model, opt = script_model_first()
     assert cases.overlap_impl(opt) is not None or not AUTO
     opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=0)
@@ -293,8 +286,8 @@ def explicit_on_after_the_setting():
 
 
 def v2_release_gradients():
-    """ERNIE's large SFT configs: V2 with release_gradients and amp_master_grad (Paddle's V2
-    releases only main_grad gradients), the _wrap_model above."""
+    """ERNIE's large SFT configs: V2 with release_gradients and amp_master_grad (Paddle's V2 releases only main_grad
+    gradients), the _wrap_model above."""
     with cases.sharding_configs(release_gradients=True):
         return v2(wrap_model_style)()
 
@@ -376,12 +369,8 @@ CASES = {
     "wrap_model_v2": Case(v2(wrap_model_style), on(V2), True),
     "erniekit_tensor_parallel_inside": Case(erniekit_tensor_parallel_inside, on(V1), True),
     "no_wrapped_model": Case(no_wrapped_model, off(V1, no_model_text), False),
-    "explicit_off_before_the_model": Case(
-        explicit_off_before_the_model, explicit(V1, "off", GRADIENT_NOTE), False
-    ),
-    "explicit_on_after_the_setting": Case(
-        explicit_on_after_the_setting, explicit_on_expected, True, baseline_on=True
-    ),
+    "explicit_off_before_the_model": Case(explicit_off_before_the_model, explicit(V1, "off", GRADIENT_NOTE), False),
+    "explicit_on_after_the_setting": Case(explicit_on_after_the_setting, explicit_on_expected, True, baseline_on=True),
 }
 if not cases.PADDLE_2:  # Paddle 2.6 has no sharding_configs.release_gradients
     CASES["v2_release_gradients_refused"] = Case(v2_release_gradients, off(V2, refusal_text), False)
@@ -398,8 +387,8 @@ def init():
         cases.init_fleet()
 
 
-# Paddle's own notice when TensorParallel is built with model-parallel degree 1 (the ERNIEKit case):
-# its parameter broadcasts skip the groups this rank is not in
+# Paddle's own notice when TensorParallel is built with model-parallel degree 1 (the ERNIEKit case): its parameter
+# broadcasts skip the groups this rank is not in
 NOTICES = (r"^Current global rank \d+ is not in group ",)
 
 if __name__ == "__main__":

@@ -1,21 +1,8 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-"""Per-rank case (this project's catalogue only, not in the patch): the
-``bf16`` case of ``dygraph_sharding_stage1_broadcast_overlap.py`` as far as
-a CPU allows. Paddle's ``auto_cast`` is a no-op there (it warns): O1 trains
-the MLP in float32 through the same ``train_mlp``, overlap on vs off, with
-accumulation 1 and 2. O2, ``main_grad`` and ``GradScaler`` run on GPUs."""
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank case (this project's catalogue only, not in the patch): the ``bf16`` case of
+``dygraph_sharding_stage1_broadcast_overlap.py`` as far as a CPU allows. Paddle's ``auto_cast`` is a no-op there (it
+warns): O1 trains the MLP in float32 through the same ``train_mlp``, overlap on vs off, with accumulation 1 and 2. O2,
+``main_grad`` and ``GradScaler`` run on GPUs."""
 
 import dygraph_sharding_stage1_broadcast_overlap as script
 import numpy as np
@@ -28,15 +15,12 @@ AMP_NO_OP = "amp_guard can only be enabled on CUDAPlace"
 
 
 def case_bf16_o1_runs_in_float32():
-    """O1 on a CPU: one no-op warning per forward, no other warning (the
-    runner fails the case on it), bitwise equal with optimizer state."""
+    """O1 on a CPU: one no-op warning per forward, no other warning (the runner fails the case on it), bitwise equal with
+    optimizer state."""
     paddle.seed(2023)
     initial = script.copies(script.mlp().state_dict())
     rng = np.random.RandomState(2023 + dist.get_rank())
-    batches = [
-        rng.rand(script.MLP_BATCH, script.SIZE).astype("float32")
-        for _ in range(4)
-    ]
+    batches = [rng.rand(script.MLP_BATCH, script.SIZE).astype("float32") for _ in range(4)]
     for acc in (1, 2):
         with cases.overlap_warnings(AMP_NO_OP) as amp:
             off = script.train_mlp(initial, batches, acc=acc)

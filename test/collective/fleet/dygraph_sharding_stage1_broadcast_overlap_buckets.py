@@ -1,22 +1,7 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-
-"""Per-rank script: broadcast buckets (``bucket_size_mb``), the ways public
-reports show flat or bucketed parameter storage breaking. Each case runs
-``compare_on_off`` with buckets (the checker maps a bucket's broadcast to the
-parameters in its buffer) and checks the owner's bucket units (``buckets``);
-caps of a few KB give these tiny models several windows."""
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank script: broadcast buckets (``bucket_size_mb``), the ways public reports show flat or bucketed parameter storage
+breaking. Each case runs ``compare_on_off`` with buckets (the checker maps a bucket's broadcast to the parameters in its
+buffer) and checks the owner's bucket units (``buckets``); caps of a few KB give these tiny models several windows."""
 
 import math
 import sys
@@ -41,9 +26,8 @@ def dtype_name(tensor):
 
 
 def buckets(opt):
-    """The owner's bucket units in launch order: ``unit``, ``buffer`` (its
-    1-D ``tensor``), ``src``, ``dtype``, ``length``, ``params`` (slot
-    order), ``indices``, ``offsets`` (elements) and ``numels``."""
+    """The owner's bucket units in launch order: ``unit``, ``buffer`` (its 1-D ``tensor``), ``src``, ``dtype``, ``length``,
+    ``params`` (slot order), ``indices``, ``offsets`` (elements) and ``numels``."""
     found, index_of = [], impl_of(opt).index_of
     for u in cases.bucket_units(opt):
         b = types.SimpleNamespace(unit=u, buffer=u.tensor, src=u.src)
@@ -72,8 +56,8 @@ def owner_rank(opt, param):
 
 
 def planned_windows(opt, cap_mb):
-    """The windows (positions) the test expects: in ``order``, trainable,
-    untied, non-empty parameters, each closed at ``cap_mb`` MB or more."""
+    """The windows (positions) the test expects: in ``order``, trainable, untied, non-empty parameters, each closed at
+    ``cap_mb`` MB or more."""
     cap, params = int(cap_mb * (1 << 20)), cases.optimizer_parameters(opt)
     windows, window, size, placed = [], [], 0, set()
     for i in impl_of(opt).order:
@@ -90,8 +74,8 @@ def planned_windows(opt, cap_mb):
 
 
 def assert_views_of_buffers(opt):
-    """Every bucketed parameter is a slot of its bucket's 1-D buffer, of its
-    dtype, in slot order, inside it, never overlapping, in one bucket."""
+    """Every bucketed parameter is a slot of its bucket's 1-D buffer, of its dtype, in slot order, inside it, never
+    overlapping, in one bucket."""
     seen = []
     for b in buckets(opt):
         assert len(b.buffer.shape) == 1, b.buffer.shape
@@ -106,8 +90,7 @@ def assert_views_of_buffers(opt):
 
 
 def new_memory(model):
-    """Block 0's up weight given new memory (same values): the parameter and
-    the tensor whose memory it now shares."""
+    """Block 0's up weight given new memory (same values): the parameter and the tensor whose memory it now shares."""
     p = model._layers.blocks[0].up.weight
     fresh = paddle.to_tensor(p.numpy())
     p.get_tensor()._share_data_with(fresh.get_tensor())
@@ -115,32 +98,29 @@ def new_memory(model):
 
 
 def compare_buckets(build=cases.TinyLM, cap=2 * KB, **kwargs):
-    """``compare_on_off`` with buckets of ``cap``, then the buckets' memory
-    checked; returns ``(checker, on run, its optimizer)``."""
+    """``compare_on_off`` with buckets of ``cap``, then the buckets' memory checked; returns ``(checker, on run, its
+    optimizer)``."""
     checker, on = cases.compare_on_off(build, enable=cases.v1(cap), **kwargs)
     assert_views_of_buffers(on.opt)
     return checker, on, on.opt
 
 
 def assert_launched_per_bucket(checker, opt):
-    """Each unit a bucket of several parameters, launched once per step (no
-    broadcast per parameter); the ranks agree on every bucket's owner,
-    length, offsets and sizes."""
+    """Each unit a bucket of several parameters, launched once per step (no broadcast per parameter); the ranks agree on
+    every bucket's owner, length, offsets and sizes."""
     specs, n = buckets(opt), len(cases.optimizer_parameters(opt))
     assert specs and len(specs) < n, (len(specs), n)
     assert len(impl_of(opt).units) == len(specs)
     launched = checker.counts["launched"]
     assert launched == STEPS * len(specs), (launched, len(specs))
-    layout = [
-        v for s in specs for v in (s.src, s.length, *s.offsets, *s.numels)
-    ]
+    layout = [v for s in specs for v in (s.src, s.length, *s.offsets, *s.numels)]
     assert cases.all_ranks_equal(layout), layout
     return specs
 
 
 def check_per_parameter():
-    """bucket_size_mb=0 on and off bitwise: no bucket, one unit per
-    parameter, one broadcast per trainable parameter and step."""
+    """bucket_size_mb=0 on and off bitwise: no bucket, one unit per parameter, one broadcast per trainable parameter and
+    step."""
     checker, on = cases.compare_on_off(enable=cases.v1(0))
     params = cases.optimizer_parameters(on.opt)
     cases.assert_per_parameter(on.opt)
@@ -149,9 +129,8 @@ def check_per_parameter():
 
 
 def head_wait_sabotaged(cap, keep_first=False):
-    """The checker's violations in 3 steps after step 0 removed the head's
-    overlap pre-hook (``keep_first``: replaced, ahead of the checker's, by
-    one waiting for the first of the head's two units only)."""
+    """The checker's violations in 3 steps after step 0 removed the head's overlap pre-hook (``keep_first``: replaced,
+    ahead of the checker's, by one waiting for the first of the head's two units only)."""
     with ParamSyncWaitChecker() as checker:
 
         def sabotage(run):
@@ -185,8 +164,7 @@ def head_wait_sabotaged(cap, keep_first=False):
 
 
 def frozen_inside_lm():
-    """Block 0's up weight (not its bias) and block 1's norm weight frozen,
-    between trainable neighbours in forward order."""
+    """Block 0's up weight (not its bias) and block 1's norm weight frozen, between trainable neighbours in forward order."""
     model = cases.TinyLM()
     model.blocks[0].up.weight.stop_gradient = True
     model.blocks[1].norm.weight.stop_gradient = True
@@ -223,8 +201,8 @@ class MixedDtypeLM(cases.TinyLM):
 
 
 class OddSizesLM(cases.TinyLM):
-    """One-element, odd-length and column parameters (no 0-d one: Paddle's
-    V1 partition fails on an empty shape; the unit tests cover 0-d slots)."""
+    """One-element, odd-length and column parameters (no 0-d one: Paddle's V1 partition fails on an empty shape; the unit
+    tests cover 0-d slots)."""
 
     def __init__(self):
         super().__init__()
@@ -263,13 +241,10 @@ def head_learning_rate_3():
 
 
 def case_on_off_bitwise_with_buckets():
-    """Several windows (2 KB; also AdamW with a decay filter and a
-    per-parameter learning rate: V1 has no dict groups; acc 2 and minimize:
-    the patch's script, dygraph_sharding_stage1_broadcast_overlap.py), one
-    window (256 MB), float32 and float64 parameters, odd sizes: bitwise
-    equal to off (the optimizer's state too: it moves the parameters); one
-    broadcast per bucket of one (window, owner, dtype), each read waited; 0
-    is one broadcast per parameter."""
+    """Several windows (2 KB; also AdamW with a decay filter and a per-parameter learning rate: V1 has no dict groups; acc
+    2 and minimize: the patch's script, dygraph_sharding_stage1_broadcast_overlap.py), one window (256 MB), float32 and
+    float64 parameters, odd sizes: bitwise equal to off (the optimizer's state too: it moves the parameters); one
+    broadcast per bucket of one (window, owner, dtype), each read waited; 0 is one broadcast per parameter."""
     for model, cap, optimizer in (
         (cases.TinyLM, 2 * KB, cases.adamw),
         (head_learning_rate_3, 2 * KB, decay_by_name),
@@ -296,32 +271,25 @@ def case_on_off_bitwise_with_buckets():
             assert {owner_rank(opt, p) for p in s.params} == {s.src}, s.src
             keys.append((window, s.src, s.dtype))
         assert len(keys) == len(set(keys)), keys
-        wanted = {
-            (window_of[i], owner_rank(opt, p), dtype_name(p))
-            for i, p in enumerate(params)
-        }
+        wanted = {(window_of[i], owner_rank(opt, p), dtype_name(p)) for i, p in enumerate(params)}
         assert set(keys) == wanted, (keys, wanted)
         assert (len(windows) == 1) == (cap == 256), windows
     check_per_parameter()
 
 
 def case_checker_catches_a_pending_bucket():
-    """Negative control: the head's overlap pre-hook removed (per
-    parameter), or replaced by one waiting for the first of its buckets
-    only (a cap of exactly the head's weight puts its bias in the next
-    window's): the checker reports the head's read of a pending broadcast
-    (the wait itself: unit tests)."""
+    """Negative control: the head's overlap pre-hook removed (per parameter), or replaced by one waiting for the first of
+    its buckets only (a cap of exactly the head's weight puts its bias in the next window's): the checker reports the
+    head's read of a pending broadcast (the wait itself: unit tests)."""
     head_weight_mb = HIDDEN * VOCAB * 4 / (1 << 20)
     for cap, keep_first in ((0, False), (head_weight_mb, True)):
         violations = head_wait_sabotaged(cap, keep_first)
-        assert any(
-            w.startswith("forward:") and "head" in w for w, _ in violations
-        ), violations[:5]
+        assert any(w.startswith("forward:") and "head" in w for w, _ in violations), violations[:5]
 
 
 def case_tied_parameter_one_slot():
-    """A weight two called layers share (bitwise, also under accumulation)
-    has one slot, in one bucket of its owner, whose unit both wait for."""
+    """A weight two called layers share (bitwise, also under accumulation) has one slot, in one bucket of its owner, whose
+    unit both wait for."""
     compare_buckets(models.TiedLM, acc_steps=2)
     _, on, opt = compare_buckets(models.TiedLM)
     inner, specs, impl = on.raw, buckets(opt), impl_of(opt)
@@ -341,13 +309,11 @@ def case_tied_parameter_one_slot():
 
 
 def case_frozen_and_trainable_share_windows_under_weight_decay():
-    """Frozen parameters get no slot and stay bit-identical under weight
-    decay; one frozen after planning keeps its slot and stays so too."""
+    """Frozen parameters get no slot and stay bit-identical under weight decay; one frozen after planning keeps its slot
+    and stays so too."""
 
     def decaying(params):
-        return paddle.optimizer.AdamW(
-            learning_rate=0.05, parameters=params, weight_decay=0.5
-        )
+        return paddle.optimizer.AdamW(learning_rate=0.05, parameters=params, weight_decay=0.5)
 
     def frozen(model):
         return model.blocks[0].up.weight, model.blocks[1].norm.weight
@@ -374,14 +340,12 @@ def case_frozen_and_trainable_share_windows_under_weight_decay():
 
 
 def case_checkpoint_across_bucket_modes():
-    """Saved and loaded with or without buckets: bitwise equal to one run; a
-    load handing new memory is rebound locally (``stats["rebound"]``)."""
+    """Saved and loaded with or without buckets: bitwise equal to one run; a load handing new memory is rebound locally
+    (``stats["rebound"]``)."""
     total, cut = STEPS + 2, 2
     base, shapes = cases.train(steps=total), {}
     for saved, loaded in ((2 * KB, None), (None, 2 * KB), (2 * KB, 2 * KB)):
-        first = cases.train(
-            cases.TinyLM, saved is not None, enable=cases.v1(saved), steps=cut
-        )
+        first = cases.train(cases.TinyLM, saved is not None, enable=cases.v1(saved), steps=cut)
         fresh, opt, state = cases.save_and_load_fresh(first.model, first.opt)
         shapes[saved] = {k: list(v.shape) for k, v in state.items()}
         handed = []
@@ -416,8 +380,7 @@ def case_checkpoint_across_bucket_modes():
         # the load by copy read every parameter right after a step: lost
         cases.assert_overlap_lost(lost, opt, "iteration")
         impl = impl_of(opt)
-        # replaced on every rank: rebound into its slot once, at the next
-        # launch, and it lives in its bucket again
+        # replaced on every rank: rebound into its slot once, at the next launch, and it lives in its bucket again
         assert impl.stats["rebound"] == 1, impl.stats
         assert bucket_of(opt, handed[0]) is not None
         assert_views_of_buffers(opt)
@@ -427,9 +390,8 @@ def case_checkpoint_across_bucket_modes():
 
 
 def case_tensor_fusion_slices_bitwise_equal():
-    """With tensor fusion (and the TEST-ONLY CPU shim that lets Paddle build
-    fused buffers here) each window sends slices of Paddle's fused buffers,
-    bitwise equal to off; bucket_size_mb=0 sends one per parameter there."""
+    """With tensor fusion (and the TEST-ONLY CPU shim that lets Paddle build fused buffers here) each window sends slices
+    of Paddle's fused buffers, bitwise equal to off; bucket_size_mb=0 sends one per parameter there."""
     with cases.sharding_configs(tensor_fusion=True), cpu_tensor_fusion():
         for cap in (2 * KB, 256):
             checker, _, opt = compare_buckets(cap=cap)
@@ -441,8 +403,8 @@ def case_tensor_fusion_slices_bitwise_equal():
 
 
 def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
-    """New memory for a bucketed parameter, on rank 1 or on every rank: put
-    back into its slot locally (``stats["rebound"]``), bitwise equal."""
+    """New memory for a bucketed parameter, on rank 1 or on every rank: put back into its slot locally
+    (``stats["rebound"]``), bitwise equal."""
     for ranks in ({1}, {0, 1}):
         replaced = []
 
@@ -467,13 +429,13 @@ def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
 
 
 def case_dtype_change_refused_on_every_rank_then_retrained():
-    """``model.to(dtype="float64")`` between steps: step() raises on every
-    rank before any broadcast; off and on again, it plans anew and trains."""
+    """``model.to(dtype="float64")`` between steps: step() raises on every rank before any broadcast; off and on again, it
+    plans anew and trains."""
     for cap in (0, 2 * KB):
         checker = ParamSyncWaitChecker()
         with checker, cases.lost_overlap_warnings() as lost:
-            # (train() ends with model.state_dict(): every unit waited by
-            # that read, so the next forward finds that step's overlap lost)
+            # (train() ends with model.state_dict(): every unit waited by that read, so the next forward finds that
+            # step's overlap lost)
             on = cases.train(
                 cases.Build(optimizer=cases.sgd),
                 True,

@@ -1,28 +1,12 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-"""Per-rank script: case groups of several per-rank scripts in one launch
-(Paddle's start-up costs seconds per rank and launch).
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank script: case groups of several per-rank scripts in one launch (Paddle's start-up costs seconds per rank and
+launch).
 
-Env ``BROADCAST_OVERLAP_GROUPS``: a JSON list of ``[script, cases]`` run in
-that order after one ``fleet.init`` (every script's ``init_fleet``, default
-``sharding_cases.init_fleet``, must be the same): ``script`` a
-per-rank script of this folder, imported; ``cases`` a comma list of the
-cases a launch of it runs (``cases.launch_cases``), ``""`` for all. Each
-case prints ``CASE <script>/<case> PASS|FAIL``; the exit code is non-zero
-if any case failed or a group names an unknown script or case (then
-nothing runs).
-"""
+Env ``BROADCAST_OVERLAP_GROUPS``: a JSON list of ``[script, cases]`` run in that order after one ``fleet.init`` (every
+script's ``init_fleet``, default ``sharding_cases.init_fleet``, must be the same): ``script`` a per-rank script of this
+folder, imported; ``cases`` a comma list of the cases a launch of it runs (``cases.launch_cases``), ``""`` for all. Each
+case prints ``CASE <script>/<case> PASS|FAIL``; the exit code is non-zero if any case failed or a group names an unknown
+script or case (then nothing runs)."""
 
 import importlib
 import json
@@ -33,8 +17,8 @@ import sharding_cases as cases
 
 
 def load_groups(text):
-    """[(label, {case: function}, names)] of the groups in ``text``, and
-    the fleet init they share; raises ValueError on a bad group."""
+    """[(label, {case: function}, names)] of the groups in ``text``, and the fleet init they share; raises ValueError on a
+    bad group."""
     groups, inits = [], set()
     for script, wanted in json.loads(text):
         if not script.endswith(".py"):
@@ -46,15 +30,10 @@ def load_groups(text):
         names = [n for n in wanted.split(",") if n] or list(found)
         unknown = [n for n in names if n not in found]
         if unknown:
-            raise ValueError(
-                f"{script}: unknown cases {unknown}; known: {sorted(found)}"
-            )
+            raise ValueError(f"{script}: unknown cases {unknown}; known: {sorted(found)}")
         groups.append((label, found, names))
     if len(inits) != 1:
-        raise ValueError(
-            f"the groups need {len(inits)} different fleet set-ups: "
-            "one launch each"
-        )
+        raise ValueError(f"the groups need {len(inits)} different fleet set-ups: " "one launch each")
     return groups, inits.pop()
 
 

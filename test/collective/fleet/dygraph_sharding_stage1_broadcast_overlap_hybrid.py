@@ -1,28 +1,12 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-"""Per-rank script: the parameter-sync overlap in hybrid topologies on 4
-ranks, overlap off against on (``cases.compare_on_off``).
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank script: the parameter-sync overlap in hybrid topologies on 4 ranks, overlap off against on
+(``cases.compare_on_off``).
 
-Env ``BROADCAST_OVERLAP_TOPOLOGY`` (``fleet.init`` runs once per process):
-``pp2_sharding2`` (``train_batch``/``eval_batch``, plain and with a tied
-embedding/head; with the pipeline's gradient-communication overlap,
-``*_sharding_comm_overlap_*``, V1 and V2), ``dp2_sharding2`` and
-``mp2_sharding2`` (``mp_configs.sync_param`` on), whose second sharding
-group does not start at rank 0; there the ``v2_*``/``mp_v2_*`` cases run V2
-(``split_param``, comm buffers of ``cases.V2_BUFFER_MB`` MB,
-``cases.sharding_v2``) with the all-gather overlap.
-"""
+Env ``BROADCAST_OVERLAP_TOPOLOGY`` (``fleet.init`` runs once per process): ``pp2_sharding2``
+(``train_batch``/``eval_batch``, plain and with a tied embedding/head; with the pipeline's gradient-communication
+overlap, ``*_sharding_comm_overlap_*``, V1 and V2), ``dp2_sharding2`` and ``mp2_sharding2`` (``mp_configs.sync_param``
+on), whose second sharding group does not start at rank 0; there the ``v2_*``/``mp_v2_*`` cases run V2 (``split_param``,
+comm buffers of ``cases.V2_BUFFER_MB`` MB, ``cases.sharding_v2``) with the all-gather overlap."""
 
 import functools
 import os
@@ -58,14 +42,9 @@ def hcg():
 
 
 def data(step):
-    """([B, S] int64 tokens, [B, S, 1] int64 labels): the same on the ranks
-    of one model/pipeline-parallel group, different across sharding and
-    data-parallel ranks."""
-    seed = (
-        1000 * step
-        + 7 * hcg().get_sharding_parallel_rank()
-        + 13 * hcg().get_data_parallel_rank()
-    )
+    """([B, S] int64 tokens, [B, S, 1] int64 labels): the same on the ranks of one model/pipeline-parallel group, different
+    across sharding and data-parallel ranks."""
+    seed = 1000 * step + 7 * hcg().get_sharding_parallel_rank() + 13 * hcg().get_data_parallel_rank()
     rng = np.random.RandomState(seed)
     tokens = rng.randint(0, VOCAB, size=(BATCH, SEQ)).astype("int64")
     labels = rng.randint(0, VOCAB, size=(BATCH, SEQ, 1)).astype("int64")
@@ -104,25 +83,19 @@ class BlockPipe(paddle.nn.Layer):
 
 
 def tied_head(emb, x):
-    """PaddleNLP's tied LM head: reads the shared weight without calling
-    the shared layer (on the last stage it is never called)."""
+    """PaddleNLP's tied LM head: reads the shared weight without calling the shared layer (on the last stage it is never
+    called)."""
     return paddle.matmul(x, emb.embedding_weight, transpose_y=True)
 
 
 def pipeline_model(tied, blocks=2):
-    """``blocks`` :class:`BlockPipe` s between the embedding and the head
-    (``tied``: the embedding's weight, :func:`tied_head`), 2 stages."""
-    from paddle.distributed.fleet.meta_parallel import (
-        LayerDesc,
-        PipelineLayer,
-        SharedLayerDesc,
-    )
+    """``blocks`` :class:`BlockPipe` s between the embedding and the head (``tied``: the embedding's weight,
+    :func:`tied_head`), 2 stages."""
+    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 
     def shared(**kwargs):
         attr = "embedding_weight"
-        return SharedLayerDesc(
-            "embed", EmbPipe, shared_weight_attr=attr, **kwargs
-        )
+        return SharedLayerDesc("embed", EmbPipe, shared_weight_attr=attr, **kwargs)
 
     if tied:
         first, last = shared(), shared(forward_func=tied_head)
@@ -131,46 +104,34 @@ def pipeline_model(tied, blocks=2):
         last = LayerDesc(paddle.nn.Linear, HIDDEN, VOCAB)
     descs = [first] + [LayerDesc(BlockPipe) for _ in range(blocks)] + [last]
     paddle.seed(2026 + hcg().get_stage_id())
-    return PipelineLayer(
-        layers=descs, topology=hcg().topology(), loss_fn=cross_entropy
-    )
+    return PipelineLayer(layers=descs, topology=hcg().topology(), loss_fn=cross_entropy)
 
 
 class FlatBlock(cases.Block):
-    """``cases.Block`` of ``hidden`` -> ``widen * hidden`` -> ``hidden``,
-    its LayerNorm only when ``norm``; column/row-parallel linears in
-    mp2_sharding2."""
+    """``cases.Block`` of ``hidden`` -> ``widen * hidden`` -> ``hidden``, its LayerNorm only when ``norm``;
+    column/row-parallel linears in mp2_sharding2."""
 
     def __init__(self, hidden, widen, norm):
         paddle.nn.Layer.__init__(self)
-        self.norm = (
-            paddle.nn.LayerNorm(hidden) if norm else paddle.nn.Identity()
-        )
+        self.norm = paddle.nn.LayerNorm(hidden) if norm else paddle.nn.Identity()
         wide, mpu = widen * hidden, fleet.meta_parallel
         if MP:
-            self.up = mpu.ColumnParallelLinear(
-                hidden, wide, gather_output=False, has_bias=True
-            )
-            self.down = mpu.RowParallelLinear(
-                wide, hidden, input_is_parallel=True, has_bias=True
-            )
+            self.up = mpu.ColumnParallelLinear(hidden, wide, gather_output=False, has_bias=True)
+            self.down = mpu.RowParallelLinear(wide, hidden, input_is_parallel=True, has_bias=True)
         else:
             self.up = paddle.nn.Linear(hidden, wide)
             self.down = paddle.nn.Linear(wide, hidden)
 
 
 class FlatLM(cases.TinyLM):
-    """``cases.TinyLM`` of :class:`FlatBlock` s, its embedding
-    vocab-parallel in mp2_sharding2."""
+    """``cases.TinyLM`` of :class:`FlatBlock` s, its embedding vocab-parallel in mp2_sharding2."""
 
     def __init__(self, hidden=HIDDEN, blocks=1, widen=2, norm=False):
         paddle.nn.Layer.__init__(self)
         mpu = fleet.meta_parallel
         embedding = mpu.VocabParallelEmbedding if MP else paddle.nn.Embedding
         self.embed = embedding(VOCAB, hidden)
-        self.blocks = paddle.nn.LayerList(
-            [FlatBlock(hidden, widen, norm) for _ in range(blocks)]
-        )
+        self.blocks = paddle.nn.LayerList([FlatBlock(hidden, widen, norm) for _ in range(blocks)])
         self.head = paddle.nn.Linear(hidden, VOCAB)
 
 
@@ -180,12 +141,9 @@ def flat_model(**kwargs):
 
 
 def v2_model():
-    """3 blocks of width 256 (4H per model-parallel rank pair in
-    mp2_sharding2, 2H otherwise): about 3.2 MB of fp32 parameters per rank,
-    4 comm buffers of 1 MB."""
-    return flat_model(
-        hidden=V2_HIDDEN, blocks=3, widen=4 if MP else 2, norm=True
-    )
+    """3 blocks of width 256 (4H per model-parallel rank pair in mp2_sharding2, 2H otherwise): about 3.2 MB of fp32
+    parameters per rank, 4 comm buffers of 1 MB."""
+    return flat_model(hidden=V2_HIDDEN, blocks=3, widen=4 if MP else 2, norm=True)
 
 
 # ----------------------------------------------------------------------
@@ -194,9 +152,8 @@ _INITIAL = {}
 
 
 def build_same(build):
-    """``build()`` with the weights of the first ``build()`` of this
-    process (model-parallel layers draw from Paddle's RNG tracker, which
-    ``paddle.seed`` does not reset), so off and on start equal."""
+    """``build()`` with the weights of the first ``build()`` of this process (model-parallel layers draw from Paddle's RNG
+    tracker, which ``paddle.seed`` does not reset), so off and on start equal."""
     model = build()
     state = cases.snapshot(model)
     state = _INITIAL.setdefault(tuple(state), state)
@@ -205,8 +162,7 @@ def build_same(build):
 
 
 def micro_step(run):
-    """This topology's micro-step: the pipeline's ``train_batch``, else a
-    forward and backward of this topology's data."""
+    """This topology's micro-step: the pipeline's ``train_batch``, else a forward and backward of this topology's data."""
     if PP:
         return train_batch(run)
     tokens, labels = data(run.step)
@@ -216,16 +172,13 @@ def micro_step(run):
 
 
 def v2_adamw(parameters):
-    return paddle.optimizer.AdamW(
-        learning_rate=0.001, parameters=parameters, weight_decay=0.01
-    )
+    return paddle.optimizer.AdamW(learning_rate=0.001, parameters=parameters, weight_decay=0.01)
 
 
 def train(model, overlap=False, *, v2=False, **kwargs):
-    """``cases.train`` of ``model()`` in this topology: its data, the
-    pipeline's ``train_batch`` (which runs the update), off and on from the
-    same initial weights (:func:`build_same`); ``v2``: sharding stage 1 V2
-    (``cases.sharding_v2``), its overlap on as PaddleFormers does."""
+    """``cases.train`` of ``model()`` in this topology: its data, the pipeline's ``train_batch`` (which runs the update),
+    off and on from the same initial weights (:func:`build_same`); ``v2``: sharding stage 1 V2 (``cases.sharding_v2``),
+    its overlap on as PaddleFormers does."""
     build = cases.Build(model, init=build_same)
     if v2:
         build.around, build.optimizer = cases.sharding_v2, v2_adamw
@@ -241,9 +194,8 @@ def train(model, overlap=False, *, v2=False, **kwargs):
 
 
 def compare(model, **kwargs):
-    """``cases.compare_on_off`` of :func:`train` (or ``kwargs["train"]``) in
-    this topology, the final parameters equal across the sharding group.
-    Returns ``(checker, on run)``."""
+    """``cases.compare_on_off`` of :func:`train` (or ``kwargs["train"]``) in this topology, the final parameters equal
+    across the sharding group. Returns ``(checker, on run)``."""
     group = hcg().get_sharding_parallel_group()
     kwargs.setdefault("train", train)
     checker, on = cases.compare_on_off(model, replicas=group, **kwargs)
@@ -265,8 +217,7 @@ def case_pipeline_train_batch_plain():
 
 
 def case_pipeline_tied_embedding_head():
-    """The tied head on the last stage reads the shared weight while its
-    broadcast is pending and waits for it there."""
+    """The tied head on the last stage reads the shared weight while its broadcast is pending and waits for it there."""
     checker, on = compare(lambda: pipeline_model(tied=True))
     if hcg().is_last_stage:  # (the shared layer never runs there)
         impl = cases.overlap_impl(on.opt)
@@ -274,8 +225,8 @@ def case_pipeline_tied_embedding_head():
 
 
 def case_pipeline_tied_head_without_guard_is_caught():
-    """Negative control: with the read guard removed, the checker sees the
-    last stage's tied head read the shared weight mid-broadcast."""
+    """Negative control: with the read guard removed, the checker sees the last stage's tied head read the shared weight
+    mid-broadcast."""
     with cases.read_guard_removed(), ParamSyncWaitChecker() as checker:
         train(lambda: pipeline_model(tied=True), True, checker=checker)
     reads = [v for v in checker.violations if v[0] == "read:matmul"]
@@ -305,9 +256,8 @@ def case_pipeline_eval_batch_and_save_after_step():
 # ----------------------------------------------------------------------
 # dp2_sharding2, mp2_sharding2
 def case_sharding_group_layout():
-    """Overlap on equals overlap off; the second sharding group does not
-    start at rank 0, each rank's broadcast sources are global ranks of its
-    own group, and both ranks of a group own parameters and send them."""
+    """Overlap on equals overlap off; the second sharding group does not start at rank 0, each rank's broadcast sources are
+    global ranks of its own group, and both ranks of a group own parameters and send them."""
     group = hcg().get_sharding_parallel_group()
     _, on = compare(flat_model)
     units = cases.overlap_impl(on.opt).units
@@ -321,12 +271,10 @@ def case_sharding_group_layout():
 # ----------------------------------------------------------------------
 # sharding stage 1 V2 (split_param) with the all-gather overlap
 def compare_v2(**hooks):
-    """:func:`compare` of V2 (``hooks``: its ``prepare``, ``after_step``): some
-    all-gather seen, >= 3 comm buffers; in mp2_sharding2 the parameters
-    model parallelism replicates equal on every rank (in dp2_sharding2
-    Paddle's own V2 leaves the data-parallel replicas unequal, off and on
-    alike: its first step all-reduces no data-parallel gradient). Returns
-    the on run."""
+    """:func:`compare` of V2 (``hooks``: its ``prepare``, ``after_step``): some all-gather seen, >= 3 comm buffers; in
+    mp2_sharding2 the parameters model parallelism replicates equal on every rank (in dp2_sharding2 Paddle's own V2
+    leaves the data-parallel replicas unequal, off and on alike: its first step all-reduces no data-parallel gradient).
+    Returns the on run."""
 
     def run(model, overlap, **kwargs):
         r = train(model, overlap, v2=True, **kwargs)
@@ -344,10 +292,9 @@ def compare_v2(**hooks):
 
 
 def case_v2_allgather_overlap_on_off():
-    """V2 with the all-gather overlap equals V2 without it. Paddle 2.6's own
-    V2 fails in dp2_sharding2 at its first step, overlap off
-    (``_hybrid_sync_grad`` hands ``fused_allreduce_gradients`` no
-    parameter): asserted, so the case is not silently empty there."""
+    """V2 with the all-gather overlap equals V2 without it. Paddle 2.6's own V2 fails in dp2_sharding2 at its first step,
+    overlap off (``_hybrid_sync_grad`` hands ``fused_allreduce_gradients`` no parameter): asserted, so the case is not
+    silently empty there."""
     if cases.PADDLE_2 and TOPOLOGY == "dp2_sharding2":
         steps_done = []
         with cases.raises(IndexError, "list index out of range") as fault:
@@ -356,8 +303,7 @@ def case_v2_allgather_overlap_on_off():
                 v2=True,
                 after_step=lambda r: steps_done.append(r.step),
             )
-        # Paddle's own fault at the first step (build_groups: vars[0]), not
-        # an IndexError of the product's
+        # Paddle's own fault at the first step (build_groups: vars[0]), not an IndexError of the product's
         assert "build_groups" in fault.traceback, fault.traceback
         assert "_hybrid_sync_grad" in fault.traceback, fault.traceback
         assert steps_done == [], steps_done
@@ -380,10 +326,8 @@ def case_v2_allgather_overlap_on_off():
 # read); the wait checker sees no blocking collective on a tensor whose
 # sync is in flight (compare_on_off).
 class OwnerShiftPipe(paddle.nn.Layer):
-    """Owns one parameter [16, 64], larger than the embedding [32, 16]:
-    on the last stage V1's partition (largest first) gives it to sharding
-    rank 0 and the shared embedding to rank 1, on the first stage the
-    embedding goes to rank 0."""
+    """Owns one parameter [16, 64], larger than the embedding [32, 16]: on the last stage V1's partition (largest first)
+    gives it to sharding rank 0 and the shared embedding to rank 1, on the first stage the embedding goes to rank 0."""
 
     def __init__(self):
         super().__init__()
@@ -395,13 +339,11 @@ class OwnerShiftPipe(paddle.nn.Layer):
 
 
 def owner_shift_pipeline():
-    """Embedding (shared, ``SharedLayerDesc``) and a block on stage 0;
-    :class:`OwnerShiftPipe` and the tied head on stage 1."""
+    """Embedding (shared, ``SharedLayerDesc``) and a block on stage 0; :class:`OwnerShiftPipe` and the tied head on stage
+    1."""
     from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
 
-    tied = functools.partial(
-        pipeline_shared_desc, forward_func=tied_head
-    )
+    tied = functools.partial(pipeline_shared_desc, forward_func=tied_head)
     descs = [pipeline_shared_desc(), LayerDesc(BlockPipe)]
     descs += [LayerDesc(OwnerShiftPipe), tied()]
     paddle.seed(2026 + hcg().get_stage_id())
@@ -416,37 +358,24 @@ def owner_shift_pipeline():
 def pipeline_shared_desc(**kwargs):
     from paddle.distributed.fleet.meta_parallel import SharedLayerDesc
 
-    return SharedLayerDesc(
-        "embed", EmbPipe, shared_weight_attr="embedding_weight", **kwargs
-    )
+    return SharedLayerDesc("embed", EmbPipe, shared_weight_attr="embedding_weight", **kwargs)
 
 
 class UnevenShard(paddle.nn.Layer):
-    """A model-parallel parameter (``is_distributed``) of ``uneven[0]``
-    elements on model-parallel rank 0 and ``uneven[1]`` on rank 1, a
-    LayerNorm of ``width``
-    (synced by ``mp_configs.sync_param``: "layer_norm" is in its name),
-    ``wide`` bias-free Linear layers ``width`` -> ``width`` (not synced) and
-    a Linear ``width`` -> VOCAB (its bias synced: ".b_"). Width 80: V1's
-    partition gives the LayerNorm weight to another sharding rank on each
-    model-parallel rank; width 512 with 2 wide layers and 300,000 / 8
-    elements: V2 comm buffers of 1 MB, some holding no synced parameter,
+    """A model-parallel parameter (``is_distributed``) of ``uneven[0]`` elements on model-parallel rank 0 and ``uneven[1]``
+    on rank 1, a LayerNorm of ``width`` (synced by ``mp_configs.sync_param``: "layer_norm" is in its name), ``wide``
+    bias-free Linear layers ``width`` -> ``width`` (not synced) and a Linear ``width`` -> VOCAB (its bias synced:
+    ".b_"). Width 80: V1's partition gives the LayerNorm weight to another sharding rank on each model-parallel rank;
+    width 512 with 2 wide layers and 300,000 / 8 elements: V2 comm buffers of 1 MB, some holding no synced parameter,
     split elsewhere on each model-parallel rank."""
 
     def __init__(self, width=80, wide=0, uneven=(96, 8)):
         super().__init__()
         self.embed = paddle.nn.Embedding(VOCAB, width)
-        self.shard = self.create_parameter(
-            [uneven[hcg().get_model_parallel_rank()]]
-        )
+        self.shard = self.create_parameter([uneven[hcg().get_model_parallel_rank()]])
         self.shard.is_distributed = True
         self.norm = paddle.nn.LayerNorm(width)
-        self.wide = paddle.nn.LayerList(
-            [
-                paddle.nn.Linear(width, width, bias_attr=False)
-                for _ in range(wide)
-            ]
-        )
+        self.wide = paddle.nn.LayerList([paddle.nn.Linear(width, width, bias_attr=False) for _ in range(wide)])
         self.head = paddle.nn.Linear(width, VOCAB)
 
     def forward(self, tokens):
@@ -469,13 +398,9 @@ def sharding_owner_ranks(opt, params):
 
 
 def shared_weights(layer):
-    """The pipeline's shared weights that ``pp_configs.sync_param`` syncs,
-    by name (Paddle colours them when it builds the pipeline)."""
-    found = [
-        p
-        for p in layer.parameters()
-        if "broadcast_group" in (getattr(p, "color", None) or {})
-    ]
+    """The pipeline's shared weights that ``pp_configs.sync_param`` syncs, by name (Paddle colours them when it builds the
+    pipeline)."""
+    found = [p for p in layer.parameters() if "broadcast_group" in (getattr(p, "color", None) or {})]
     return sorted(found, key=lambda p: p.color["shared_weight_name"])
 
 
@@ -492,17 +417,15 @@ def pp_strategy():
 
 
 def assert_owners_differ(opt, params, group):
-    """Before training: the sharding owner of some of ``params`` differs
-    across ``group`` (every rank of the group calls it)."""
+    """Before training: the sharding owner of some of ``params`` differs across ``group`` (every rank of the group calls
+    it)."""
     owners = sharding_owner_ranks(opt, params)
     assert owners and not cases.equal_in_group(owners, group), owners
 
 
 def equality_pattern(run):
-    """Which groups hold equal copies at the end of ``run``: the sharding
-    group (every parameter), the model-parallel group (the replicated
-    parameters), each shared weight's pipeline group. Every rank calls the
-    same collectives."""
+    """Which groups hold equal copies at the end of ``run``: the sharding group (every parameter), the model-parallel group
+    (the replicated parameters), each shared weight's pipeline group. Every rank calls the same collectives."""
     params, h = list(run.raw.parameters()), hcg()
     crc = lambda ps: [zlib.crc32(p.numpy().tobytes()) for p in ps]  # noqa
     replicated = [p for p in params if not p.is_distributed]
@@ -517,11 +440,9 @@ def equality_pattern(run):
 
 
 def check_hybrid_synced_first(on, synced):
-    """The positions of ``synced`` are the agreed lead, their units come
-    first and are waited once per step before Paddle's sync; every other
-    unit is waited first by a forward pre-hook (all but the last step's,
-    which the final read waits); off and on show the same equality
-    pattern."""
+    """The positions of ``synced`` are the agreed lead, their units come first and are waited once per step before Paddle's
+    sync; every other unit is waited first by a forward pre-hook (all but the last step's, which the final read waits);
+    off and on show the same equality pattern."""
     impl = cases.overlap_impl(on.opt)
     lead = sorted(impl.index_of(p) for p in synced)
     assert sorted(impl.lead) == lead and lead, (impl.lead, lead)
@@ -535,13 +456,9 @@ def check_hybrid_synced_first(on, synced):
     assert equality_pattern(on.off) == equality_pattern(on)
 
 
-def compare_hybrid_synced(
-    build, synced, group_of, v2=False, built_also=None, **kwargs
-):
-    """:func:`compare` (V1, or V2 with ``v2``) of ``build``: before
-    training, ``synced(run)`` (the parameters Paddle syncs after the
-    update) have a sharding owner that differs across ``group_of(p)``
-    (V1), and ``built_also(run)`` runs; then
+def compare_hybrid_synced(build, synced, group_of, v2=False, built_also=None, **kwargs):
+    """:func:`compare` (V1, or V2 with ``v2``) of ``build``: before training, ``synced(run)`` (the parameters Paddle syncs
+    after the update) have a sharding owner that differs across ``group_of(p)`` (V1), and ``built_also(run)`` runs; then
     :func:`check_hybrid_synced_first`."""
     seen = []
 
@@ -559,11 +476,9 @@ def compare_hybrid_synced(
 
 
 def case_pipeline_shared_weight_owners_differ():
-    """pp_configs.sync_param (broadcast, then average) with a tied
-    embedding/head whose sharding owner differs between the stages; V1
-    per parameter and in 2 KB buckets (the shared weight planned into a
-    bucket of its own, first). Paddle 2.6 has no pp_configs.sync_param:
-    asserted there."""
+    """pp_configs.sync_param (broadcast, then average) with a tied embedding/head whose sharding owner differs between the
+    stages; V1 per parameter and in 2 KB buckets (the shared weight planned into a bucket of its own, first). Paddle 2.6
+    has no pp_configs.sync_param: asserted there."""
     if cases.PADDLE_2:
         assert not hasattr(pp_strategy(), "sync_param")
         return
@@ -578,11 +493,9 @@ def case_pipeline_shared_weight_owners_differ():
 
 
 def case_pipeline_v2_shared_weight():
-    """V2 with pp_configs.sync_param and the tied embedding/head: Paddle
-    colours the shared weight into a comm buffer of its own, so each rank
-    holds the same slice of it on both stages (asserted); the order is
-    value-safe because that buffer is gathered first and waited before
-    the pipeline's sync reads it."""
+    """V2 with pp_configs.sync_param and the tied embedding/head: Paddle colours the shared weight into a comm buffer of
+    its own, so each rank holds the same slice of it on both stages (asserted); the order is value-safe because that
+    buffer is gathered first and waited before the pipeline's sync reads it."""
     if cases.PADDLE_2:
         assert not hasattr(pp_strategy(), "sync_param")
         return
@@ -595,19 +508,14 @@ def case_pipeline_v2_shared_weight():
         )
     inner = cases.sharding_optimizer(on.opt)
     (weight,) = shared_weights(on.raw)
-    holding = [
-        [id(q) for q in b._params]
-        for b in inner._comm_buffer_list
-        if any(q is weight for q in b._params)
-    ]
+    holding = [[id(q) for q in b._params] for b in inner._comm_buffer_list if any(q is weight for q in b._params)]
     assert holding == [[id(weight)]], holding
 
 
 def case_pipeline_sync_moment_equal_owners():
-    """pp_configs.sync_param and sync_moment with the tied embedding/head
-    of :func:`pipeline_model` (its sharding owner is rank 0 on both stages,
-    asserted: Paddle's moment sync runs on the owners only, so with owners
-    that differ Paddle's own step hangs, overlap off as on)."""
+    """pp_configs.sync_param and sync_moment with the tied embedding/head of :func:`pipeline_model` (its sharding owner is
+    rank 0 on both stages, asserted: Paddle's moment sync runs on the owners only, so with owners that differ Paddle's
+    own step hangs, overlap off as on)."""
     if cases.PADDLE_2:
         assert not hasattr(pp_strategy(), "sync_moment")
         return
@@ -623,13 +531,11 @@ def case_pipeline_sync_moment_equal_owners():
 
 
 def case_pipeline_set_state_dir_between_steps():
-    """``PipelineLayer.set_state_dir`` between steps (V1, the tied
-    embedding/head, owners that differ between the stages, and
-    pp_configs.sync_param on Paddle 3.x): it loads every layer of this
-    stage from files in Paddle's layout (``layer_NN-model_states.pdparams``,
-    written from the first build's weights), then broadcasts the shared
-    weight across its stages (``_synchronize_shared_weights``): its reads
-    and writes wait for the step's syncs, equal to overlap off."""
+    """``PipelineLayer.set_state_dir`` between steps (V1, the tied embedding/head, owners that differ between the stages,
+    and pp_configs.sync_param on Paddle 3.x): it loads every layer of this stage from files in Paddle's layout
+    (``layer_NN-model_states.pdparams``, written from the first build's weights), then broadcasts the shared weight
+    across its stages (``_synchronize_shared_weights``): its reads and writes wait for the step's syncs, equal to
+    overlap off."""
     folder = tempfile.mkdtemp(prefix=f"set_state_dir_{cases.rank()}_")
 
     def after_step(run):
@@ -638,9 +544,7 @@ def case_pipeline_set_state_dir_between_steps():
             for idx, layer in enumerate(layers.run_function):
                 if not hasattr(layer, "state_dict"):  # a shared forward_func
                     continue
-                path = os.path.join(
-                    folder, f"layer_{idx + layers._start_pos:0>2d}"
-                )
+                path = os.path.join(folder, f"layer_{idx + layers._start_pos:0>2d}")
                 paddle.save(layer.state_dict(), path + "-model_states.pdparams")
         layers.set_state_dir(folder)
         return []
@@ -652,13 +556,11 @@ def case_pipeline_set_state_dir_between_steps():
 
 
 def paddle_moment_sync_owners_differ_hangs():
-    """Paddle's own step, overlap off: with pp_configs.sync_moment and a
-    shared weight whose sharding owner differs between the stages
-    (asserted), ``_sync_pp_params_and_moments`` broadcasts its Adam moments
-    from the ranks that hold them (the owners) only, so sharding rank 0's
-    first stage waits in a broadcast its last-stage peer never issues: the
-    step hangs. Run alone in its own launch, which the driver expects to
-    time out with that broadcast named; the overlap changes nothing here."""
+    """Paddle's own step, overlap off: with pp_configs.sync_moment and a shared weight whose sharding owner differs between
+    the stages (asserted), ``_sync_pp_params_and_moments`` broadcasts its Adam moments from the ranks that hold them
+    (the owners) only, so sharding rank 0's first stage waits in a broadcast its last-stage peer never issues: the step
+    hangs. Run alone in its own launch, which the driver expects to time out with that broadcast named; the overlap
+    changes nothing here."""
     assert not cases.PADDLE_2, "Paddle 2.6 has no pp_configs.sync_moment"
 
     def built(run):
@@ -672,9 +574,8 @@ def paddle_moment_sync_owners_differ_hangs():
 
 
 def case_mp_synced_owner_differs():
-    """mp_configs.sync_param (broadcast, then average) on :class:`UnevenShard`,
-    whose LayerNorm weight has another sharding owner on each
-    model-parallel rank; V1 per parameter and in 2 KB buckets."""
+    """mp_configs.sync_param (broadcast, then average) on :class:`UnevenShard`, whose LayerNorm weight has another sharding
+    owner on each model-parallel rank; V1 per parameter and in 2 KB buckets."""
     for mode, bucket_mb in (("broadcast", 0.0), ("average", 0.002)):
         with cases.hybrid_configs("mp_configs", sync_mode=mode):
             compare_hybrid_synced(
@@ -686,9 +587,8 @@ def case_mp_synced_owner_differs():
 
 
 def trainers_insert_sync(self, sync_var, src, mp_group, sync_mode):
-    """A trainer's own ``_insert_sync``, set on the optimizer instance (as
-    PaddleFormers 1.2.0's ``_wrap_model`` does, for pinned memory): the
-    overlay's edit of the class method never runs."""
+    """A trainer's own ``_insert_sync``, set on the optimizer instance (as PaddleFormers 1.2.0's ``_wrap_model`` does, for
+    pinned memory): the overlay's edit of the class method never runs."""
     if sync_mode == "broadcast":
         paddle.distributed.broadcast(sync_var, src=src, group=mp_group)
     else:
@@ -697,11 +597,9 @@ def trainers_insert_sync(self, sync_var, src, mp_group, sync_mode):
 
 
 def case_mp_trainer_replaces_insert_sync():
-    """:func:`case_mp_synced_owner_differs` (broadcast, per parameter) with
-    the hybrid optimizer's ``_insert_sync`` replaced on the instance by a
-    trainer's (:func:`trainers_insert_sync`), off and on: the synced
-    parameters' units are waited before the update returns, so the
-    replacement too sends and receives the values of overlap off."""
+    """:func:`case_mp_synced_owner_differs` (broadcast, per parameter) with the hybrid optimizer's ``_insert_sync``
+    replaced on the instance by a trainer's (:func:`trainers_insert_sync`), off and on: the synced parameters' units are
+    waited before the update returns, so the replacement too sends and receives the values of overlap off."""
 
     def replace(run):
         hybrid = run.opt
@@ -716,8 +614,8 @@ def case_mp_trainer_replaces_insert_sync():
 
 
 def slices_in_buffers(opt, params):
-    """(element offset, buffer size) of each of ``params`` in V2's comm
-    buffers: which sharding rank holds which slice of it."""
+    """(element offset, buffer size) of each of ``params`` in V2's comm buffers: which sharding rank holds which slice of
+    it."""
     inner, found = cases.sharding_optimizer(opt), []
     for p in params:
         for buffer in inner._comm_buffer_list:
@@ -729,11 +627,10 @@ def slices_in_buffers(opt, params):
 
 
 def case_mp_v2_synced_params():
-    """V2 on :class:`UnevenShard` (2 wide layers): the comm buffers differ
-    between the model-parallel ranks (their parameters do), so the slices
-    of a synced parameter belong to other sharding ranks on each
-    (asserted before training); its buffers are gathered first and waited
-    before the model-parallel sync, the others by forward pre-hooks."""
+    """V2 on :class:`UnevenShard` (2 wide layers): the comm buffers differ between the model-parallel ranks (their
+    parameters do), so the slices of a synced parameter belong to other sharding ranks on each (asserted before
+    training); its buffers are gathered first and waited before the model-parallel sync, the others by forward
+    pre-hooks."""
     group = hcg().get_model_parallel_group()
 
     def built(run):
@@ -741,9 +638,7 @@ def case_mp_v2_synced_params():
         assert not cases.equal_in_group(layout, group), layout
 
     on = compare_hybrid_synced(
-        functools.partial(
-            uneven_model, width=512, wide=2, uneven=(300_000, 8)
-        ),
+        functools.partial(uneven_model, width=512, wide=2, uneven=(300_000, 8)),
         lambda run: mp_synced(run.opt, run.raw),
         lambda p: group,
         v2=True,
@@ -777,10 +672,9 @@ def pipeline_buffers(on):
 
 
 def check_comm_overlap(v2, tied):
-    """``grad_comm.compare`` (collectives counted) of the pipeline with V1
-    (in both bucket modes) or V2, ``pp_configs.sharding_comm_overlap`` on
-    (Paddle reads it and ``split_param`` when it builds the pipeline and
-    the optimizer)."""
+    """``grad_comm.compare`` (collectives counted) of the pipeline with V1 (in both bucket modes) or V2,
+    ``pp_configs.sharding_comm_overlap`` on (Paddle reads it and ``split_param`` when it builds the pipeline and the
+    optimizer)."""
     for bucket_mb in (None,) if v2 else (None, 0):
         enable = cases.v2 if v2 else cases.v1(bucket_mb)
         pp = cases.pp_configs(sharding_comm_overlap=True)
@@ -798,9 +692,7 @@ def check_comm_overlap(v2, tied):
         assert type(inner).__name__ == name, inner
         units = len(impl.units)
         if v2:  # V2 adopted the pipeline's buffers: one all-gather each
-            assert [id(b) for b in inner._comm_buffer_list] == list(
-                map(id, buffers)
-            )
+            assert [id(b) for b in inner._comm_buffer_list] == list(map(id, buffers))
             grad_comm.assert_one_gather_per_buffer(impl, checker, buffers)
             continue
         # V1's pipeline buffers hold gradients only (no parameter storage)
@@ -820,20 +712,16 @@ def check_comm_overlap(v2, tied):
 # the pipeline's comm overlap (:func:`check_comm_overlap`), pp2_sharding2
 PIPELINE_COMM_OVERLAP = {
     f"v{1 + v2}_sharding_comm_overlap_"
-    + ("tied_embedding_head" if tied else "plain"): functools.partial(
-        check_comm_overlap, v2, tied
-    )
+    + ("tied_embedding_head" if tied else "plain"): functools.partial(check_comm_overlap, v2, tied)
     for v2 in (False, True)
     for tied in (False, True)
 }
 
 
-# Cases of a launch of their own, run only when env BROADCAST_OVERLAP_CASES
-# names them: Paddle's own failures, which end the launch.
+# Cases of a launch of their own, run only when env BROADCAST_OVERLAP_CASES names them: Paddle's own failures, which end
+# the launch.
 PADDLE_FAILURES = {
-    "paddle_moment_sync_owners_differ_hangs": (
-        paddle_moment_sync_owners_differ_hangs
-    ),
+    "paddle_moment_sync_owners_differ_hangs": (paddle_moment_sync_owners_differ_hangs),
 }
 
 
@@ -845,8 +733,7 @@ def launch_cases():
     return {
         k: v
         for k, v in found.items()
-        if (k.startswith(("pipeline", "paddle")) or k in PIPELINE_COMM_OVERLAP)
-        == PP
+        if (k.startswith(("pipeline", "paddle")) or k in PIPELINE_COMM_OVERLAP) == PP
         and (MP or not k.startswith("mp_"))
     }
 

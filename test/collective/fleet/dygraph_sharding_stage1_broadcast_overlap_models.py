@@ -1,24 +1,8 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-
-"""Per-rank script: the kinds of model and state handling users have, and
-training loops that break naive broadcast overlap (ranks or steps that
-differ in forward order and count, forwards without backward, recompute,
-weights replaced, parameters read without calling their layer, changing
-trainability). Each case: overlap on vs off bitwise equal, no parameter
-read while its broadcast is pending (``compare_on_off``), 2 ranks.
-"""
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank script: the kinds of model and state handling users have, and training loops that break naive broadcast overlap
+(ranks or steps that differ in forward order and count, forwards without backward, recompute, weights replaced,
+parameters read without calling their layer, changing trainability). Each case: overlap on vs off bitwise equal, no
+parameter read while its broadcast is pending (``compare_on_off``), 2 ranks."""
 
 import copy
 import functools
@@ -40,20 +24,16 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.utils import recompute
 
 HIDDEN, VOCAB, SEQ = cases.HIDDEN, cases.VOCAB, cases.SEQ
-# 2 KB buckets: several windows per model, so bucket boundaries fall inside
-# layers (the default 256 MB puts these small models in one window); cases
-# whose assertions hold per parameter also run with 0
+# 2 KB buckets: several windows per model, so bucket boundaries fall inside layers (the default 256 MB puts these small
+# models in one window); cases whose assertions hold per parameter also run with 0
 BUCKET_MB = 0.002
-compare_on_off = functools.partial(
-    cases.compare_on_off, enable=cases.v1(BUCKET_MB)
-)
+compare_on_off = functools.partial(cases.compare_on_off, enable=cases.v1(BUCKET_MB))
 train = functools.partial(cases.train, enable=cases.v1(BUCKET_MB))
 
 
 def check_order_warned_per_parameter(build, stat, steps=cases.STEPS, **kwargs):
-    """With 2 KB buckets and per parameter: one agreed order, the order
-    warning at most once; per parameter (buckets may join the layers
-    involved) the ``stat`` wait happened and the warning was shown."""
+    """With 2 KB buckets and per parameter: one agreed order, the order warning at most once; per parameter (buckets may
+    join the layers involved) the ``stat`` wait happened and the warning was shown."""
     kwargs.update(steps=steps, micro_step=cases.step_aware_micro_step)
     for mb in (BUCKET_MB, 0):
         with cases.order_warnings() as order:
@@ -71,8 +51,7 @@ def cloned_state(layer):
 
 
 class RootParamLM(cases.VariantLM):
-    """A position-embedding parameter owned by the root (which also has
-    sublayers), added in its forward."""
+    """A position-embedding parameter owned by the root (which also has sublayers), added in its forward."""
 
     def build(self):
         self.pos = self.create_parameter([SEQ, HIDDEN])
@@ -94,8 +73,7 @@ class TiedLM(cases.VariantLM):
 
 
 class BuiltOutOfOrderLM(paddle.nn.Layer):
-    """Head and last block built first, run last: creation order is not
-    forward order."""
+    """Head and last block built first, run last: creation order is not forward order."""
 
     def __init__(self):
         super().__init__()
@@ -103,9 +81,7 @@ class BuiltOutOfOrderLM(paddle.nn.Layer):
             paddle.nn.Linear(HIDDEN, VOCAB),
             cases.Block(),
         )
-        self.early, self.embed = cases.Block(), paddle.nn.Embedding(
-            VOCAB, HIDDEN
-        )
+        self.early, self.embed = cases.Block(), paddle.nn.Embedding(VOCAB, HIDDEN)
 
     def forward(self, tokens):
         return self.head(self.late(self.early(self.embed(tokens))))
@@ -145,16 +121,15 @@ class SometimesSkipLM(cases.VariantLM):
 
 
 class WeightNormLM(cases.VariantLM):
-    """head under paddle.nn.utils.weight_norm: its forward pre-hook (made
-    before overlap is enabled) computes weight from weight_g and weight_v."""
+    """head under paddle.nn.utils.weight_norm: its forward pre-hook (made before overlap is enabled) computes weight from
+    weight_g and weight_v."""
 
     def build(self):
         paddle.nn.utils.weight_norm(self.head)
 
 
 class ParameterListLM(cases.VariantLM):
-    """Extra parameters in a ParameterList, read by the parent's forward
-    (a ParameterList has no forward of its own)."""
+    """Extra parameters in a ParameterList, read by the parent's forward (a ParameterList has no forward of its own)."""
 
     def build(self):
         scales = [self.create_parameter([HIDDEN]) for _ in range(2)]
@@ -166,16 +141,14 @@ class ParameterListLM(cases.VariantLM):
 
 
 def check_order_ends(build, first, last=None):
-    """The agreed order starts with the user's layer's parameter ``first``
-    (a dotted name) and, if given, ends with one of sublayer ``last``'s."""
+    """The agreed order starts with the user's layer's parameter ``first`` (a dotted name) and, if given, ends with one of
+    sublayer ``last``'s."""
     _, info = compare_on_off(build)
     impl, inner = cases.overlap_impl(info.opt), info.raw
     params = cases.optimizer_parameters(info.opt)  # (checks index_of)
     head, tail = params[impl.order[0]], params[impl.order[-1]]
     assert head is operator.attrgetter(first)(inner), head.name
-    ends = last is None or any(
-        tail is p for p in getattr(inner, last).parameters()
-    )
+    ends = last is None or any(tail is p for p in getattr(inner, last).parameters())
     assert ends, tail.name
 
 
@@ -195,26 +168,24 @@ def case_custom_parameter_names():
 
 
 def case_layer_not_run_and_eval_between_steps():
-    """A block skipped on odd steps, eval forwards before the others: its
-    pending tasks are waited before the next update (and warned once)."""
+    """A block skipped on odd steps, eval forwards before the others: its pending tasks are waited before the next update
+    (and warned once)."""
 
     def after_step(run):
-        # eval only before the steps that run every block, so block 1's
-        # broadcasts stay pending across the steps that skip it
+        # eval only before the steps that run every block, so block 1's broadcasts stay pending across the steps that
+        # skip it
         if run.step % 2 == 1:
             run.model.eval()
             with paddle.no_grad():
                 run.model(cases.batch(100 + run.step)[0])
             run.model.train()
 
-    check_order_warned_per_parameter(
-        SometimesSkipLM, "waited_before_update", 5, after_step=after_step
-    )
+    check_order_warned_per_parameter(SometimesSkipLM, "waited_before_update", 5, after_step=after_step)
 
 
 def case_state_dict_and_save_without_synchronize():
-    """model.state_dict(), paddle.save and the optimizer's state_dict()
-    right after step(): every task waited by them, not by the user."""
+    """model.state_dict(), paddle.save and the optimizer's state_dict() right after step(): every task waited by them, not
+    by the user."""
     saved = {}
     # Paddle 3.x state_dict(keep_vars=False) returns detached copies
     impl_args = inspect.signature(paddle.nn.Layer._state_dict_impl).parameters
@@ -235,8 +206,8 @@ def case_state_dict_and_save_without_synchronize():
         if "keep_vars" in impl_args:
             waits.insert(0, lambda: run.raw.state_dict(keep_vars=False))
         for wait in waits:
-            # what step() does around its update: wait, then launch every
-            # unit again (the same values: a second launch on every rank)
+            # what step() does around its update: wait, then launch every unit again (the same values: a second launch
+            # on every rank)
             impl.wait_all("waited_before_update")
             with checker.as_step():
                 impl.launch()
@@ -245,17 +216,15 @@ def case_state_dict_and_save_without_synchronize():
             wait()
             assert checker.num_unwaited() == 0
 
-    # no lost-overlap warning (run_cases fails the case on one) although
-    # model.state_dict() reads every parameter: the relaunch starts a new
-    # count, and the last wait before the next forward is on demand
+    # no lost-overlap warning (run_cases fails the case on one) although model.state_dict() reads every parameter: the
+    # relaunch starts a new count, and the last wait before the next forward is on demand
     _, on = compare_on_off(after_step=after_step)
     for k, v in on.params.items():
         assert np.asarray(saved[cases.STEPS - 1][k]).tobytes() == v.tobytes(), k
 
 
 def case_frozen_and_gradless_parameters():
-    """Frozen parameters are never broadcast; a trainable one without a
-    gradient is harmless."""
+    """Frozen parameters are never broadcast; a trainable one without a gradient is harmless."""
 
     def build():
         model = cases.TinyLM()
@@ -278,10 +247,9 @@ def case_frozen_and_gradless_parameters():
 
 
 def case_amp_o2_main_grad():
-    """MixPrecisionLayer/MixPrecisionOptimizer: main_grad accumulation and
-    the sharding optimizer's main_grad paths (float32 parameters: the CPU
-    has no reduced-precision matmul or layer_norm kernels; the dtype is
-    covered by dygraph_group_sharded_stage1_bf16.py on CUDA)."""
+    """MixPrecisionLayer/MixPrecisionOptimizer: main_grad accumulation and the sharding optimizer's main_grad paths
+    (float32 parameters: the CPU has no reduced-precision matmul or layer_norm kernels; the dtype is covered by
+    dygraph_group_sharded_stage1_bf16.py on CUDA)."""
     from paddle.distributed.fleet.utils import mix_precision_utils as mpu
 
     build = cases.Build(
@@ -295,15 +263,13 @@ def case_amp_o2_main_grad():
 
 
 def case_user_pre_hook_reads_waited_parameters():
-    """weight_norm's pre-hook, registered before overlap is enabled,
-    computes head.weight from weight_g and weight_v after the overlay's wait
-    (a user's hook runs after the waits: unit tests)."""
+    """weight_norm's pre-hook, registered before overlap is enabled, computes head.weight from weight_g and weight_v after
+    the overlay's wait (a user's hook runs after the waits: unit tests)."""
     compare_on_off(WeightNormLM)
 
 
 def case_parameter_list_waited_by_parent():
-    """A ParameterList read by its parent's forward is waited before the
-    read (the wait checker checks it there)."""
+    """A ParameterList read by its parent's forward is waited before the read (the wait checker checks it there)."""
 
     def run(build, overlap, checker=None, **kwargs):
         check = checker and functools.partial(checker.check, where="scales")
@@ -314,10 +280,9 @@ def case_parameter_list_waited_by_parent():
 
 
 def case_bad_input_raises_before_any_change():
-    """Bad arguments (on the fleet and the sharding optimizer: a negative,
-    NaN, string or bool bucket_size_mb among them) and Paddle's own limit
-    on comm_overlap or tensor_fusion with the pipeline's
-    sharding_comm_overlap are refused before any owner or hook exists."""
+    """Bad arguments (on the fleet and the sharding optimizer: a negative, NaN, string or bool bucket_size_mb among them)
+    and Paddle's own limit on comm_overlap or tensor_fusion with the pipeline's sharding_comm_overlap are refused before
+    any owner or hook exists."""
     model = fleet.distributed_model(cases.TinyLM())
     opt = fleet.distributed_optimizer(cases.adamw(model.parameters()))
     inner = opt._inner_opt
@@ -338,14 +303,11 @@ def case_bad_input_raises_before_any_change():
             kwargs = dict(dict(broadcast_overlap=True, layers=model), **kwargs)
             with cases.raises(error, text):
                 target._set_broadcast_overlap(**kwargs)
-    # comm_overlap and tensor_fusion are supported (gradient-overlap
-    # script, buckets script); with the pipeline's sharding_comm_overlap it
-    # is Paddle's own limit (which Paddle checks at the build only)
+    # comm_overlap and tensor_fusion are supported (gradient-overlap script, buckets script); with the pipeline's
+    # sharding_comm_overlap it is Paddle's own limit (which Paddle checks at the build only)
     limit = ("Paddle cannot combine", "sharding_comm_overlap")
     for flag in ("comm_overlap", "tensor_fusion"):
-        with mock.patch.object(inner, flag, True), cases.raises(
-            ValueError, *limit
-        ):
+        with mock.patch.object(inner, flag, True), cases.raises(ValueError, *limit):
             with cases.pp_configs(sharding_comm_overlap=True):
                 opt._set_broadcast_overlap(True, layers=model)
     assert cases.overlap_impl(inner) is None
@@ -357,8 +319,7 @@ def case_bad_input_raises_before_any_change():
 # ---- training loops that break naive overlap: collectives must be issued in
 # the same order on every rank
 class RankOrderLM(cases.VariantLM):
-    """Two parallel branches whose call order depends on rank and step
-    (the sum is the same either way)."""
+    """Two parallel branches whose call order depends on rank and step (the sum is the same either way)."""
 
     def build(self):
         self.branch_a = paddle.nn.Linear(HIDDEN, HIDDEN)
@@ -375,8 +336,7 @@ class RankOrderLM(cases.VariantLM):
 
 
 class ExpertLM(cases.VariantLM):
-    """Three experts; from step 1 on, each rank leaves a different expert
-    unused (rank- and step-dependent routing)."""
+    """Three experts; from step 1 on, each rank leaves a different expert unused (rank- and step-dependent routing)."""
 
     def build(self):
         experts = [paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)]
@@ -406,8 +366,7 @@ class ReuseLM(cases.VariantLM):
 
 
 class DirectReadLM(cases.VariantLM):
-    """Reads parameters without their owner's __call__: ``proj.forward(x)``
-    and ``F.linear(x, head.weight, head.bias)``."""
+    """Reads parameters without their owner's __call__: ``proj.forward(x)`` and ``F.linear(x, head.weight, head.bias)``."""
 
     def build(self):
         self.proj = paddle.nn.Linear(HIDDEN, HIDDEN)
@@ -420,14 +379,14 @@ class DirectReadLM(cases.VariantLM):
 
 
 def case_forward_order_differs_between_ranks_and_steps():
-    """Rank 0 recorded branch_a first; whoever runs branch_b first waits
-    for a task launched after a pending one, and is told once."""
+    """Rank 0 recorded branch_a first; whoever runs branch_b first waits for a task launched after a pending one, and is
+    told once."""
     check_order_warned_per_parameter(RankOrderLM, "waited_out_of_order")
 
 
 def case_expert_routing_leaves_experts_unused():
-    """The unused expert's tasks wait for the next update; the layer after
-    it needs its own while they are pending (told once)."""
+    """The unused expert's tasks wait for the next update; the layer after it needs its own while they are pending (told
+    once)."""
     check_order_warned_per_parameter(ExpertLM, "waited_before_update", 6)
 
 
@@ -444,9 +403,8 @@ def case_ranks_run_different_forward_counts():
 
 
 def case_forwards_without_backward_tables_bounded():
-    """Eval before the first step and between steps, no_grad forwards in
-    train() mode, grad-enabled ones in eval() mode, over 10 steps: internal
-    tables keep their size (a leak would grow them every step)."""
+    """Eval before the first step and between steps, no_grad forwards in train() mode, grad-enabled ones in eval() mode,
+    over 10 steps: internal tables keep their size (a leak would grow them every step)."""
     sizes = []
     registry = cases.overlap_module("sync_registry")
 
@@ -476,9 +434,7 @@ def case_forwards_without_backward_tables_bounded():
             hooks = (impl.num_hooks, cases.total_forward_pre_hooks(run.model))
             sizes.append(tuple(map(len, tables)) + counts + hooks)
 
-    _, info = compare_on_off(
-        steps=10, micro_step=micro_step, after_step=after_step
-    )
+    _, info = compare_on_off(steps=10, micro_step=micro_step, after_step=after_step)
     assert len(sizes) == 10 and len(set(sizes)) == 1, sorted(set(sizes))
     n = len(cases.optimizer_parameters(info.opt))
     order, units, registered, pending, reads, _, _ = sizes[0]
@@ -519,11 +475,9 @@ def case_skipped_steps_first_included():
 
 
 def case_weights_replaced_between_steps():
-    """set_state_dict right after step() (broadcasts pending) on fleet's
-    model, the user's or a sublayer, and averaged weights swapped in for an
-    eval forward and back: a load waits for exactly the parameters it
-    writes, before the write; the user's set_state_dict overrides run and
-    survive disabling."""
+    """set_state_dict right after step() (broadcasts pending) on fleet's model, the user's or a sublayer, and averaged
+    weights swapped in for an eval forward and back: a load waits for exactly the parameters it writes, before the
+    write; the user's set_state_dict overrides run and survive disabling."""
     for bucket_mb in (BUCKET_MB, 0):
         loads, snapshots, custom_loads = [], {}, {"inner": 0, "block": 0}
 
@@ -555,9 +509,7 @@ def case_weights_replaced_between_steps():
                 loads.append((name, checker.num_unwaited()))
             if name == "fleet":  # averaged weights for an eval, then back
                 trained, old = cloned_state(model), snapshots[name]
-                model.set_state_dict(
-                    {k: (v + old[k]) * 0.5 for k, v in trained.items()}
-                )
+                model.set_state_dict({k: (v + old[k]) * 0.5 for k, v in trained.items()})
                 with paddle.no_grad():
                     model(cases.batch(400 + step)[0])
                 model.set_state_dict(trained)
@@ -569,8 +521,8 @@ def case_weights_replaced_between_steps():
                 after_step=after_step,
                 steps=6,
             )
-        # the snapshots and loads read every parameter before the next
-        # forward in 3 of the 5 decided steps (no warning: fewer than 4)
+        # the snapshots and loads read every parameter before the next forward in 3 of the 5 decided steps (no warning:
+        # fewer than 4)
         cases.assert_overlap_lost(lost, on.opt, "iteration", lost_steps=3)
         # a model's load leaves nothing pending, a block's the others'
         assert {n for n, _ in loads} == {"fleet", "inner", "block"}, loads
@@ -586,10 +538,9 @@ def case_weights_replaced_between_steps():
 
 
 def case_parameters_read_without_call():
-    """proj.forward(x) and F.linear(x, head.weight, head.bias) inside the
-    model's forward: each read waits for that parameter (attribute access
-    waits), with and without strict, checked at the F.linear; no warning
-    (run_cases fails a case on one)."""
+    """proj.forward(x) and F.linear(x, head.weight, head.bias) inside the model's forward: each read waits for that
+    parameter (attribute access waits), with and without strict, checked at the F.linear; no warning (run_cases fails a
+    case on one)."""
     for strict in (False, True):
         enable = cases.v1(BUCKET_MB, strict)
         checker, _ = compare_on_off(DirectReadLM, enable=enable)
@@ -608,16 +559,14 @@ def case_trainability_changed_mid_training():
 
 
 def case_two_optimizers_share_one_model():
-    """Two sharding optimizers over disjoint parameters of one model (V1
-    has no parameter groups), both overlapped; turned off in either order."""
+    """Two sharding optimizers over disjoint parameters of one model (V1 has no parameter groups), both overlapped; turned
+    off in either order."""
 
     def run(overlap, off_order=()):
         model = cases.seeded(cases.TinyLM)
         body = [p for n, p in model.named_parameters() if n[:4] != "head"]
         sgd = paddle.optimizer.SGD(0.05, parameters=model.head.parameters())
-        opts = [
-            fleet.distributed_optimizer(o) for o in (cases.adamw(body), sgd)
-        ]
+        opts = [fleet.distributed_optimizer(o) for o in (cases.adamw(body), sgd)]
         model = fleet.distributed_model(model)
         base = cases.total_forward_pre_hooks(model)
         for opt in opts if overlap else ():
@@ -633,9 +582,7 @@ def case_two_optimizers_share_one_model():
 
     off = run(False)
     for order in ((0, 1), (1, 0)):
-        cases.assert_bitwise_equal(
-            off, run(True, order), f"two optimizers {order}"
-        )
+        cases.assert_bitwise_equal(off, run(True, order), f"two optimizers {order}")
 
 
 def case_toggle_on_off_on_mid_training():
@@ -651,16 +598,13 @@ def case_toggle_on_off_on_mid_training():
 
 
 def case_deepcopy_loads_copy_and_collected_optimizer_closed():
-    """A deepcopy loads into itself with no-op hooks; an optimizer deleted
-    with overlap on is closed: silent hooks, removed by the next
-    _set_broadcast_overlap call (False, on another optimizer)."""
+    """A deepcopy loads into itself with no-op hooks; an optimizer deleted with overlap on is closed: silent hooks, removed
+    by the next _set_broadcast_overlap call (False, on another optimizer)."""
     info = train(cases.TinyLM, True, steps=2)
     model, opt = info.model, info.opt
     # a deepcopy (e.g. for EMA) loads into itself, not into the original
     twin = copy.deepcopy(model._layers)
-    twin.set_state_dict(
-        {k: paddle.zeros_like(v) for k, v in twin.state_dict().items()}
-    )
+    twin.set_state_dict({k: paddle.zeros_like(v) for k, v in twin.state_dict().items()})
     assert all(float(v.abs().sum()) == 0 for v in twin.state_dict().values())
     assert any(float(v.abs().sum()) > 0 for v in model.state_dict().values())
     # the copy keeps no reference to this overlap: its hooks are no-ops
@@ -677,12 +621,11 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     hooked = cases.total_forward_pre_hooks(other_model)
     del other
     gc.collect()
-    # the finalizer only marks it closed (no hook-dict mutation inside gc):
-    # its hooks are no-ops until the next explicit call removes them
+    # the finalizer only marks it closed (no hook-dict mutation inside gc): its hooks are no-ops until the next explicit
+    # call removes them
     assert hooked > 0 and cases.total_forward_pre_hooks(other_model) == hooked
-    # (train() ended with model.state_dict(), a read of every parameter
-    # after the last step: an open owner would warn at this forward that
-    # the overlap was lost; a closed one says nothing)
+    # (train() ended with model.state_dict(), a read of every parameter after the last step: an open owner would warn at
+    # this forward that the overlap was lost; a closed one says nothing)
     with cases.lost_overlap_warnings() as lost, paddle.no_grad():
         other_model(cases.batch(0)[0])
     assert lost == [], f"a collected optimizer's no-op hooks warned: {lost}"
@@ -699,11 +642,9 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
 
 
 def case_error_after_update_keeps_the_ranks_in_step():
-    """An error raised inside the hybrid optimizer's step after the update
-    (after the inner step, where Paddle's mp/pp syncs run), caught by the
-    user: the sync started at Paddle's own sync point inside the inner
-    step, so with overlap on training goes on with the values of overlap
-    off, on every rank (no refusal, no divergence)."""
+    """An error raised inside the hybrid optimizer's step after the update (after the inner step, where Paddle's mp/pp
+    syncs run), caught by the user: the sync started at Paddle's own sync point inside the inner step, so with overlap
+    on training goes on with the values of overlap off, on every rank (no refusal, no divergence)."""
     results = []
     for overlap in (False, True):
         info = train(cases.TinyLM, overlap, steps=1)
@@ -717,8 +658,8 @@ def case_error_after_update_keeps_the_ranks_in_step():
                 raise RuntimeError("injected after the update")
 
         inner.step = step_then_fail
-        # train() ends with model.state_dict(), right after the step: the
-        # next forward overlapped nothing (that step lost)
+        # train() ends with model.state_dict(), right after the step: the next forward overlapped nothing (that step
+        # lost)
         with cases.lost_overlap_warnings() as lost:
             for step in range(1, 4):
                 loss = cases.lm_loss(model, step)

@@ -1,20 +1,7 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-"""Per-rank script: parameter reads between step() and the next forward,
-the way user code reads outside ``model(...)``, overlap on vs off (the read
-outputs too), checked by the wait checker at the read (``F.linear``,
-``paddle.linalg.norm``, ...); negative controls must show violations."""
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank script: parameter reads between step() and the next forward, the way user code reads outside ``model(...)``,
+overlap on vs off (the read outputs too), checked by the wait checker at the read (``F.linear``, ``paddle.linalg.norm``,
+...); negative controls must show violations."""
 
 import sys
 
@@ -28,8 +15,7 @@ HIDDEN = cases.HIDDEN
 
 
 class OneLinear(paddle.nn.Layer):
-    """One ``nn.Linear(16, 8)`` named ``fc``: [B, S] int64 tokens (one-hot)
-    -> [B, S, 32] logits through a fixed tile."""
+    """One ``nn.Linear(16, 8)`` named ``fc``: [B, S] int64 tokens (one-hot) -> [B, S, 32] logits through a fixed tile."""
 
     def __init__(self):
         super().__init__()
@@ -44,8 +30,7 @@ PROBE = paddle.linspace(-1.0, 1.0, 2 * HIDDEN).reshape([2, HIDDEN])
 
 
 def train_reading(read, build=OneLinear, overlap=False, **kwargs):
-    """``train`` of 3 steps, ``read(raw model)`` after each (its outputs in
-    ``run.extras``)."""
+    """``train`` of 3 steps, ``read(raw model)`` after each (its outputs in ``run.extras``)."""
 
     def after(run):
         return [read(run.raw)]
@@ -54,9 +39,8 @@ def train_reading(read, build=OneLinear, overlap=False, **kwargs):
 
 
 def compare_reads(read=None, strict=False, reader=None):
-    """``compare_on_off`` of ``train_reading`` (``reader(checker)`` makes
-    each run's read, checker None when off); the reads were checked.
-    Returns the overlap."""
+    """``compare_on_off`` of ``train_reading`` (``reader(checker)`` makes each run's read, checker None when off); the
+    reads were checked. Returns the overlap."""
     reader = reader or (lambda checker: read)
 
     def run(build, overlap, checker=None, **kwargs):
@@ -81,8 +65,8 @@ def weight_norm(raw):
 
 
 def ema_over_parameters(checker=None):
-    """A reader: an EMA over model.parameters(), keyed by position; with a
-    ``checker``, each parameter is checked before it is read."""
+    """A reader: an EMA over model.parameters(), keyed by position; with a ``checker``, each parameter is checked before it
+    is read."""
     ema = {}
 
     def read(raw):
@@ -97,9 +81,8 @@ def ema_over_parameters(checker=None):
 
 
 def case_helper_forward_outside_model_call():
-    """A helper's sublayer forward between steps waits (strict or not); it
-    reads both parameters, so each step's overlap is lost (no warning: too
-    few steps)."""
+    """A helper's sublayer forward between steps waits (strict or not); it reads both parameters, so each step's overlap is
+    lost (no warning: too few steps)."""
     for strict in (False, True):
         with cases.lost_overlap_warnings() as lost:
             impl = compare_reads(encode, strict=strict)
@@ -107,23 +90,23 @@ def case_helper_forward_outside_model_call():
 
 
 def case_weight_norm_logging_between_steps():
-    """A norm of one of the two parameters waits; half of the step's
-    broadcasts is no lost overlap (run_named fails on any warning)."""
+    """A norm of one of the two parameters waits; half of the step's broadcasts is no lost overlap (run_named fails on any
+    warning)."""
     impl = compare_reads(weight_norm)
     assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
 
 
 def case_parameters_loop_between_steps():
-    """An EMA loop over parameters() between steps: each tensor checked
-    before ``p.numpy()``, bitwise equal to off, each step's overlap lost."""
+    """An EMA loop over parameters() between steps: each tensor checked before ``p.numpy()``, bitwise equal to off, each
+    step's overlap lost."""
     with cases.lost_overlap_warnings() as lost:
         impl = compare_reads(reader=ema_over_parameters)
     cases.assert_overlap_lost(lost, impl, "iteration")
 
 
 def case_guard_removed_reads_are_caught():
-    """Negative control: without the read guard the checker must report
-    the helper's reads of parameters with a pending broadcast."""
+    """Negative control: without the read guard the checker must report the helper's reads of parameters with a pending
+    broadcast."""
     with cases.read_guard_removed(), ParamSyncWaitChecker() as checker:
         train_reading(encode, OneLinear, True, checker=checker)
     reads = [v for v in checker.violations if v[0] == "read:linear"]
@@ -131,18 +114,15 @@ def case_guard_removed_reads_are_caught():
 
 
 def case_checker_catches_a_sync_started_by_a_hook():
-    """Negative control: a forward pre-hook that starts a broadcast of its
-    layer's weight (what a depth-limited schedule does) is named by the
-    checker's outside-step record, and compare_on_off fails on it."""
+    """Negative control: a forward pre-hook that starts a broadcast of its layer's weight (what a depth-limited schedule
+    does) is named by the checker's outside-step record, and compare_on_off fails on it."""
 
     def hook_starts_sync(run):
         if run.step == 0:
             layer = run.raw.blocks[0].up
 
             def start(_layer, _inputs):
-                task = paddle.distributed.broadcast(
-                    layer.weight, src=0, sync_op=False
-                )
+                task = paddle.distributed.broadcast(layer.weight, src=0, sync_op=False)
                 task.wait()
 
             layer.register_forward_pre_hook(start)

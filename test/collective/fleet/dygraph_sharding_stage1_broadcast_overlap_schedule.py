@@ -1,34 +1,15 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-"""Per-rank script: the parameter-sync overlap when one rank's control
-flow between steps differs from the others'.
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank script: the parameter-sync overlap when one rank's control flow between steps differs from the others'.
 
-Right after every ``optimizer.step()`` some ranks do what the others do
-not (save, an eval forward, read ``parameters()``, run a compiled program,
-evaluate longer), then every rank joins one collective: a sync unit left
-to start after ``step()`` would be started by the reading ranks alone
-(a hang or mixed data; the launcher checks after the launch that the
-ranks' collectives form one schedule). Each case is :func:`compare`.
+Right after every ``optimizer.step()`` some ranks do what the others do not (save, an eval forward, read
+``parameters()``, run a compiled program, evaluate longer), then every rank joins one collective: a sync unit left to
+start after ``step()`` would be started by the reading ranks alone (a hang or mixed data; the launcher checks after the
+launch that the ranks' collectives form one schedule). Each case is :func:`compare`.
 
-Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with
-2 KB buckets), ``v2`` (2 ranks, the all-gather script's V2 set-up), and on
-4 ranks with the hybrid script's set-up (``BROADCAST_OVERLAP_TOPOLOGY`` the
-topology) V1 ``dp2_sharding2`` and ``pp2_sharding2`` (one broadcast per
-parameter) and V2 ``v2_dp2_sharding2`` (1 MB comm buffers).
-``BROADCAST_OVERLAP_CASES`` picks cases (default: the set-up's); the first
-case that fails ends the launch.
-"""
+Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with 2 KB buckets), ``v2`` (2 ranks, the all-gather
+script's V2 set-up), and on 4 ranks with the hybrid script's set-up (``BROADCAST_OVERLAP_TOPOLOGY`` the topology) V1
+``dp2_sharding2`` and ``pp2_sharding2`` (one broadcast per parameter) and V2 ``v2_dp2_sharding2`` (1 MB comm buffers).
+``BROADCAST_OVERLAP_CASES`` picks cases (default: the set-up's); the first case that fails ends the launch."""
 
 import contextlib
 import os
@@ -55,8 +36,8 @@ if SETUP == "v2":
 
 
 def race_checker():
-    """paddle_overlay's race checker when the launch turned it on (env
-    PADDLE_OVERLAY_CHECK, read where the overlay was applied), else None."""
+    """paddle_overlay's race checker when the launch turned it on (env PADDLE_OVERLAY_CHECK, read where the overlay was
+    applied), else None."""
     if os.environ.get("PADDLE_OVERLAY_CHECK", "0") in ("", "0"):
         return None
     checker = sys.modules.get("paddle_overlay.race_check")
@@ -80,11 +61,9 @@ def one_list(raw):
 
 
 def train(overlap, after_step, split=one_list, prepare=None, checker=None):
-    """``cases.train`` of this set-up's model with one optimizer per list
-    ``split(raw)`` returns (``run.held``: their parameters), the overlap on
-    each when ``overlap``; ``after_step(run)`` returns the values it read
-    (``run.extras``); ``prepare(run)`` before the first step; the wait
-    checker ``checker`` watches each optimizer."""
+    """``cases.train`` of this set-up's model with one optimizer per list ``split(raw)`` returns (``run.held``: their
+    parameters), the overlap on each when ``overlap``; ``after_step(run)`` returns the values it read (``run.extras``);
+    ``prepare(run)`` before the first step; the wait checker ``checker`` watches each optimizer."""
     raw = build_model()
     # the V2 set-ups' comm buffers of 1 MB
     with cases.sharding_v2() if V2 else contextlib.nullcontext():
@@ -114,16 +93,12 @@ def train(overlap, after_step, split=one_list, prepare=None, checker=None):
 
 
 def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
-    """Off, then on: bitwise-equal losses, reads and final parameters,
-    equal parameters on the replicas (pp2_sharding2: the sharding group),
-    >= 3 sync units, no racing read unless ``race`` (returns the races
-    seen). ``lost``: the path of the reads on global rank 0 alone that
-    wait for every sync of a step: each owner's steps lost there (no
-    warning in these short runs), on no other rank. The schedule of the on run: every
-    sync started inside a step (the wait checker's ``outside_step``), every
-    unit of each owner pending right after each step (before
-    ``after_step``), each launched once per step, as often on every rank of
-    the sharding group."""
+    """Off, then on: bitwise-equal losses, reads and final parameters, equal parameters on the replicas (pp2_sharding2: the
+    sharding group), >= 3 sync units, no racing read unless ``race`` (returns the races seen). ``lost``: the path of the
+    reads on global rank 0 alone that wait for every sync of a step: each owner's steps lost there (no warning in these
+    short runs), on no other rank. The schedule of the on run: every sync started inside a step (the wait checker's
+    ``outside_step``), every unit of each owner pending right after each step (before ``after_step``), each launched
+    once per step, as often on every rank of the sharding group."""
     checker = race_checker()
     before = checker.races() if checker else {}
     pending = []
@@ -143,8 +118,8 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     units = [len(impl.units) for impl in impls]
     launched = [impl.stats["launched"] for impl in impls]
     hcg = fleet.get_hybrid_communicate_group()
-    # pp2: the sharding group; V2 in dp2: the sharding group too (Paddle's
-    # V2 leaves the data-parallel replicas unequal, off and on alike)
+    # pp2: the sharding group; V2 in dp2: the sharding group too (Paddle's V2 leaves the data-parallel replicas unequal,
+    # off and on alike)
     by_group = SETUP in ("pp2_sharding2", "v2_dp2_sharding2")
     group = hcg.get_sharding_parallel_group() if by_group else None
     replicas_equal = cases.equal_in_group(cases.digests(on.params), group)
@@ -180,20 +155,16 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
         f"{sum(races.values()) if checker else '(race check off)'}",
         flush=True,
     )
-    assert (
-        race or races == {}
-    ), f"reads of a parameter with a pending sync: {races}"
+    assert race or races == {}, f"reads of a parameter with a pending sync: {races}"
     return on, races
 
 
 # ----------------------------------------------------------------------
 # cases
 def rank0_save_then_barrier(split=one_list):
-    """Rank 0 alone saves ``state_dict()`` right after each step (and loads
-    it: the values compared off and on), then a barrier of the world: rank
-    0's reads waited for every unit of every step, the last file holds the
-    final parameters; every other rank waited on a read only at the final
-    ``state_dict()``, once per unit."""
+    """Rank 0 alone saves ``state_dict()`` right after each step (and loads it: the values compared off and on), then a
+    barrier of the world: rank 0's reads waited for every unit of every step, the last file holds the final parameters;
+    every other rank waited on a read only at the final ``state_dict()``, once per unit."""
     with tempfile.TemporaryDirectory(prefix=f"schedule_r{cases.rank()}_") as d:
 
         def after_step(run):
@@ -216,14 +187,13 @@ def rank0_save_then_barrier(split=one_list):
 
 
 def case_rank0_save_then_barrier():
-    """P1: ``if rank == 0: paddle.save(model.state_dict())``, then a
-    barrier (the world)."""
+    """P1: ``if rank == 0: paddle.save(model.state_dict())``, then a barrier (the world)."""
     rank0_save_then_barrier()
 
 
 def case_rank0_forward_then_all_reduce():
-    """P2: rank 0 alone runs a no-grad forward, then every rank all-reduces
-    a loss (dp2_sharding2: over the data-parallel group)."""
+    """P2: rank 0 alone runs a no-grad forward, then every rank all-reduces a loss (dp2_sharding2: over the data-parallel
+    group)."""
 
     hcg = fleet.get_hybrid_communicate_group()
     group = hcg.get_data_parallel_group() if "dp2" in SETUP else None
@@ -240,13 +210,10 @@ def case_rank0_forward_then_all_reduce():
 
 
 def case_rank0_parameters_then_all_gather_object():
-    """P3: rank 0 alone reads ``model.parameters()`` (the first one's
-    dtype), then every rank all-gathers an object."""
+    """P3: rank 0 alone reads ``model.parameters()`` (the first one's dtype), then every rank all-gathers an object."""
 
     def after_step(run):
-        mine = (
-            str(run.model.parameters()[0].dtype) if cases.rank() == 0 else None
-        )
+        mine = str(run.model.parameters()[0].dtype) if cases.rank() == 0 else None
         gathered = []
         paddle.distributed.all_gather_object(gathered, [run.step, mine])
         return [np.frombuffer(repr(gathered).encode(), dtype=np.uint8)]
@@ -255,8 +222,7 @@ def case_rank0_parameters_then_all_gather_object():
 
 
 def case_rank0_to_static_then_all_reduce():
-    """P4: rank 0 alone runs a ``paddle.jit.to_static`` program of the
-    model's forward between steps, then an all-reduce."""
+    """P4: rank 0 alone runs a ``paddle.jit.to_static`` program of the model's forward between steps, then an all-reduce."""
     tokens = cases.batch(60)[0]
 
     def prepare(run):
@@ -275,8 +241,7 @@ def case_rank0_to_static_then_all_reduce():
 
 
 def case_eval_lengths_differ_then_all_reduce():
-    """P5: rank r runs r + 1 eval forwards under no_grad, then the metric
-    is all-reduced."""
+    """P5: rank r runs r + 1 eval forwards under no_grad, then the metric is all-reduced."""
 
     def after_step(run):
         metric = paddle.zeros([1])
@@ -292,24 +257,20 @@ def case_eval_lengths_differ_then_all_reduce():
 
 
 def case_two_optimizers_rank0_save_then_barrier():
-    """P6: two optimizers over two parameter subsets of one model, both
-    overlapped, and P1's rank-0 save."""
+    """P6: two optimizers over two parameter subsets of one model, both overlapped, and P1's rank-0 save."""
 
     def split(raw):
-        body = [
-            p for n, p in raw.named_parameters() if not n.startswith("head")
-        ]
+        body = [p for n, p in raw.named_parameters() if not n.startswith("head")]
         return [body, raw.head.parameters()]
 
     rank0_save_then_barrier(split)
 
 
 def case_ema_of_the_optimizers_parameters():
-    """P7: an EMA of the list handed to the optimizer, kept from before
-    training (``ema = [p.clone() for p in params]``), updated right after
-    each step (``e.set_value(e * 0.9 + p * 0.1)``): equal to overlap off.
-    These are reads no hook sees: the race checker must name them (on gloo
-    the values are right: the collective has finished when it returns)."""
+    """P7: an EMA of the list handed to the optimizer, kept from before training (``ema = [p.clone() for p in params]``),
+    updated right after each step (``e.set_value(e * 0.9 + p * 0.1)``): equal to overlap off. These are reads no hook
+    sees: the race checker must name them (on gloo the values are right: the collective has finished when it returns).
+    """
 
     def prepare(run):
         run.ema = [p.clone() for p in run.held]
@@ -326,14 +287,12 @@ def case_ema_of_the_optimizers_parameters():
     named = {name for name, _, _ in races}
     assert named <= names, f"racing reads beside the EMA's: {races}"
     assert named == names, f"EMA reads not named: {sorted(names - named)}"
-    print(
-        f"rank {cases.rank()} race check named the EMA reads of {sorted(named)}"
-    )
+    print(f"rank {cases.rank()} race check named the EMA reads of {sorted(named)}")
 
 
 def case_pipeline_of_sharding_rank0_eval_batch_then_barrier():
-    """pp2_sharding2: the pipeline of sharding rank 0 (global ranks 0 and
-    2) alone runs ``eval_batch``, then every rank a barrier."""
+    """pp2_sharding2: the pipeline of sharding rank 0 (global ranks 0 and 2) alone runs ``eval_batch``, then every rank a
+    barrier."""
     hcg = fleet.get_hybrid_communicate_group()
     evaluates = hcg.get_sharding_parallel_rank() == 0
     pipe = hcg.get_pipe_parallel_group().ranks

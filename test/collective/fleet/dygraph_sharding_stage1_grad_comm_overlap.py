@@ -1,28 +1,12 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-"""Per-rank script: the parameter-sync overlap together with Paddle's
-gradient-communication overlap (``sharding_configs.comm_overlap``), 2 ranks.
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank script: the parameter-sync overlap together with Paddle's gradient-communication overlap
+(``sharding_configs.comm_overlap``), 2 ranks.
 
-Every case compares overlap off and on and counts the collectives per step
-(:func:`compare`). V1 (TinyLM): ``tensor_fusion`` + ``comm_overlap``, and
-``comm_overlap`` alone (Paddle fuses the parameters for it too: the overlap
-must send slices of Paddle's fused storage), in every bucket mode. V2
-(``split_param``, WideLM) with ``comm_overlap``: Paddle 3.x only; it needs
-``main_grad`` (:func:`with_main_grad`: without it Paddle's own V2
-comm_overlap fails in backward at the second step). CPU ranks:
-``hybrid_parallel_cpu_shim`` item 6 around building V1, 7 to 9 for V2.
-"""
+Every case compares overlap off and on and counts the collectives per step (:func:`compare`). V1 (TinyLM):
+``tensor_fusion`` + ``comm_overlap``, and ``comm_overlap`` alone (Paddle fuses the parameters for it too: the overlap
+must send slices of Paddle's fused storage), in every bucket mode. V2 (``split_param``, WideLM) with ``comm_overlap``:
+Paddle 3.x only; it needs ``main_grad`` (:func:`with_main_grad`: without it Paddle's own V2 comm_overlap fails in
+backward at the second step). CPU ranks: ``hybrid_parallel_cpu_shim`` item 6 around building V1, 7 to 9 for V2."""
 
 import functools
 import sys
@@ -50,8 +34,8 @@ def v2_settings(acc):
 
 
 def with_main_grad(raw, base):
-    """PaddleNLP's ``amp_master_grad``: the layer's grad hooks keep an fp32
-    ``main_grad`` (its return value is unused); the wrapped optimizer."""
+    """PaddleNLP's ``amp_master_grad``: the layer's grad hooks keep an fp32 ``main_grad`` (its return value is unused); the
+    wrapped optimizer."""
     from paddle.distributed.fleet.utils import mix_precision_utils as mpu
 
     mpu.MixPrecisionLayer(raw, dtype="bfloat16")
@@ -78,14 +62,11 @@ def build_v2():
 
 
 def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):
-    """``cases.train`` of ``build()``'s model and optimizer (``kwargs``: its
-    ``enable``, ``checker``). ``run.grad``: per step, the gradient
-    collectives (``paddle.distributed.reduce`` and ``reduce_scatter``, what
-    ``FusedCommBuffer._comm_grads`` calls; ``reduce_scatter``: the CPU
-    shim's item 7) before and after the split: the end of the last backward
-    or, with ``train_batch`` (a pipeline's micro-step, which runs the
-    update), the start of the sharding optimizer's ``step()``;
-    ``run.launched``: per step, the parameter syncs the checker saw."""
+    """``cases.train`` of ``build()``'s model and optimizer (``kwargs``: its ``enable``, ``checker``). ``run.grad``: per
+    step, the gradient collectives (``paddle.distributed.reduce`` and ``reduce_scatter``, what
+    ``FusedCommBuffer._comm_grads`` calls; ``reduce_scatter``: the CPU shim's item 7) before and after the split: the
+    end of the last backward or, with ``train_batch`` (a pipeline's micro-step, which runs the update), the start of the
+    sharding optimizer's ``step()``; ``run.launched``: per step, the parameter syncs the checker saw."""
     calls, marks = [0], []
 
     def counted(original):
@@ -140,19 +121,14 @@ def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):
 
 
 def compare(build, enable, grad_buffers, *, what="", **kwargs):
-    """``cases.compare_on_off`` of :func:`train` (final parameters equal
-    on ``replicas``, default every rank) and the collectives per step: one
-    gradient collective (``reduce`` for V1, ``reduce_scatter`` for V2) per
-    Paddle comm buffer (``grad_buffers(on run)``), all before the split,
-    unchanged by the overlap; every unit of the owner (V1 default
-    ``bucket_size_mb``: one per fused buffer, 2 KB: one per slice of those,
-    0: one per parameter; V2: one all-gather per comm buffer) launched once,
-    inside ``step()`` (its count and the checker's). Returns ``(on,
-    checker, impl, buffers)``."""
+    """``cases.compare_on_off`` of :func:`train` (final parameters equal on ``replicas``, default every rank) and the
+    collectives per step: one gradient collective (``reduce`` for V1, ``reduce_scatter`` for V2) per Paddle comm buffer
+    (``grad_buffers(on run)``), all before the split, unchanged by the overlap; every unit of the owner (V1 default
+    ``bucket_size_mb``: one per fused buffer, 2 KB: one per slice of those, 0: one per parameter; V2: one all-gather per
+    comm buffer) launched once, inside ``step()`` (its count and the checker's). Returns ``(on, checker, impl,
+    buffers)``."""
     kwargs.setdefault("replicas", "world")
-    checker, on = cases.compare_on_off(
-        build, train=train, enable=enable, **kwargs
-    )
+    checker, on = cases.compare_on_off(build, train=train, enable=enable, **kwargs)
     buffers = grad_buffers(on)
     n = len(buffers)
     assert n >= 1, n
@@ -162,8 +138,8 @@ def compare(build, enable, grad_buffers, *, what="", **kwargs):
     units = len(impl.units)
     assert impl.stats["launched"] == STEPS * units, (impl.stats, units)
     assert checker.counts["launched"] == STEPS * units, (checker.counts, units)
-    # every step launched all its units at the step (no depth limit), none
-    # by the next forward's hooks or a read (reported right after the step)
+    # every step launched all its units at the step (no depth limit), none by the next forward's hooks or a read
+    # (reported right after the step)
     assert on.launched == [units] * STEPS, on.launched
     print(
         f"rank {cases.rank()} {what or build.__name__} {kwargs.get('acc', 1)}"
@@ -184,13 +160,11 @@ def assert_one_gather_per_buffer(impl, checker, buffers):
 # ----------------------------------------------------------------------
 # V1
 def check_v1_fused(tensor_fusion, acc):
-    """V1 with comm_overlap (and tensor_fusion or not): Paddle fused the
-    parameters; every bucket mode sends only Paddle's storage."""
+    """V1 with comm_overlap (and tensor_fusion or not): Paddle fused the parameters; every bucket mode sends only Paddle's
+    storage."""
     num_params = len(list(cases.TinyLM().parameters()))
     for bucket_mb in (None, 2 * cases.KB, 0):
-        with cases.sharding_configs(
-            tensor_fusion=tensor_fusion, comm_overlap=True, accumulate_steps=acc
-        ):
+        with cases.sharding_configs(tensor_fusion=tensor_fusion, comm_overlap=True, accumulate_steps=acc):
             on, checker, impl, _ = compare(
                 build_v1,
                 cases.v1(bucket_mb),
@@ -205,9 +179,7 @@ def check_v1_fused(tensor_fusion, acc):
         params = cases.optimizer_parameters(on.opt)
         assert len(params) == num_params
         # not one parameter moved out of Paddle's fused storage
-        outside = [
-            p.name for p in params if not cases.inside(spans, p.data_ptr())
-        ]
+        outside = [p.name for p in params if not cases.inside(spans, p.data_ptr())]
         assert outside == [], f"moved out of Paddle's fused storage: {outside}"
         units = len(impl.units)
         slices = cases.bucket_units(on.opt)
@@ -225,21 +197,16 @@ def check_v1_fused(tensor_fusion, acc):
 
 # V1 cases: check_v1_fused(tensor_fusion, accumulate_steps)
 case_v1_tensor_fusion_comm_overlap = functools.partial(check_v1_fused, True, 1)
-case_v1_tensor_fusion_comm_overlap_accumulate = functools.partial(
-    check_v1_fused, True, 2
-)
+case_v1_tensor_fusion_comm_overlap_accumulate = functools.partial(check_v1_fused, True, 2)
 case_v1_comm_overlap_alone = functools.partial(check_v1_fused, False, 1)
-case_v1_comm_overlap_alone_accumulate = functools.partial(
-    check_v1_fused, False, 2
-)
+case_v1_comm_overlap_alone_accumulate = functools.partial(check_v1_fused, False, 2)
 
 
 # ----------------------------------------------------------------------
 # V2
 def case_v2_comm_overlap():
-    """Paddle 3.x: V2 with comm_overlap, with and without gradient
-    accumulation. Paddle 2.6 refuses V2 with comm_overlap when it builds the
-    optimizer: asserted, so the case is not silently empty there."""
+    """Paddle 3.x: V2 with comm_overlap, with and without gradient accumulation. Paddle 2.6 refuses V2 with comm_overlap
+    when it builds the optimizer: asserted, so the case is not silently empty there."""
     if cases.PADDLE_2:
         with v2_settings(1), cases.raises(AssertionError, "not supported yet"):
             build_v2()

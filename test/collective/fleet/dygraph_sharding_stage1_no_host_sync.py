@@ -1,35 +1,15 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-"""Per-rank script (2 ranks): the parameter-sync overlap adds no host
-synchronisation and no blocking collective to the steady-state step, in
-every mode (one case each).
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
+"""Per-rank script (2 ranks): the parameter-sync overlap adds no host synchronisation and no blocking collective to the
+steady-state step, in every mode (one case each).
 
-Each mode trains the same model from the same weights and data overlap off
-(Paddle's blocking sync; the overlay applied) and on for :data:`STEPS`
-steps, counting with ``blocking_calls.BlockingCallCounter`` in each
-``step()`` of the fleet optimizer and each forward + backward; collectives
-inside the sharding optimizer's ``_sharding_sync_parameters`` (Paddle's
-sync) and the owner's ``launch`` (the overlap's, which fleet's
-``HybridParallelOptimizer`` defers to the end of its step) carry the phase
-``param_sync``. :func:`check_step` lists what holds in each step; after
-every step every unit is in flight. Losses and final parameters are
-bitwise equal on vs off and equal on every rank. The optimizer is AdamW
-with ``ClipGradByGlobalNorm`` (fleet's hybrid clip all-reduces the norm
-inside ``step()``: a collective that must not change).
-``case_counter_sees_every_name`` first checks the counter itself on this
-release.
-"""
+Each mode trains the same model from the same weights and data overlap off (Paddle's blocking sync; the overlay applied)
+and on for :data:`STEPS` steps, counting with ``blocking_calls.BlockingCallCounter`` in each ``step()`` of the fleet
+optimizer and each forward + backward; collectives inside the sharding optimizer's ``_sharding_sync_parameters``
+(Paddle's sync) and the owner's ``launch`` (the overlap's, which fleet's ``HybridParallelOptimizer`` defers to the end
+of its step) carry the phase ``param_sync``. :func:`check_step` lists what holds in each step; after every step every
+unit is in flight. Losses and final parameters are bitwise equal on vs off and equal on every rank. The optimizer is
+AdamW with ``ClipGradByGlobalNorm`` (fleet's hybrid clip all-reduces the norm inside ``step()``: a collective that must
+not change). ``case_counter_sees_every_name`` first checks the counter itself on this release."""
 
 import collections
 import contextlib
@@ -78,11 +58,9 @@ def paddle_sync_count(mode, inner):
 
 
 def train(mode, overlap):
-    """One counted ``cases.train`` run; adds ``steps`` (a ``Region`` per
-    ``step()``), ``fwd_bwd`` (per forward + backward), ``pending`` (after
-    each step, on only: the owner's units in flight and units needing a
-    sync), ``paddle`` (Paddle's blocking sync count), ``inner``,
-    ``owner``."""
+    """One counted ``cases.train`` run; adds ``steps`` (a ``Region`` per ``step()``), ``fwd_bwd`` (per forward + backward),
+    ``pending`` (after each step, on only: the owner's units in flight and units needing a sync), ``paddle`` (Paddle's
+    blocking sync count), ``inner``, ``owner``."""
     if mode.v2:
         settings, around = cases.sharding_v2(), contextlib.nullcontext
     else:
@@ -94,13 +72,9 @@ def train(mode, overlap):
         def prepare(run):
             run.inner = cases.sharding_optimizer(run.opt)
             run.paddle = paddle_sync_count(mode, run.inner)
-            counter.tag_phase(
-                run.inner, "_sharding_sync_parameters", PARAM_SYNC
-            )
+            counter.tag_phase(run.inner, "_sharding_sync_parameters", PARAM_SYNC)
             if overlap:  # its launch may be deferred to the end of step()
-                counter.tag_phase(
-                    cases.overlap_impl(run.opt), "launch", PARAM_SYNC
-                )
+                counter.tag_phase(cases.overlap_impl(run.opt), "launch", PARAM_SYNC)
             counter.count_calls_of(run.opt, "step")
 
         def micro_step(run):
@@ -146,56 +120,44 @@ def diff(on, off):
 
 
 def check_step(name, s, mode, off, on):
-    """Step ``s``, on vs off: 1. the same count of every host
-    synchronisation name, but at step 0 the order agreement's two
-    ``.numpy()``; 2. the same collectives outside ``param_sync`` (gradient
-    reduce, the clip's all-reduce), per name and blocking/async; 3. on,
-    ``param_sync`` is exactly one asynchronous process-group collective per
-    unit, not waited inside ``step()`` (at step 0 after the agreement's two
-    blocking int64 broadcasts of the group), nothing else; 4. off, it is
-    Paddle's: one blocking ``pg.broadcast`` per entry of ``_rank2params``
-    (``_rank2fused``) or ``pg.all_gather`` per comm buffer; 5. no task of
-    before ``step()`` waited in it; 6. forward + backward: the same host
-    syncs and collectives (the overlap's pre-hooks only wait)."""
+    """Step ``s``, on vs off: 1. the same count of every host synchronisation name, but at step 0 the order agreement's two
+    ``.numpy()``; 2. the same collectives outside ``param_sync`` (gradient reduce, the clip's all-reduce), per name and
+    blocking/async; 3. on, ``param_sync`` is exactly one asynchronous process-group collective per unit, not waited
+    inside ``step()`` (at step 0 after the agreement's two blocking int64 broadcasts of the group), nothing else; 4.
+    off, it is Paddle's: one blocking ``pg.broadcast`` per entry of ``_rank2params`` (``_rank2fused``) or
+    ``pg.all_gather`` per comm buffer; 5. no task of before ``step()`` waited in it; 6. forward + backward: the same
+    host syncs and collectives (the overlap's pre-hooks only wait)."""
     a, b = off.steps[s], on.steps[s]
     what = f"{name} step {s}"
     host = diff(b.host_syncs, a.host_syncs)
     agreement = {"tensor.numpy": 2} if s == 0 else {}
     assert host == agreement, f"{what}: host syncs in step() on - off: {host}"
     other = diff(outside_phase(b), outside_phase(a))
-    assert (
-        not other
-    ), f"{what}: collectives outside the parameter sync, on - off: {other}"
+    assert not other, f"{what}: collectives outside the parameter sync, on - off: {other}"
     kind = "all_gather" if mode.v2 else "broadcast"
     mine = sorted(c.key for c in b.collectives_of(phase=PARAM_SYNC))
     units = len(on.owner.units)
     expected = ["pg.broadcast blocking"] * len(agreement) * 2
     expected += [f"pg.{kind} async"] * units
     assert mine == sorted(expected), (
-        f"{what}: on, param_sync issued {mine}, expected {units} x "
-        f"pg.{kind} async (one per unit)"
+        f"{what}: on, param_sync issued {mine}, expected {units} x " f"pg.{kind} async (one per unit)"
     )
     theirs = [c.key for c in a.collectives_of(phase=PARAM_SYNC)]
     assert theirs == [f"pg.{kind} blocking"] * off.paddle, (
-        f"{what}: off, param_sync issued {theirs}, Paddle syncs with "
-        f"{off.paddle} x pg.{kind} blocking"
+        f"{what}: off, param_sync issued {theirs}, Paddle syncs with " f"{off.paddle} x pg.{kind} blocking"
     )
     assert b.waits["task.wait earlier"] == 0, b.waits
     f_off, f_on = off.fwd_bwd[s], on.fwd_bwd[s]
     host = diff(f_on.host_syncs, f_off.host_syncs)
     coll = diff(outside_phase(f_on), outside_phase(f_off))
-    assert not host and not coll, (
-        f"{what}: forward + backward on - off: host syncs {host}, "
-        f"collectives {coll}"
-    )
+    assert not host and not coll, f"{what}: forward + backward on - off: host syncs {host}, " f"collectives {coll}"
 
 
 # ----------------------------------------------------------------------
 # the counter itself, on this release
 def case_counter_sees_every_name():
-    """Every name the counter wraps is counted once per call, only inside a
-    region, nested host syncs once; waits mark their collective
-    blocking."""
+    """Every name the counter wraps is counted once per call, only inside a region, nested host syncs once; waits mark
+    their collective blocking."""
     group = paddle.distributed.collective._get_default_group()
     originals = (vars(core.task)["wait"], vars(paddle.Tensor)["numpy"])
     x, i, t = paddle.to_tensor(1.5), paddle.to_tensor(2), paddle.ones([4])
@@ -251,15 +213,12 @@ def case_counter_sees_every_name():
 
 
 def check_mode(name, *mode):
-    """The checks of the module docstring for ``Mode(*mode)``; returns
-    ``(off, on, the owner's number of units)``."""
+    """The checks of the module docstring for ``Mode(*mode)``; returns ``(off, on, the owner's number of units)``."""
     mode = Mode(*mode)
     off = train(mode, overlap=False)
     on = train(mode, overlap=True)
     same_on_ranks = cases.all_ranks_equal(cases.digests(on.params))
-    cases.assert_bitwise_equal(
-        (off.losses, off.params), (on.losses, on.params), name
-    )
+    cases.assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), name)
     assert same_on_ranks, f"{name}: final parameters differ across ranks"
     units = len(on.owner.units)
     # after each step every unit needs a sync and is left in flight
@@ -288,8 +247,7 @@ def case_v1_buckets_small():
 
 
 def case_v1_fused_slices_default():
-    """V1 fused slices (``tensor_fusion``, shim's ``cpu_tensor_fusion``),
-    default cap: a unit per Paddle fused buffer."""
+    """V1 fused slices (``tensor_fusion``, shim's ``cpu_tensor_fusion``), default cap: a unit per Paddle fused buffer."""
     off, on, units = check_mode("v1_fused_slices_default", False, None, True)
     assert off.inner.tensor_fusion and off.inner._rank2fused
     assert units == off.paddle, (units, off.paddle)
@@ -297,16 +255,13 @@ def case_v1_fused_slices_default():
 
 def case_v1_fused_slices_small():
     """V1 fused slices, 2 KB cap: more units than Paddle's fused buffers."""
-    off, on, units = check_mode(
-        "v1_fused_slices_small", False, 2 * cases.KB, True
-    )
+    off, on, units = check_mode("v1_fused_slices_small", False, 2 * cases.KB, True)
     assert off.inner.tensor_fusion
     assert units > off.paddle, (units, off.paddle)
 
 
 def case_v2_comm_buffers():
-    """V2 (``split_param``, 1 MB comm buffers: 4 for WideLM; shim items 7 to
-    9): a unit per comm buffer."""
+    """V2 (``split_param``, 1 MB comm buffers: 4 for WideLM; shim items 7 to 9): a unit per comm buffer."""
     off, on, units = check_mode("v2_comm_buffers", True, None, False)
     cases.assert_v2(on.opt)
     assert units == off.paddle >= 3, (units, off.paddle)

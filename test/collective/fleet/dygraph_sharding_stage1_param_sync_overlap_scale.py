@@ -1,24 +1,9 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Per-rank script: the parameter sync overlap on 8 ranks.
 
-Env ``PARAM_SYNC_SCALE_TOPOLOGY`` (``fleet.init`` runs once per process):
-``sharding8`` (the V1 and V2 cases) or ``pp2_sharding4`` (the pipeline
-case). Every case is ``cases.compare_on_off`` (bitwise equal off and on,
-the waits checked), the final parameters equal on every rank of the
-sharding group, then the case's own checks.
-"""
+Env ``PARAM_SYNC_SCALE_TOPOLOGY`` (``fleet.init`` runs once per process): ``sharding8`` (the V1 and V2 cases) or
+``pp2_sharding4`` (the pipeline case). Every case is ``cases.compare_on_off`` (bitwise equal off and on, the waits
+checked), the final parameters equal on every rank of the sharding group, then the case's own checks."""
 
 import os
 import sys
@@ -38,9 +23,8 @@ DEGREES = {
 }
 STEPS = 3
 BATCH = 4  # (pipeline micro-batches of 2)
-# 4 KB buckets: the V1 model's order closes a window after each of its
-# 8 KB linear weights and after the 64 KB embedding, so the tiny parameters
-# of one owner share buckets between them
+# 4 KB buckets: the V1 model's order closes a window after each of its 8 KB linear weights and after the 64 KB
+# embedding, so the tiny parameters of one owner share buckets between them
 SMALL_BUCKET_MB = 0.004
 HIDDEN, VOCAB, CLASSES = 32, 512, 16  # V1
 V2_HIDDEN, V2_VOCAB = 256, 64  # about 3.3 MB of fp32: 4 comm buffers
@@ -63,8 +47,7 @@ def sharding_group():
 # ----------------------------------------------------------------------
 # sharding8 models: uneven owners (V1), tiny and odd sizes (V2)
 class Tiny(nn.Layer):
-    """Parameters of 5 and ``odd`` elements and, with ``one``, of 1 (sizes
-    not divisible by 8)."""
+    """Parameters of 5 and ``odd`` elements and, with ``one``, of 1 (sizes not divisible by 8)."""
 
     def __init__(self, odd=(13,), one=True):
         super().__init__()
@@ -79,10 +62,9 @@ class Tiny(nn.Layer):
 
 
 class UnevenLM(nn.Layer):
-    """With the defaults: an embedding of 16384 elements (Paddle's greedy
-    partition gives it one rank alone), 3 blocks whose 2048-element weights
-    get one rank each, a head and three tiny parameters: the last rank owns
-    the 17 small ones."""
+    """With the defaults: an embedding of 16384 elements (Paddle's greedy partition gives it one rank alone), 3 blocks
+    whose 2048-element weights get one rank each, a head and three tiny parameters: the last rank owns the 17 small
+    ones."""
 
     def __init__(self, vocab=VOCAB, hidden=HIDDEN, out=CLASSES, tiny=Tiny):
         super().__init__()
@@ -109,18 +91,13 @@ def batch(step, vocab=VOCAB, classes=CLASSES):
 
 
 def compare_frozen(build, *, freeze, enable, data=batch, **kwargs):
-    """``cases.compare_on_off`` of STEPS steps on ``data(step)``, the
-    final parameters equal across the sharding group; ``freeze(raw,
-    inner)`` freezes parameters once the optimizer is built, before
-    ``enable(run)``, and returns ``(layout, frozen)`` (on the run).
-    Off and on froze the same, the frozen parameters ended as they started,
-    each unit needing a sync launched once per step. Returns (checker, on
-    run, owner, units needing a sync)."""
+    """``cases.compare_on_off`` of STEPS steps on ``data(step)``, the final parameters equal across the sharding group;
+    ``freeze(raw, inner)`` freezes parameters once the optimizer is built, before ``enable(run)``, and returns
+    ``(layout, frozen)`` (on the run). Off and on froze the same, the frozen parameters ended as they started, each unit
+    needing a sync launched once per step. Returns (checker, on run, owner, units needing a sync)."""
 
     def built(run):
-        run.layout, run.frozen = freeze(
-            run.raw, cases.sharding_optimizer(run.opt)
-        )
+        run.layout, run.frozen = freeze(run.raw, cases.sharding_optimizer(run.opt))
         run.initial = cases.snapshot(run.raw)
 
     def micro_step(run):
@@ -152,13 +129,10 @@ def compare_frozen(build, *, freeze, enable, data=batch, **kwargs):
 # ----------------------------------------------------------------------
 # V1 on sharding8: very different loads, a rank owning only frozen ones
 def freeze_rank(raw, inner):
-    """Freezes the parameters of the first rank (from the middle of the
-    group) that owns neither the biggest parameter nor the most; returns
-    ({sharding rank: [structured names]} of Paddle's partition, that rank)."""
+    """Freezes the parameters of the first rank (from the middle of the group) that owns neither the biggest parameter nor
+    the most; returns ({sharding rank: [structured names]} of Paddle's partition, that rank)."""
     name = names_of(raw)
-    layout = {
-        r: [name[id(p)] for p in ps] for r, ps in inner._rank2params.items()
-    }
+    layout = {r: [name[id(p)] for p in ps] for r, ps in inner._rank2params.items()}
     counts = {r: len(ns) for r, ns in layout.items()}
     busiest = max(counts, key=counts.get)
     biggest = next(r for r, ns in layout.items() if "embed.weight" in ns)
@@ -172,13 +146,10 @@ def freeze_rank(raw, inner):
 
 
 def compare_v1(bucket_mb):
-    _, on, _, due = compare_frozen(
-        UnevenLM, freeze=freeze_rank, enable=cases.v1(bucket_mb)
-    )
+    _, on, _, due = compare_frozen(UnevenLM, freeze=freeze_rank, enable=cases.v1(bucket_mb))
     group, layout, frozen = sharding_group(), on.layout, on.frozen
     assert len(layout) == paddle.distributed.get_world_size(), layout
-    # very different loads: one rank holds the embedding alone, another
-    # holds many small parameters
+    # very different loads: one rank holds the embedding alone, another holds many small parameters
     assert ["embed.weight"] in layout.values(), layout
     assert max(len(ns) for ns in layout.values()) >= 10, layout
     # every owner but the frozen rank broadcast, the frozen rank nothing
@@ -191,9 +162,7 @@ def compare_v1(bucket_mb):
         assert all(len(u.params) == 1 for u in due), due
         trainable = sum(not p.stop_gradient for p in on.raw.parameters())
         assert len(due) == trainable, (len(due), trainable)
-    print(
-        f"rank {cases.rank()}: frozen rank {frozen} {layout[frozen]}, {layout}"
-    )
+    print(f"rank {cases.rank()}: frozen rank {frozen} {layout[frozen]}, {layout}")
 
 
 def case_v1_buckets_uneven_owners_frozen_rank():
@@ -209,8 +178,8 @@ def case_v1_per_parameter_uneven_owners_frozen_rank():
 # ----------------------------------------------------------------------
 # V2 on sharding8: tiny and odd sizes, a frozen comm buffer, padding
 def freeze_buffer(raw, inner):
-    """Freezes the last comm buffer holding neither the embedding nor a tiny
-    parameter; returns ([[structured names] per buffer], that buffer)."""
+    """Freezes the last comm buffer holding neither the embedding nor a tiny parameter; returns ([[structured names] per
+    buffer], that buffer)."""
     name = names_of(raw)
     buffers = inner._comm_buffer_list
     layout = [[name[id(p)] for p in b._params] for b in buffers]
@@ -241,8 +210,8 @@ def padding_per_rank(run):
 
 
 def case_v2_odd_sizes_frozen_buffer_uneven_padding():
-    """V2 (1 MB comm buffers): parameters of 5 and 201 elements, a frozen
-    buffer never gathered, per-rank padding that differs."""
+    """V2 (1 MB comm buffers): parameters of 5 and 201 elements, a frozen buffer never gathered, per-rank padding that
+    differs."""
     checker, on, _, due = compare_frozen(
         cases.Build(V2LM, around=cases.sharding_v2),
         freeze=freeze_buffer,
@@ -258,9 +227,7 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
     assert any(s % 8 for s in sizes.values()), sizes
     # the frozen buffer was never gathered
     gathered = {id(p) for task in checker.gather_log for p in task.params}
-    assert not any(
-        id(p) in gathered for p in buffers[frozen]._params
-    ), f"frozen comm buffer {frozen} was gathered"
+    assert not any(id(p) in gathered for p in buffers[frozen]._params), f"frozen comm buffer {frozen} was gathered"
     assert len(due) == len(buffers) - 1, (len(due), len(buffers))
     # each rank's shards hold a different share of padding
     assert len({tuple(p) for p in on.padding}) > 1, on.padding
@@ -270,16 +237,13 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
 # ----------------------------------------------------------------------
 # pp2_sharding4: the hybrid script's pipeline with a tied embedding/head
 def case_pipeline_tied_embedding_head_buckets():
-    """pp2 x sharding4 (4 blocks: every sharding rank owns parameters), V1
-    buckets, a tied embedding/head: the tied weight equal on both stages;
-    the last stage's head waited on the attribute."""
+    """pp2 x sharding4 (4 blocks: every sharding rank owns parameters), V1 buckets, a tied embedding/head: the tied weight
+    equal on both stages; the last stage's head waited on the attribute."""
     hcg = fleet.get_hybrid_communicate_group()
 
     def tied_equal(run):  # collectives before compare_on_off's assertions
         params = cases.snapshot(run.model)
-        run.tied = {
-            k: v for k, v in params.items() if k.endswith("embedding_weight")
-        }
+        run.tied = {k: v for k, v in params.items() if k.endswith("embedding_weight")}
         group = hcg.get_pipe_parallel_group()
         run.tied_equal = cases.equal_in_group(cases.digests(run.tied), group)
 
@@ -294,18 +258,16 @@ def case_pipeline_tied_embedding_head_buckets():
     due = [u for u in impl.units if u.needs_sync()]
     assert len({u.src for u in due}) == 4, [(u.label, u.src) for u in due]
     if hcg.is_last_stage:
-        # tied_head read the shared weight while its broadcast could be
-        # pending and waited for it there (the shared layer never runs)
+        # tied_head read the shared weight while its broadcast could be pending and waited for it there (the shared
+        # layer never runs)
         assert impl.read_paths["attribute"] > 0, dict(impl.read_paths)
 
 
 def case_pipeline_shared_weight_owners_differ_synced():
-    """pp2 x sharding4, pp_configs.sync_param: the tied embedding/head's
-    sharding owner differs between the stages (asserted), V1 per
-    parameter; bitwise equal to off with the same equality pattern, the
-    shared weight's unit first and waited before Paddle's sync (the
-    hybrid script's check). Paddle 2.6 has no pp_configs.sync_param:
-    asserted there."""
+    """pp2 x sharding4, pp_configs.sync_param: the tied embedding/head's sharding owner differs between the stages
+    (asserted), V1 per parameter; bitwise equal to off with the same equality pattern, the shared weight's unit first
+    and waited before Paddle's sync (the hybrid script's check). Paddle 2.6 has no pp_configs.sync_param: asserted
+    there."""
     if cases.PADDLE_2:
         assert not hasattr(hybrid.pp_strategy(), "sync_param")
         return
@@ -322,16 +284,13 @@ def launch_cases():
     """The cases of this launch's topology."""
     found = cases.cases_of(globals())
     pipeline = TOPOLOGY == "pp2_sharding4"
-    return {
-        k: v for k, v in found.items() if k.startswith("pipeline") == pipeline
-    }
+    return {k: v for k, v in found.items() if k.startswith("pipeline") == pipeline}
 
 
 def init():
     init_fleet()
     print(
-        f"param sync scale: Paddle {paddle.__version__}, {TOPOLOGY}, "
-        f"{paddle.distributed.get_world_size()} ranks",
+        f"param sync scale: Paddle {paddle.__version__}, {TOPOLOGY}, " f"{paddle.distributed.get_world_size()} ranks",
         flush=True,
     )
 

@@ -1,46 +1,22 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Wait checker for the stage-1 broadcast overlap tests.
 
-On gloo an async broadcast has finished when it returns, so a missing
-``task.wait()`` never shows as a wrong number on the CPU. This checker proves
-the waits by instrumentation instead: it wraps
-``paddle.distributed.broadcast`` so every ``sync_op=False`` task records its
-``wait()``, and at every point of use (each forward pre-hook of a layer that
-owns parameters, and each optimizer update) it records a violation for any
-parameter about to be used whose latest broadcast task was never waited.
-A broadcast of a bucket buffer (``broadcast_buckets.py``) counts for every
-watched parameter whose memory lies inside that buffer.
-Sharding stage 1 V2 gathers instead of broadcasting: the checker also wraps
-the process group's ``all_gather`` and ``all_gather_into_tensor`` (Paddle
-3.x ``FusedCommBuffer.sync_params`` calls
-``group.process_group.all_gather(slice_buffer, full_buffer)``; the overlay
-gathers each comm buffer's parameter storage), and a pending all-gather
-counts for every watched parameter whose memory lies in the gathered
-tensors (the full buffer); ``counts["gathers"]`` counts those.
-It also wraps the tensor functions that read parameters in the test models
-(:data:`READ_FUNCTIONS`: ``F.linear``, ``F.embedding``, ``paddle.matmul``,
-``paddle.linalg.norm``), so a read outside any layer's call (a helper
-calling ``layer.forward``, ``F.linear(x, layer.weight)``, a tied head,
-weight-norm logging) is checked at the read itself. A blocking broadcast or
-all-reduce (``HybridParallelOptimizer``'s model- and pipeline-parallel
-syncs after the update) of a tensor whose latest async sync was never
-waited is a violation too (``collective:broadcast``,
-``collective:all_reduce``): no such collective may read or write memory a
-sharding collective is still writing.
-"""
+On gloo an async broadcast has finished when it returns, so a missing ``task.wait()`` never shows as a wrong number on
+the CPU. This checker proves the waits by instrumentation instead: it wraps ``paddle.distributed.broadcast`` so every
+``sync_op=False`` task records its ``wait()``, and at every point of use (each forward pre-hook of a layer that owns
+parameters, and each optimizer update) it records a violation for any parameter about to be used whose latest broadcast
+task was never waited. A broadcast of a bucket buffer (``broadcast_buckets.py``) counts for every watched parameter
+whose memory lies inside that buffer. Sharding stage 1 V2 gathers instead of broadcasting: the checker also wraps the
+process group's ``all_gather`` and ``all_gather_into_tensor`` (Paddle 3.x ``FusedCommBuffer.sync_params`` calls
+``group.process_group.all_gather(slice_buffer, full_buffer)``; the overlay gathers each comm buffer's parameter
+storage), and a pending all-gather counts for every watched parameter whose memory lies in the gathered tensors (the
+full buffer); ``counts["gathers"]`` counts those. It also wraps the tensor functions that read parameters in the test
+models (:data:`READ_FUNCTIONS`: ``F.linear``, ``F.embedding``, ``paddle.matmul``, ``paddle.linalg.norm``), so a read
+outside any layer's call (a helper calling ``layer.forward``, ``F.linear(x, layer.weight)``, a tied head, weight-norm
+logging) is checked at the read itself. A blocking broadcast or all-reduce (``HybridParallelOptimizer``'s model- and
+pipeline-parallel syncs after the update) of a tensor whose latest async sync was never waited is a violation too
+(``collective:broadcast``, ``collective:all_reduce``): no such collective may read or write memory a sharding collective
+is still writing."""
 
 import contextlib
 import functools
@@ -56,22 +32,19 @@ READ_FUNCTIONS = (
 )
 
 
-# bytes per element, by the dtype's name (no paddle_overlay import here: the
-# checker also runs against a patched Paddle tree)
+# bytes per element, by the dtype's name (no paddle_overlay import here: the checker also runs against a patched Paddle
+# tree)
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
-# process-group methods of an all-gather (wrapped on the class: pybind
-# instances take no attributes)
+# process-group methods of an all-gather (wrapped on the class: pybind instances take no attributes)
 GATHER_METHODS = ("all_gather", "all_gather_into_tensor")
 
 
 def _memory_range(tensor):
     """[start, end) of ``tensor``'s elements in memory, in bytes."""
     name = str(tensor.dtype).rsplit(".", 1)[-1].lower()
-    name = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(
-        name, name
-    )
+    name = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(name, name)
     start = tensor.data_ptr()
     return start, start + int(tensor._numel()) * _ITEMSIZE.get(name, 1)
 
@@ -136,8 +109,7 @@ class ParamSyncWaitChecker:
             "gathers": 0,
         }
         self.violations = []
-        # each recorded all-gather's task (``.params``: what it covers), in
-        # launch order
+        # each recorded all-gather's task (``.params``: what it covers), in launch order
         self.gather_log = []
         self._last_report = dict(self.counts, violations=0)
 
@@ -165,9 +137,7 @@ class ParamSyncWaitChecker:
             return proxy
 
         paddle.distributed.broadcast = recording_broadcast
-        self._original_all_reduce = original_all_reduce = (
-            paddle.distributed.all_reduce
-        )
+        self._original_all_reduce = original_all_reduce = paddle.distributed.all_reduce
 
         @functools.wraps(original_all_reduce)
         def checked_all_reduce(tensor, *args, **kwargs):
@@ -184,9 +154,7 @@ class ParamSyncWaitChecker:
             setattr(module, name, self._checked_read(name, original_fn))
         # writes: set_state_dict loads through Tensor.set_value
         original_set_value = paddle.Tensor.set_value
-        self._wrapped_reads.append(
-            (paddle.Tensor, "set_value", original_set_value)
-        )
+        self._wrapped_reads.append((paddle.Tensor, "set_value", original_set_value))
 
         @functools.wraps(original_set_value)
         def checked_set_value(tensor, *args, **kwargs):
@@ -199,8 +167,8 @@ class ParamSyncWaitChecker:
         return self
 
     def _wrap_gathers(self):
-        """Record each all-gather of a process group whose tensors hold
-        watched parameters (sharding stage 1 V2's comm buffers)."""
+        """Record each all-gather of a process group whose tensors hold watched parameters (sharding stage 1 V2's comm
+        buffers)."""
         from paddle.base import core
 
         self._wrapped_gathers = []
@@ -224,15 +192,12 @@ class ParamSyncWaitChecker:
                 if task is None:
                     return task
                 ranges = [
-                    _memory_range(t)
-                    for t in tensors_of(list(args) + list(kwargs.values()))
-                    if t._is_initialized()
+                    _memory_range(t) for t in tensors_of(list(args) + list(kwargs.values())) if t._is_initialized()
                 ]
                 covered = [
                     p
                     for p in checker._watched.values()
-                    if p._is_initialized()
-                    and any(s <= p.data_ptr() < e for s, e in ranges)
+                    if p._is_initialized() and any(s <= p.data_ptr() < e for s, e in ranges)
                 ]
                 if not covered:
                     return task
@@ -250,9 +215,8 @@ class ParamSyncWaitChecker:
 
     @contextlib.contextmanager
     def as_step(self):
-        """Syncs started in the block count as inside a step: a watched
-        optimizer's ``step()``/``minimize()``, or a case that calls the
-        owner's ``launch()`` itself, as ``step()`` would."""
+        """Syncs started in the block count as inside a step: a watched optimizer's ``step()``/``minimize()``, or a case
+        that calls the owner's ``launch()`` itself, as ``step()`` would."""
         self._in_step += 1
         try:
             yield
@@ -266,11 +230,7 @@ class ParamSyncWaitChecker:
     def _checked_read(self, name, fn):
         @functools.wraps(fn)
         def read(*args, **kwargs):
-            tensors = [
-                a
-                for a in list(args) + list(kwargs.values())
-                if id(a) in self._latest
-            ]
+            tensors = [a for a in list(args) + list(kwargs.values()) if id(a) in self._latest]
             if tensors:
                 self.check(tensors, f"read:{name}")
             return fn(*args, **kwargs)
@@ -302,16 +262,13 @@ class ParamSyncWaitChecker:
 
     # -- points of use --------------------------------------------------
     def watch(self, model, optimizer):
-        """Check at every forward pre-hook of ``model`` and every update of
-        ``optimizer``. Call after enabling overlap so these hooks run after
-        the overlap's own."""
+        """Check at every forward pre-hook of ``model`` and every update of ``optimizer``. Call after enabling overlap so
+        these hooks run after the overlap's own."""
         for name, layer in model.named_sublayers(include_self=True):
             own = list(layer.parameters(include_sublayers=False))
             self._watched.update((id(p), p) for p in own)
             if own:
-                handle = layer.register_forward_pre_hook(
-                    self._make_pre_hook(name or "<root>", own)
-                )
+                handle = layer.register_forward_pre_hook(self._make_pre_hook(name or "<root>", own))
                 self._handles.append(handle)
                 self._hooked.append((layer, handle))
         inner = optimizer
@@ -339,17 +296,14 @@ class ParamSyncWaitChecker:
         self.watching = True
 
     def owns_hook(self, layer, hook_id):
-        """True when ``hook_id`` in ``layer._forward_pre_hooks`` is one of
-        the checker's pre-hooks (registered by :meth:`watch`)."""
-        return any(
-            l is layer and h._hook_id == hook_id for l, h in self._hooked
-        )
+        """True when ``hook_id`` in ``layer._forward_pre_hooks`` is one of the checker's pre-hooks (registered by
+        :meth:`watch`)."""
+        return any(l is layer and h._hook_id == hook_id for l, h in self._hooked)
 
     def hooks_last(self):
-        """Move the checker's pre-hooks after every other pre-hook of their
-        layers: an overlap that registers its hooks later than ``watch``
-        (Paddle 3.x's V2 all-gather overlap does so at the first
-        ``step()``) still waits before the check."""
+        """Move the checker's pre-hooks after every other pre-hook of their layers: an overlap that registers its hooks
+        later than ``watch`` (Paddle 3.x's V2 all-gather overlap does so at the first ``step()``) still waits before the
+        check."""
         for layer, handle in self._hooked:
             hooks = layer._forward_pre_hooks
             if handle._hook_id in hooks:
@@ -374,23 +328,15 @@ class ParamSyncWaitChecker:
         self.check([t for t, _ in self._latest.values()], where)
 
     def synced_ids(self):
-        """``{id(tensor)}`` of every tensor (parameter or bucket member) a
-        recorded broadcast or all-gather has written."""
+        """``{id(tensor)}`` of every tensor (parameter or bucket member) a recorded broadcast or all-gather has written."""
         return set(self._latest)
 
     def num_unwaited(self):
         """int: tasks launched and not waited yet."""
-        return len(
-            {
-                id(proxy)
-                for _, proxy in self._latest.values()
-                if not proxy.waited
-            }
-        )
+        return len({id(proxy) for _, proxy in self._latest.values() if not proxy.waited})
 
     def step_report(self):
-        """Counts since the previous report, e.g. ``{'launched': 8,
-        'waited': 8, 'checked': 20, 'violations': 0}``."""
+        """Counts since the previous report, e.g. ``{'launched': 8, 'waited': 8, 'checked': 20, 'violations': 0}``."""
         now = dict(self.counts, violations=len(self.violations))
         report = {k: now[k] - self._last_report[k] for k in now}
         self._last_report = now

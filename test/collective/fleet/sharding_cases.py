@@ -1,17 +1,4 @@
-# Copyright (c) 2026 PaddlePaddle Authors. All Rights Reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-
+# Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """The case module of the per-rank scripts of the sharding stage 1
 parameter-sync overlap (V1 broadcasts and V2 all-gathers alike), imported
 everywhere as ``import sharding_cases as cases``. (The launcher that starts
@@ -64,8 +51,8 @@ from paddle.distributed import fleet
 VOCAB, HIDDEN, SEQ, BATCH = 32, 16, 6, 4
 STEPS = int(os.environ.get("BROADCAST_OVERLAP_STEPS", "4"))
 KB = 1 / 1024  # in MB (bucket_size_mb)
-# V2's comm buffers in MB (sharding_configs.comm_buffer_size_MB on Paddle
-# 3.x, an int: 1 is the smallest; the CPU shim's item 9 on 2.6)
+# V2's comm buffers in MB (sharding_configs.comm_buffer_size_MB on Paddle 3.x, an int: 1 is the smallest; the CPU shim's
+# item 9 on 2.6)
 V2_BUFFER_MB = 1
 PADDLE_2 = paddle.__version__.startswith("2.")
 
@@ -86,16 +73,13 @@ class Block(paddle.nn.Layer):
 
 
 class TinyLM(paddle.nn.Layer):
-    """Embedding -> blocks -> head: [B, S] int64 tokens -> [B, S, vocab]
-    float32 logits; the one model family of the scripts, sized by its
-    arguments."""
+    """Embedding -> blocks -> head: [B, S] int64 tokens -> [B, S, vocab] float32 logits; the one model family of the
+    scripts, sized by its arguments."""
 
     def __init__(self, num_blocks=2, vocab=VOCAB, hidden=HIDDEN):
         super().__init__()
         self.embed = paddle.nn.Embedding(vocab, hidden)
-        self.blocks = paddle.nn.LayerList(
-            [Block(hidden) for _ in range(num_blocks)]
-        )
+        self.blocks = paddle.nn.LayerList([Block(hidden) for _ in range(num_blocks)])
         self.head = paddle.nn.Linear(hidden, vocab)
 
     def forward(self, tokens):
@@ -109,8 +93,7 @@ class TinyLM(paddle.nn.Layer):
 
 
 def WideLM():
-    """TinyLM of 3 blocks of width 256, about 3.2 MB of fp32 parameters: 4
-    V2 comm buffers of 1 MB."""
+    """TinyLM of 3 blocks of width 256, about 3.2 MB of fp32 parameters: 4 V2 comm buffers of 1 MB."""
     return TinyLM(num_blocks=3, hidden=256)
 
 
@@ -129,8 +112,7 @@ def batch(step, micro=0, vocab=VOCAB):
 
 
 def seeded(model):
-    """``model()`` with weights from a seeded build, the same on all ranks
-    and in every run of one case."""
+    """``model()`` with weights from a seeded build, the same on all ranks and in every run of one case."""
     paddle.seed(2026)
     state = snapshot(model())
     built = model()
@@ -163,28 +145,21 @@ def step_aware_micro_step(run):
 
 
 def adamw(parameters):
-    return paddle.optimizer.AdamW(
-        learning_rate=0.01, parameters=parameters, weight_decay=0.01
-    )
+    return paddle.optimizer.AdamW(learning_rate=0.01, parameters=parameters, weight_decay=0.01)
 
 
 def sgd(parameters):
-    """For float64 or bfloat16 parameters: the CPU has no such AdamW
-    kernel with a float32 learning rate."""
+    """For float64 or bfloat16 parameters: the CPU has no such AdamW kernel with a float32 learning rate."""
     return paddle.optimizer.SGD(learning_rate=0.05, parameters=parameters)
 
 
 @dataclasses.dataclass
 class Build:
-    """What :func:`train` builds, each field a callable: ``model()`` the
-    user's layer; ``init(model)`` it with the run's initial weights
-    (default :func:`seeded`); ``wrap(layer)`` the layer fleet wraps (e.g.
-    ``MixPrecisionLayer``); ``parameters(layer)`` the optimizer's list
-    (default all); ``optimizer(parameters)`` the inner optimizer;
-    ``around()`` a context manager fleet's optimizer and model are built in
-    (V2: :func:`sharding_v2`). ``made()``: ``(fleet model, fleet
-    optimizer)`` built by the caller instead (several optimizers, a
-    continued run: :meth:`of`)."""
+    """What :func:`train` builds, each field a callable: ``model()`` the user's layer; ``init(model)`` it with the run's
+    initial weights (default :func:`seeded`); ``wrap(layer)`` the layer fleet wraps (e.g. ``MixPrecisionLayer``);
+    ``parameters(layer)`` the optimizer's list (default all); ``optimizer(parameters)`` the inner optimizer;
+    ``around()`` a context manager fleet's optimizer and model are built in (V2: :func:`sharding_v2`). ``made()``:
+    ``(fleet model, fleet optimizer)`` built by the caller instead (several optimizers, a continued run: :meth:`of`)."""
 
     model: object = TinyLM
     init: object = seeded
@@ -213,39 +188,31 @@ class Optimizers(list):
 
 
 class Run(types.SimpleNamespace):
-    """One training run, the one argument of every callback of
-    :func:`train`: ``raw`` (the user's layer), ``model`` (fleet's), ``opt``,
-    ``checker`` (the wait checker, None with overlap off), ``acc_steps``,
-    ``losses``, ``extras`` (numpy values ``after_step`` returned),
-    ``reports`` (the checker's per step), at the end ``params`` (numpy
-    copies); while the loop runs ``step``, ``micro`` and ``loss``. Callbacks
-    may keep their own attributes on it."""
+    """One training run, the one argument of every callback of :func:`train`: ``raw`` (the user's layer), ``model``
+    (fleet's), ``opt``, ``checker`` (the wait checker, None with overlap off), ``acc_steps``, ``losses``, ``extras``
+    (numpy values ``after_step`` returned), ``reports`` (the checker's per step), at the end ``params`` (numpy copies);
+    while the loop runs ``step``, ``micro`` and ``loss``. Callbacks may keep their own attributes on it."""
 
 
 def v1(bucket_mb=0.0, strict=False):
-    """``train``'s ``enable`` of V1's broadcast overlap (``bucket_mb``:
-    ``bucket_size_mb``, 0 one broadcast per parameter, None the product's
-    default)."""
+    """``train``'s ``enable`` of V1's broadcast overlap (``bucket_mb``: ``bucket_size_mb``, 0 one broadcast per parameter,
+    None the product's default)."""
     sizes = {} if bucket_mb is None else {"bucket_size_mb": bucket_mb}
 
     def enable(run):
-        run.opt._set_broadcast_overlap(
-            True, layers=run.model, strict=strict, **sizes
-        )
+        run.opt._set_broadcast_overlap(True, layers=run.model, strict=strict, **sizes)
 
     return enable
 
 
 def v2(run):
-    """``train``'s ``enable`` of V2's all-gather overlap, turned on as
-    PaddleFormers does (two arguments)."""
+    """``train``'s ``enable`` of V2's all-gather overlap, turned on as PaddleFormers does (two arguments)."""
     run.opt._set_all_gather_overlap_forward(True, run.model)
     assert overlap_impl(run.opt) is not None, "no overlap owner on V2"
 
 
 def no_update(run):
-    """``train``'s ``update`` when the micro-step updates (a pipeline's
-    ``train_batch``)."""
+    """``train``'s ``update`` when the micro-step updates (a pipeline's ``train_batch``)."""
 
 
 def train(
@@ -264,20 +231,15 @@ def train(
     after_step=None,
     final=None,
 ):
-    """Train ``build`` (a :class:`Build`, or its ``model`` alone) and return
-    the :class:`Run`: the one training loop of the scripts. Every callback
-    takes the Run.
+    """Train ``build`` (a :class:`Build`, or its ``model`` alone) and return the :class:`Run`: the one training loop of the
+    scripts. Every callback takes the Run.
 
-    After building: ``built(run)``, off and on alike (e.g. freezing
-    parameters the optimizer holds); with ``overlap``, ``enable(run)`` turns
-    it on (default ``v1()``: one broadcast per parameter); the ``checker``
-    watches; ``prepare(run)`` before the first step. Each step from
-    ``first_step``: ``micro_step(run)`` per micro-batch returns its loss,
-    ``update(run)`` (default ``run.opt.step()``), ``clear_grad``, then
-    ``after_step(run)``, which may return values read between steps (kept
-    in ``run.extras``). At the end ``final(run)`` (e.g. one more forward),
-    then ``run.params`` from ``model.state_dict()``.
-    """
+    After building: ``built(run)``, off and on alike (e.g. freezing parameters the optimizer holds); with ``overlap``,
+    ``enable(run)`` turns it on (default ``v1()``: one broadcast per parameter); the ``checker`` watches;
+    ``prepare(run)`` before the first step. Each step from ``first_step``: ``micro_step(run)`` per micro-batch returns
+    its loss, ``update(run)`` (default ``run.opt.step()``), ``clear_grad``, then ``after_step(run)``, which may return
+    values read between steps (kept in ``run.extras``). At the end ``final(run)`` (e.g. one more forward), then
+    ``run.params`` from ``model.state_dict()``."""
     build = build if isinstance(build, Build) else Build(build)
     run = Run(checker=checker, acc_steps=acc_steps, losses=[], extras=[])
     run.reports = []
@@ -333,28 +295,21 @@ def assert_bitwise_equal(expected, actual, what):
     actual_losses, actual_params = actual
     assert len(expected_losses) == len(actual_losses), what
     for i, (a, b) in enumerate(zip(expected_losses, actual_losses)):
-        assert (
-            a.tobytes() == b.tobytes()
-        ), f"{what}: loss {i} differs: {a} vs {b}"
+        assert a.tobytes() == b.tobytes(), f"{what}: loss {i} differs: {a} vs {b}"
     assert expected_params.keys() == actual_params.keys(), what
     for k in expected_params:
         a, b = expected_params[k], actual_params[k]
         assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {k}"
         assert a.tobytes() == b.tobytes(), (
-            f"{what}: parameter {k} differs, max abs diff "
-            f"{np.abs(a.astype('float64') - b.astype('float64')).max()}"
+            f"{what}: parameter {k} differs, max abs diff " f"{np.abs(a.astype('float64') - b.astype('float64')).max()}"
         )
 
 
 def overlap_module(name="param_sync_overlap"):
-    """The product's module ``name`` (default the one holding
-    ParamSyncOverlap; ``read_interception``, ``sync_registry``), found next
-    to the DygraphShardingOptimizer module that defines
-    _set_broadcast_overlap (Paddle's own when the patch is applied; the
-    overlay's when it was applied at start-up, e.g. by PADDLE_OVERLAY=1)."""
-    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-        dygraph_sharding_optimizer as dso,
-    )
+    """The product's module ``name`` (default the one holding ParamSyncOverlap; ``read_interception``, ``sync_registry``),
+    found next to the DygraphShardingOptimizer module that defines _set_broadcast_overlap (Paddle's own when the patch
+    is applied; the overlay's when it was applied at start-up, e.g. by PADDLE_OVERLAY=1)."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import dygraph_sharding_optimizer as dso
 
     defined_in = dso.DygraphShardingOptimizer._set_broadcast_overlap.__module__
     return importlib.import_module(f"{defined_in.rpartition('.')[0]}.{name}")
@@ -362,9 +317,8 @@ def overlap_module(name="param_sync_overlap"):
 
 @contextlib.contextmanager
 def read_guard_removed():
-    """Negative controls: inside the block a layer's ``_parameters``
-    lookups (``[]``, ``get``) are plain ``OrderedDict`` ones, so attribute
-    reads of a parameter no longer wait for its sync."""
+    """Negative controls: inside the block a layer's ``_parameters`` lookups (``[]``, ``get``) are plain ``OrderedDict``
+    ones, so attribute reads of a parameter no longer wait for its sync."""
     guarded = overlap_module("read_interception").GuardedParameters
     saved = (guarded.__getitem__, guarded.get)
     guarded.__getitem__, guarded.get = OrderedDict.__getitem__, OrderedDict.get
@@ -388,14 +342,10 @@ def sharding_optimizer(opt):
 
 
 def optimizer_parameters(opt):
-    """The sharding optimizer's own parameter list, whose positions the
-    overlap's ``order`` and units' ``indices`` are (V1's
-    ``_origin_parameter_list``, V2's ``_parameter_list``); checked against
-    the overlap's public ``index_of``."""
+    """The sharding optimizer's own parameter list, whose positions the overlap's ``order`` and units' ``indices`` are
+    (V1's ``_origin_parameter_list``, V2's ``_parameter_list``); checked against the overlap's public ``index_of``."""
     inner = sharding_optimizer(opt)
-    params = list(
-        getattr(inner, "_origin_parameter_list", None) or inner._parameter_list
-    )
+    params = list(getattr(inner, "_origin_parameter_list", None) or inner._parameter_list)
     impl = overlap_impl(opt)
     if impl is not None:
         where = [impl.index_of(p) for p in params]
@@ -404,27 +354,21 @@ def optimizer_parameters(opt):
 
 
 def bucket_units(opt):
-    """The units of ``opt``'s overlap that send a bucket (a 1-D buffer, or a
-    slice of Paddle's fused buffer, holding ``.params``), in launch order;
-    the others send their one parameter itself."""
-    return [
-        u
-        for u in overlap_impl(opt).units
-        if not (len(u.params) == 1 and u.tensor is u.params[0])
-    ]
+    """The units of ``opt``'s overlap that send a bucket (a 1-D buffer, or a slice of Paddle's fused buffer, holding
+    ``.params``), in launch order; the others send their one parameter itself."""
+    return [u for u in overlap_impl(opt).units if not (len(u.params) == 1 and u.tensor is u.params[0])]
 
 
 def assert_per_parameter(opt):
-    """``opt``'s overlap sends one broadcast per parameter of the sharding
-    optimizer (no bucket: each unit sends its parameter itself)."""
+    """``opt``'s overlap sends one broadcast per parameter of the sharding optimizer (no bucket: each unit sends its
+    parameter itself)."""
     units, n = overlap_impl(opt).units, len(optimizer_parameters(opt))
     assert not bucket_units(opt), bucket_units(opt)
     assert len(units) == n, (len(units), n)
 
 
 def assert_v2(opt, buffers=3):
-    """``opt``'s sharding optimizer is V2 with at least ``buffers`` comm
-    buffers; returns them."""
+    """``opt``'s sharding optimizer is V2 with at least ``buffers`` comm buffers; returns them."""
     inner = sharding_optimizer(opt)
     assert type(inner).__name__ == "DygraphShardingOptimizerV2", inner
     found = inner._comm_buffer_list
@@ -445,23 +389,20 @@ def slot_offsets(unit):
 
 
 def total_forward_pre_hooks(model):
-    return sum(
-        len(l._forward_pre_hooks) for l in model.sublayers(include_self=True)
-    )
+    return sum(len(l._forward_pre_hooks) for l in model.sublayers(include_self=True))
 
 
 def overlap_hook_ids(layer, checker):
-    """Ids of ``layer``'s forward pre-hooks that are not ``checker``'s (the
-    overlap's, on layers without hooks of their own)."""
+    """Ids of ``layer``'s forward pre-hooks that are not ``checker``'s (the overlap's, on layers without hooks of their
+    own)."""
     hooks = layer._forward_pre_hooks
     return [h for h in hooks if not checker.owns_hook(layer, h)]
 
 
 @contextlib.contextmanager
 def raises(error, *texts):
-    """The block must raise ``error`` with each of ``texts`` in its message;
-    yields a namespace whose ``message`` and ``traceback`` are set to the
-    error's."""
+    """The block must raise ``error`` with each of ``texts`` in its message; yields a namespace whose ``message`` and
+    ``traceback`` are set to the error's."""
     caught = types.SimpleNamespace(message=None, traceback=None)
     try:
         yield caught
@@ -489,14 +430,10 @@ def rename_state_keys(state, renames):
 
 
 def fused_spans(opt):
-    """(start, end) addresses of the float32 fused parameter buffers of
-    Paddle's V1 tensor fusion (``_rank2fused``) in fleet optimizer ``opt``."""
+    """(start, end) addresses of the float32 fused parameter buffers of Paddle's V1 tensor fusion (``_rank2fused``) in
+    fleet optimizer ``opt``."""
     fused = sharding_optimizer(opt)._rank2fused.values()
-    return [
-        (t.data_ptr(), t.data_ptr() + 4 * int(t._numel()))
-        for ts in fused
-        for t in ts
-    ]
+    return [(t.data_ptr(), t.data_ptr() + 4 * int(t._numel())) for ts in fused for t in ts]
 
 
 def inside(spans, address):
@@ -504,8 +441,8 @@ def inside(spans, address):
 
 
 def assert_slices_of_fused(opt, units):
-    """Each of ``units`` sends a slice of Paddle's fused buffers (its first
-    and last element inside one), nothing of the overlap's own."""
+    """Each of ``units`` sends a slice of Paddle's fused buffers (its first and last element inside one), nothing of the
+    overlap's own."""
     spans = fused_spans(opt)
     for unit in units:
         first, size = unit.tensor.data_ptr(), unit.tensor.element_size()
@@ -515,11 +452,9 @@ def assert_slices_of_fused(opt, units):
 
 
 def save_and_load_fresh(model, opt, build=TinyLM):
-    """``model``'s layer and ``opt``'s state saved (paddle.save, per rank,
-    no synchronize first) and loaded into a fresh ``build()`` and fleet
-    AdamW as a new process would (this process names the fresh parameters
-    differently: the state's keys renamed). Returns (fleet model, fleet
-    optimizer, both overlap off; the loaded model state)."""
+    """``model``'s layer and ``opt``'s state saved (paddle.save, per rank, no synchronize first) and loaded into a fresh
+    ``build()`` and fleet AdamW as a new process would (this process names the fresh parameters differently: the state's
+    keys renamed). Returns (fleet model, fleet optimizer, both overlap off; the loaded model state)."""
     with tempfile.TemporaryDirectory() as tmp:
         mpath = os.path.join(tmp, f"m{rank()}.pdparams")
         opath = os.path.join(tmp, f"o{rank()}.pdopt")
@@ -536,19 +471,13 @@ def save_and_load_fresh(model, opt, build=TinyLM):
     return fleet.distributed_model(fresh), fresh_opt, model_state
 
 
-def compare_on_off(
-    build=TinyLM, *, replicas=None, train=train, started_in_step=True, **kwargs
-):
-    """Off run, then on run under the wait checker (``train``: the training
-    function, default :func:`train`, called as ``train(build, overlap,
-    checker=..., **kwargs)``): bitwise-equal losses, values read between
-    steps and final parameters; the final parameters equal on every rank of
-    ``replicas`` (a group; ``"world"``: every rank; None: not checked),
-    gathered before any assertion so a failure on one rank leaves the ranks
-    in step; no read of a pending sync, some async sync seen, every one
-    started inside step()/minimize() (none by a hook or a read;
-    ``started_in_step=False``: not checked, for Paddle's own V2 overlap,
-    whose hooks start them), none left unwaited.
+def compare_on_off(build=TinyLM, *, replicas=None, train=train, started_in_step=True, **kwargs):
+    """Off run, then on run under the wait checker (``train``: the training function, default :func:`train`, called as
+    ``train(build, overlap, checker=..., **kwargs)``): bitwise-equal losses, values read between steps and final
+    parameters; the final parameters equal on every rank of ``replicas`` (a group; ``"world"``: every rank; None: not
+    checked), gathered before any assertion so a failure on one rank leaves the ranks in step; no read of a pending
+    sync, some async sync seen, every one started inside step()/minimize() (none by a hook or a read;
+    ``started_in_step=False``: not checked, for Paddle's own V2 overlap, whose hooks start them), none left unwaited.
     Returns ``(checker, the on run)``; ``on.off`` is the off run."""
     off = train(build, False, **kwargs)
     with ParamSyncWaitChecker() as checker:
@@ -557,18 +486,13 @@ def compare_on_off(
     same = replicas is None or equal_in_group(digests(on.params), group)
     model = build.model if isinstance(build, Build) else build
     what = f"{getattr(model, '__name__', model)} {sorted(kwargs)}"
-    # first: a schedule fault (a hook or a read starting a sync) also
-    # breaks the values, and this names it
+    # first: a schedule fault (a hook or a read starting a sync) also breaks the values, and this names it
     assert checker.watching, "the wait checker watched no optimizer"
     assert not (started_in_step and checker.outside_step), (
-        "syncs started outside step()/minimize() (by a hook or a read): "
-        f"{checker.outside_step[:8]}"
+        "syncs started outside step()/minimize() (by a hook or a read): " f"{checker.outside_step[:8]}"
     )
     assert_runs_equal(off, on, what)
-    assert checker.violations == [], (
-        f"reads of a parameter whose sync is pending: "
-        f"{checker.violations[:8]}"
-    )
+    assert checker.violations == [], f"reads of a parameter whose sync is pending: " f"{checker.violations[:8]}"
     assert checker.counts["launched"] > 0, "no async sync was issued"
     # the final model.state_dict() waited for the last launch
     assert checker.num_unwaited() == 0, checker.num_unwaited()
@@ -578,8 +502,7 @@ def compare_on_off(
 
 
 def assert_runs_equal(off, on, what):
-    """Two :class:`Run` s bitwise equal: losses, values read between steps
-    (``extras``) and final parameters."""
+    """Two :class:`Run` s bitwise equal: losses, values read between steps (``extras``) and final parameters."""
     assert len(off.extras) == len(on.extras), what
     for i, (a, b) in enumerate(zip(off.extras, on.extras)):
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (
@@ -591,8 +514,8 @@ def assert_runs_equal(off, on, what):
 
 
 def equal_in_group(values, group=None):
-    """True when the int list ``values`` is the same on every rank of
-    ``group`` (None: every rank; every rank of the group must call it)."""
+    """True when the int list ``values`` is the same on every rank of ``group`` (None: every rank; every rank of the group
+    must call it)."""
     if group is not None and group.nranks < 2:
         return True
     mine = paddle.to_tensor(values, dtype="int64")
@@ -608,17 +531,11 @@ def all_ranks_equal(values):
 
 @contextlib.contextmanager
 def hybrid_configs(section, optional=(), **fields):
-    """Fields of fleet's ``strategy.hybrid_configs[section]``
-    (``"sharding_configs"``, ``"pp_configs"``) set for the block (Paddle
-    reads them when it builds the model and optimizer, the overlap when it
-    is turned on), restored on exit; the fields named in ``optional`` only
-    where this Paddle has them (3.x's ``comm_buffer_size_MB``)."""
+    """Fields of fleet's ``strategy.hybrid_configs[section]`` (``"sharding_configs"``, ``"pp_configs"``) set for the block
+    (Paddle reads them when it builds the model and optimizer, the overlap when it is turned on), restored on exit; the
+    fields named in ``optional`` only where this Paddle has them (3.x's ``comm_buffer_size_MB``)."""
     config = fleet.fleet._user_defined_strategy.hybrid_configs[section]
-    fields = {
-        k: v
-        for k, v in fields.items()
-        if k not in optional or hasattr(config, k)
-    }
+    fields = {k: v for k, v in fields.items() if k not in optional or hasattr(config, k)}
     saved = {k: getattr(config, k) for k in fields}
     for k, v in fields.items():
         setattr(config, k, v)
@@ -641,13 +558,10 @@ def pp_configs(**fields):
 
 @contextlib.contextmanager
 def sharding_v2(buffer_mb=V2_BUFFER_MB):
-    """V2 for the optimizer built in the block: ``split_param`` on and, on
-    Paddle 3.x, ``comm_buffer_size_MB`` (both restored on exit); the CPU
-    shim's items 8 and 9 (a no-op on GPUs)."""
+    """V2 for the optimizer built in the block: ``split_param`` on and, on Paddle 3.x, ``comm_buffer_size_MB`` (both
+    restored on exit); the CPU shim's items 8 and 9 (a no-op on GPUs)."""
     optional = ("comm_buffer_size_MB",)
-    with sharding_configs(
-        optional, split_param=True, comm_buffer_size_MB=buffer_mb
-    ):
+    with sharding_configs(optional, split_param=True, comm_buffer_size_MB=buffer_mb):
         with hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb):
             yield
 
@@ -660,13 +574,11 @@ def init_fleet(
     mp_sync_param=False,
     micro_batch=2,
 ):
-    """fleet.init, the one of every script: ``degrees`` (``dp_degree``,
-    ``mp_degree``, ``pp_degree``, ``sharding_degree``; default every rank in
-    one sharding group); a pipeline of 2 micro-batches of ``micro_batch``
-    without batched p2p (gloo has none on the calc stream: 3.x setting, 2.6
-    always batches, see hybrid_parallel_cpu_shim); ``mp_sync_param``:
-    ``mp_configs.sync_param``; ``split_param``: V2, with comm buffers of
-    ``buffer_mb`` MB on Paddle 3.x."""
+    """fleet.init, the one of every script: ``degrees`` (``dp_degree``, ``mp_degree``, ``pp_degree``, ``sharding_degree``;
+    default every rank in one sharding group); a pipeline of 2 micro-batches of ``micro_batch`` without batched p2p
+    (gloo has none on the calc stream: 3.x setting, 2.6 always batches, see hybrid_parallel_cpu_shim);
+    ``mp_sync_param``: ``mp_configs.sync_param``; ``split_param``: V2, with comm buffers of ``buffer_mb`` MB on Paddle
+    3.x."""
     hybrid_parallel_cpu_shim.install()  # CPU ranks (a no-op on GPUs)
     if os.environ.get("PADDLE_OVERLAY_TEST_DEVICE"):
         # set by this project's launcher; Paddle's CI keeps its default device
@@ -695,11 +607,9 @@ def init_fleet(
 
 
 class VariantLM(TinyLM):
-    """TinyLM running ``front(x)`` on the embedding's output and
-    ``run_block(i, x)`` per block, which variants override after adding
-    layers in ``build()``; ``read_check(params)`` is called right before a
-    variant reads ``params`` outside their layer's call (a case passes the
-    wait checker's); ``step``: set by ``step_aware_micro_step``."""
+    """TinyLM running ``front(x)`` on the embedding's output and ``run_block(i, x)`` per block, which variants override
+    after adding layers in ``build()``; ``read_check(params)`` is called right before a variant reads ``params`` outside
+    their layer's call (a case passes the wait checker's); ``step``: set by ``step_aware_micro_step``."""
 
     step = 0
 
@@ -725,38 +635,33 @@ class VariantLM(TinyLM):
 
 
 def assert_order_agreed(run):
-    """The overlap of ``run`` (a :class:`Run`) agreed on one order, the
-    same on every rank."""
+    """The overlap of ``run`` (a :class:`Run`) agreed on one order, the same on every rank."""
     impl = overlap_impl(run.opt)
     assert impl.order is not None and all_ranks_equal(impl.order)
 
 
-# Warnings any case may raise without asserting on them: Paddle's own
-# notices about its set-up, none about what the cases check. Every other
-# warning raised in a case (and not caught by the case itself) fails it.
+# Warnings any case may raise without asserting on them: Paddle's own notices about its set-up, none about what the
+# cases check. Every other warning raised in a case (and not caught by the case itself) fails it.
 EXPECTED_WARNINGS = (
-    # DygraphShardingOptimizer on a build without NCCL >= 2.10 (the CPU
-    # wheels): it falls back from reduce_avg to sum and scale
+    # DygraphShardingOptimizer on a build without NCCL >= 2.10 (the CPU wheels): it falls back from reduce_avg to sum
+    # and scale
     (UserWarning, r"^nccl reduce_avg requires paddle compiled with cuda"),
     # PipelineLayer without a SharedLayerDesc (the plain pipeline model)
     (UserWarning, r"^No shared comm will be constructed"),
 )
 
-# The overlap's warning (once per owner) that a training forward used the
-# parameters in another order than the agreed one.
+# The overlap's warning (once per owner) that a training forward used the parameters in another order than the agreed
+# one.
 ORDER_WARNING = "in another order than the first one"
-# The overlay's lost-overlap warning (once per owner), when reads between
-# step() and the next training forward waited for most of the step's units
-# in at least LOST_STEPS of the last WINDOW steps (paddle_overlay's
-# overlap_monitor).
+# The overlay's lost-overlap warning (once per owner), when reads between step() and the next training forward waited
+# for most of the step's units in at least LOST_STEPS of the last WINDOW steps (paddle_overlay's overlap_monitor).
 LOST_OVERLAP_WARNING = "so they did not overlap it"
 
 
 @contextlib.contextmanager
 def overlap_warnings(text):
-    """Yields a list that holds, once the block ends, the messages of the
-    warnings raised in the block that contain ``text``; every other warning
-    goes on to ``run_cases``, which fails the case on it."""
+    """Yields a list that holds, once the block ends, the messages of the warnings raised in the block that contain
+    ``text``; every other warning goes on to ``run_cases``, which fails the case on it."""
     found = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -774,27 +679,23 @@ def order_warnings():
 
 
 def lost_overlap_warnings():
-    """``overlap_warnings`` of the lost-overlap warning
-    (LOST_OVERLAP_WARNING)."""
+    """``overlap_warnings`` of the lost-overlap warning (LOST_OVERLAP_WARNING)."""
     return overlap_warnings(LOST_OVERLAP_WARNING)
 
 
 def lost_steps_of(opt):
-    """list[bool]: the overlay's lost-overlap verdicts for the decided
-    steps of ``opt``'s owner (``opt``: fleet's optimizer, or its owner)."""
+    """list[bool]: the overlay's lost-overlap verdicts for the decided steps of ``opt``'s owner (``opt``: fleet's
+    optimizer, or its owner)."""
     from paddle_overlay import overlap_monitor
 
     return overlap_monitor.MONITOR.history(overlap_impl(opt) or opt)
 
 
 def assert_overlap_lost(found, opt, path, lost_steps=None):
-    """The reads between the steps of ``opt``'s owner took the overlap
-    away (``opt``: fleet's optimizer, or its owner): the overlay's monitor
-    counted ``lost_steps`` of its decided steps
-    lost (None: at least one), the owner counted waits on ``path``
-    (``"attribute"``, ``"iteration"``, ``"compiled program"``), and no
-    warning was shown (``found``, from ``lost_overlap_warnings``): these
-    runs lose fewer steps than the warning's rule needs."""
+    """The reads between the steps of ``opt``'s owner took the overlap away (``opt``: fleet's optimizer, or its owner): the
+    overlay's monitor counted ``lost_steps`` of its decided steps lost (None: at least one), the owner counted waits on
+    ``path`` (``"attribute"``, ``"iteration"``, ``"compiled program"``), and no warning was shown (``found``, from
+    ``lost_overlap_warnings``): these runs lose fewer steps than the warning's rule needs."""
     impl = overlap_impl(opt) or opt
     history = lost_steps_of(impl)
     assert found == [], found
@@ -811,31 +712,24 @@ def assert_overlap_lost(found, opt, path, lost_steps=None):
 def expected_warning(w):
     """True when the recorded warning ``w`` is one of EXPECTED_WARNINGS."""
     return any(
-        issubclass(w.category, category) and re.search(text, str(w.message))
-        for category, text in EXPECTED_WARNINGS
+        issubclass(w.category, category) and re.search(text, str(w.message)) for category, text in EXPECTED_WARNINGS
     )
 
 
 def digests(params):
-    """crc32 per array of the dict ``params``, in key order (to compare
-    parameters across ranks with ``equal_in_group``)."""
+    """crc32 per array of the dict ``params``, in key order (to compare parameters across ranks with ``equal_in_group``)."""
     return [zlib.crc32(params[k].tobytes()) for k in sorted(params)]
 
 
 def run_cases(cases, init=None, notices=(), stop_at_first_failure=False):
-    """Per-rank main: ``init()`` (default ``init_fleet``), then the cases
-    named in env BROADCAST_OVERLAP_CASES (all when unset); returns the exit
-    code. Env BROADCAST_OVERLAP_EXPECTED_FAILURES: JSON ``{case: regex}``
-    of cases that must fail with the regex in their error (see
-    ``run_named``). ``stop_at_first_failure``: run no case after one that
-    failed (a schedule case: its ranks are out of step, later cases would
-    only add collectives after the one that broke)."""
+    """Per-rank main: ``init()`` (default ``init_fleet``), then the cases named in env BROADCAST_OVERLAP_CASES (all when
+    unset); returns the exit code. Env BROADCAST_OVERLAP_EXPECTED_FAILURES: JSON ``{case: regex}`` of cases that must
+    fail with the regex in their error (see ``run_named``). ``stop_at_first_failure``: run no case after one that failed
+    (a schedule case: its ranks are out of step, later cases would only add collectives after the one that broke)."""
     (init or init_fleet)()
     wanted = os.environ.get("BROADCAST_OVERLAP_CASES", "")
     names = [n for n in wanted.split(",") if n] or list(cases)
-    expected = json.loads(
-        os.environ.get("BROADCAST_OVERLAP_EXPECTED_FAILURES", "") or "{}"
-    )
+    expected = json.loads(os.environ.get("BROADCAST_OVERLAP_EXPECTED_FAILURES", "") or "{}")
     unknown = [n for n in names + list(expected) if n not in cases]
     if unknown:
         print(f"unknown cases {unknown}; known: {sorted(cases)}", flush=True)
@@ -849,8 +743,7 @@ def run_cases(cases, init=None, notices=(), stop_at_first_failure=False):
             break
     # (XFAIL counts as passed: as expected)
     print(
-        f"{ran - len(failed)} passed, {len(failed)} failed"
-        + (f": {failed}" if failed else ""),
+        f"{ran - len(failed)} passed, {len(failed)} failed" + (f": {failed}" if failed else ""),
         flush=True,
     )
     return 1 if failed else 0
@@ -864,15 +757,12 @@ def agree(flags):
 
 
 def run_named(cases, names, prefix="", expected=None, notices=()):
-    """Run ``cases[name]`` for each of ``names`` (fleet initialized),
-    printing ``CASE <prefix><name> PASS|FAIL|XFAIL|XPASS``; returns the
-    names that were not as expected. A case fails on an exception or on a
-    warning it did not catch itself (see EXPECTED_WARNINGS; ``notices``:
-    more allowed message regexes, ``(".",)`` allows any). The verdict is
-    agreed across the ranks (a case fails on every rank when it fails on
-    one), so the ranks stay in step. ``expected``: ``{name: regex}`` of
-    cases that must fail with the regex in every failing rank's error
-    (traceback included): XFAIL; one that passes: XPASS."""
+    """Run ``cases[name]`` for each of ``names`` (fleet initialized), printing ``CASE <prefix><name>
+    PASS|FAIL|XFAIL|XPASS``; returns the names that were not as expected. A case fails on an exception or on a warning
+    it did not catch itself (see EXPECTED_WARNINGS; ``notices``: more allowed message regexes, ``(".",)`` allows any).
+    The verdict is agreed across the ranks (a case fails on every rank when it fails on one), so the ranks stay in step.
+    ``expected``: ``{name: regex}`` of cases that must fail with the regex in every failing rank's error (traceback
+    included): XFAIL; one that passes: XPASS."""
     expected = expected or {}
     bad = []
     for name in names:
@@ -884,8 +774,7 @@ def run_named(cases, names, prefix="", expected=None, notices=()):
             unexpected = [
                 f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})"
                 for w in caught
-                if not expected_warning(w)
-                and not any(re.search(t, str(w.message)) for t in notices)
+                if not expected_warning(w) and not any(re.search(t, str(w.message)) for t in notices)
             ]
             # a case that expects a warning catches it and asserts on it
             assert not unexpected, f"unexpected warnings: {unexpected}"
@@ -904,8 +793,7 @@ def run_named(cases, names, prefix="", expected=None, notices=()):
         note = f" expected /{pattern}/" if pattern is not None else ""
         first = error.splitlines()[0][:400] if error else ""
         print(
-            f"CASE {prefix}{name} {verdict} (rank {rank()}, "
-            f"{time.monotonic() - start:.1f} s){note} {first}",
+            f"CASE {prefix}{name} {verdict} (rank {rank()}, " f"{time.monotonic() - start:.1f} s){note} {first}",
             flush=True,
         )
         if error and verdict != "XFAIL":
@@ -916,17 +804,12 @@ def run_named(cases, names, prefix="", expected=None, notices=()):
 
 
 def launch_cases(module):
-    """The cases one launch of the per-rank script ``module`` runs: its
-    ``launch_cases()`` where it defines one (a script that filters by its
-    launch's set-up), else every ``case_`` function."""
+    """The cases one launch of the per-rank script ``module`` runs: its ``launch_cases()`` where it defines one (a script
+    that filters by its launch's set-up), else every ``case_`` function."""
     own = getattr(module, "launch_cases", None)
     return own() if own is not None else cases_of(vars(module))
 
 
 def cases_of(namespace):
     """{name: fn} for every ``case_<name>`` function in ``namespace``."""
-    return {
-        name[len("case_") :]: fn
-        for name, fn in namespace.items()
-        if name.startswith("case_") and callable(fn)
-    }
+    return {name[len("case_") :]: fn for name, fn in namespace.items() if name.startswith("case_") and callable(fn)}
