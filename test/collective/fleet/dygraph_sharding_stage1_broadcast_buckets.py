@@ -101,10 +101,14 @@ def case_replaced_memory_is_rebound_and_a_size_change_refused(group):
     assert storage.rebind("_set_broadcast_overlap") == []
     paddle.full(params[0].shape, 2.0)._share_buffer_to(params[0])
     assert storage.rebind("_set_broadcast_overlap") == [0]
-    np.testing.assert_array_equal(params[0].numpy(), np.full(params[0].shape, 2.0))
+    np.testing.assert_array_equal(
+        params[0].numpy(), np.full(params[0].shape, 2.0)
+    )
     bucket = storage.buffers[storage.bucket_of(0)]
-    assert bucket.data_ptr() <= params[0].data_ptr() < (
-        broadcast_buckets.end_ptr(bucket)
+    assert (
+        bucket.data_ptr()
+        <= params[0].data_ptr()
+        < (broadcast_buckets.end_ptr(bucket))
     )
     paddle.zeros([3])._share_buffer_to(params[1])
     try:

@@ -28,9 +28,7 @@ import paddle
 import paddle.distributed as dist
 from paddle import nn
 from paddle.distributed import fleet
-from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    unit_plan,
-)
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import unit_plan
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.param_sync_overlap import (
     ParamSyncOverlap,
     plan_hybrid_synced_first,
@@ -69,12 +67,16 @@ def case_lead_agreed_planned_first_and_waited_alone(group):
     net(paddle.ones([2, 8]))  # records forward's order
     head, first = net[2].parameters(), net[0].parameters()
     # each rank proposes another lead: rank 0's is the one planned
-    plan_hybrid_synced_first(optimizer, lambda: head if dist.get_rank() == 0 else first)
+    plan_hybrid_synced_first(
+        optimizer, lambda: head if dist.get_rank() == 0 else first
+    )
     owner.launch()
     lead = [params[i].name for i in owner.lead]
     assert lead == [p.name for p in head], lead
     assert [u.label for u in owner.units[:2]] == lead, owner.units
-    plan_hybrid_synced_first(optimizer, first)  # after the first launch: nothing
+    plan_hybrid_synced_first(
+        optimizer, first
+    )  # after the first launch: nothing
     assert [params[i].name for i in owner.lead] == lead
     wait_before_hybrid_sync(head[0])  # that parameter's unit only
     assert owner.num_pending == len(params) - 1

@@ -32,9 +32,7 @@ import paddle
 import paddle.distributed as dist
 from paddle import nn
 from paddle.distributed import fleet
-from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    unit_plan,
-)
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import unit_plan
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.param_sync_overlap import (
     ParamSyncOverlap,
 )
@@ -113,7 +111,9 @@ def case_agreed_order_launch_and_layer_waits(group):
         owner.launch()
         assert owner.num_pending == len(params)
     names = [params[i].name for i in owner.order]
-    first_use = [p.name for m in (net.fc, net.norm, net.head) for p in m.parameters()]
+    first_use = [
+        p.name for m in (net.fc, net.norm, net.head) for p in m.parameters()
+    ]
     assert names == first_use, (names, first_use)
     assert equal_on_every_rank(paddle.to_tensor(owner.order), group)
     net.fc(x)  # one layer waits for its own units only

@@ -68,8 +68,15 @@ class PendingBroadcasts:
     def start(self, params):
         """Broadcast ``params`` from the group's first rank, in flight."""
         for i, p in enumerate(params):
-            unit = CommUnit("broadcast", p, (i,), [p], self.group,
-                            src=self.group.ranks[0], label=p.name)
+            unit = CommUnit(
+                "broadcast",
+                p,
+                (i,),
+                [p],
+                self.group,
+                src=self.group.ranks[0],
+                label=p.name,
+            )
             unit.start(PaddleComm())
             sync_registry.PENDING[id(p)] = (self, unit)
             self.units.append(unit)
@@ -118,7 +125,9 @@ def case_attribute_waits_for_its_own_unit(group):
     owner.start(model.parameters())
     weight = model[2].weight  # an attribute read
     np.testing.assert_array_equal(weight.numpy(), rank0[weight.name])
-    assert owner.waits == [(SyncStat.ON_READ, "attribute", weight.name)], owner.waits
+    assert owner.waits == [
+        (SyncStat.ON_READ, "attribute", weight.name)
+    ], owner.waits
     assert len(sync_registry.PENDING) == 3  # the others are still in flight
     state = model.state_dict()  # iteration: everything it returns
     for p in model.parameters():
@@ -148,10 +157,14 @@ def case_compiled_program_waits_for_everything(group):
 def case_release_removes_every_guard(group):
     model, _ = model_and_rank0(group)
     owner = open_owner(model, group)
-    kinds = {type(m.__dict__["_parameters"]).__name__ for m in model.sublayers(True)}
+    kinds = {
+        type(m.__dict__["_parameters"]).__name__ for m in model.sublayers(True)
+    }
     assert kinds == {"GuardedParameters"}, kinds
     close_owner(owner)
-    assert {type(m.__dict__["_parameters"]) for m in model.sublayers(True)} == {OrderedDict}
+    assert {type(m.__dict__["_parameters"]) for m in model.sublayers(True)} == {
+        OrderedDict
+    }
     assert not read_interception.is_installed()
 
 

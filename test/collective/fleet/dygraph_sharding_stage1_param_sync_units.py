@@ -27,9 +27,7 @@ import paddle
 import paddle.distributed as dist
 from paddle import nn
 from paddle.distributed import fleet
-from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    unit_plan,
-)
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import unit_plan
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.comm_unit import (
     PaddleComm,
     UnitState,
@@ -96,7 +94,9 @@ def check_owners_values(params, values, src_ranks, group, skip=()):
 def case_per_parameter(group):
     params, values, src, units, _ = planned(unit_plan.PerParameter, group)
     assert len(units) == len(params)
-    assert [u.indices for u in units] == [(i,) for i in reversed(range(len(params)))]
+    assert [u.indices for u in units] == [
+        (i,) for i in reversed(range(len(params)))
+    ]
     sync(units)
     check_owners_values(params, values, src, group)
 
@@ -107,7 +107,9 @@ def case_buckets(group):
 
     params, values, src, units, _ = planned(planner, group)
     assert 1 < len(units) < len(params), units
-    assert sorted(i for u in units for i in u.indices) == list(range(len(params)))
+    assert sorted(i for u in units for i in u.indices) == list(
+        range(len(params))
+    )
     sync(units)
     check_owners_values(params, values, src, group)
 
@@ -116,7 +118,9 @@ def case_frozen_unit_skipped_and_refusals(group):
     params, values, src, units, plan = planned(unit_plan.PerParameter, group)
     params[1].stop_gradient = True
     started = sync(units)
-    assert len(started) == len(units) - 1 and all(1 not in u.indices for u in started)
+    assert len(started) == len(units) - 1 and all(
+        1 not in u.indices for u in started
+    )
     check_owners_values(params, values, src, group, skip={1})
     unit = started[0]
     unit.start(PaddleComm())
@@ -133,7 +137,9 @@ def case_frozen_unit_skipped_and_refusals(group):
     except ValueError as e:
         assert params[0].name in str(e), e
     else:
-        raise AssertionError("a parameter changed after planning was not refused")
+        raise AssertionError(
+            "a parameter changed after planning was not refused"
+        )
 
 
 if __name__ == "__main__":

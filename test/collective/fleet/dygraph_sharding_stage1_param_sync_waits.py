@@ -52,7 +52,9 @@ class Block(nn.Layer):
 
 def per_parameter_units(params, index_of, group):
     return [
-        CommUnit("broadcast", p, (index_of[id(p)],), [p], group, src=0, label=p.name)
+        CommUnit(
+            "broadcast", p, (index_of[id(p)],), [p], group, src=0, label=p.name
+        )
         for p in params
     ]
 
@@ -67,11 +69,21 @@ def case_each_owning_layer_waits_for_its_own(group):
     assert waits.unreachable == (len(params) - 1,)
     # the root is hooked first; the ParameterList is waited by its parent
     assert waits.hooked_layers[0] is root
-    assert {id(l) for l in waits.hooked_layers} == {id(root), id(block), id(block.fc), id(head)}
-    assert set(waits.positions_of(block)) == {index_of[id(block.scale)], index_of[id(block.extra[0])]}
+    assert {id(l) for l in waits.hooked_layers} == {
+        id(root),
+        id(block),
+        id(block.fc),
+        id(head),
+    }
+    assert set(waits.positions_of(block)) == {
+        index_of[id(block.scale)],
+        index_of[id(block.extra[0])],
+    }
     units = per_parameter_units(params, index_of, group)
     waits.use(units)
-    assert {u.label for u in waits.units_of(block.fc)} == {p.name for p in block.fc.parameters()}
+    assert {u.label for u in waits.units_of(block.fc)} == {
+        p.name for p in block.fc.parameters()
+    }
     assert [u.label for u in waits.unreachable_units] == [outside.name]
     assert waits.units_of(root) == ()
 

@@ -22,7 +22,9 @@ from legacy_test.test_parallel_dygraph_dataparallel import (
 class TestDygraphShardingStage1BroadcastBuckets(TestMultipleAccelerators):
     def test_broadcast_buckets(self):
         # buckets materialized, broadcast from their owners, rebound, refused
-        self.run_mnist_2accelerators("dygraph_sharding_stage1_broadcast_buckets.py")
+        self.run_mnist_2accelerators(
+            "dygraph_sharding_stage1_broadcast_buckets.py"
+        )
 
 
 if __name__ == "__main__":

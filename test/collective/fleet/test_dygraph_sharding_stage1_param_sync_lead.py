@@ -22,7 +22,9 @@ from legacy_test.test_parallel_dygraph_dataparallel import (
 class TestDygraphShardingStage1ParamSyncLead(TestMultipleAccelerators):
     def test_param_sync_lead(self):
         # the parameters the mp/pp syncs cover: planned and waited first
-        self.run_mnist_2accelerators("dygraph_sharding_stage1_param_sync_lead.py")
+        self.run_mnist_2accelerators(
+            "dygraph_sharding_stage1_param_sync_lead.py"
+        )
 
 
 if __name__ == "__main__":

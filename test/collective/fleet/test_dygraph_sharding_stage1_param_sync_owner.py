@@ -22,7 +22,9 @@ from legacy_test.test_parallel_dygraph_dataparallel import (
 class TestDygraphShardingStage1ParamSyncOwner(TestMultipleAccelerators):
     def test_param_sync_owner(self):
         # the owner: agreed order, launch, per-layer waits, hooks
-        self.run_mnist_2accelerators("dygraph_sharding_stage1_param_sync_owner.py")
+        self.run_mnist_2accelerators(
+            "dygraph_sharding_stage1_param_sync_owner.py"
+        )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from legacy_test.test_parallel_dygraph_dataparallel import (
 class TestDygraphShardingStage1ParamSyncReads(TestMultipleAccelerators):
     def test_param_sync_reads(self):
         # reads and compiled programs wait for a broadcast in flight
-        self.run_mnist_2accelerators("dygraph_sharding_stage1_param_sync_reads.py")
+        self.run_mnist_2accelerators(
+            "dygraph_sharding_stage1_param_sync_reads.py"
+        )
 
 
 if __name__ == "__main__":

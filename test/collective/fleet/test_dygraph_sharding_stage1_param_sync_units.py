@@ -22,7 +22,9 @@ from legacy_test.test_parallel_dygraph_dataparallel import (
 class TestDygraphShardingStage1ParamSyncUnits(TestMultipleAccelerators):
     def test_param_sync_units(self):
         # units of each planner started and finished on both ranks
-        self.run_mnist_2accelerators("dygraph_sharding_stage1_param_sync_units.py")
+        self.run_mnist_2accelerators(
+            "dygraph_sharding_stage1_param_sync_units.py"
+        )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from legacy_test.test_parallel_dygraph_dataparallel import (
 class TestDygraphShardingStage1ParamSyncWaits(TestMultipleAccelerators):
     def test_param_sync_waits(self):
         # which layer waits for which units; out-of-order forwards
-        self.run_mnist_2accelerators("dygraph_sharding_stage1_param_sync_waits.py")
+        self.run_mnist_2accelerators(
+            "dygraph_sharding_stage1_param_sync_waits.py"
+        )
 
 
 if __name__ == "__main__":
