@@ -68,7 +68,6 @@ from .wait_map import LayerWaits
 __all__ = []
 
 _OWNER_ATTR = "_param_sync_overlap"
-_COLLECTIVE_NAMES = {"broadcast": "broadcast", "all_gather": "all-gather"}
 # Paddle 2.6's register_forward_pre_hook has no ``prepend``. A release flag:
 # tools/make_patch.py keeps the branch of the release a patch is made for.
 _HAS_PREPEND = (
@@ -215,8 +214,8 @@ class ParamSyncOverlap:
             order (positions are what ranks agree on).
         group: the sharding process group (``paddle.distributed`` Group).
         layers (paddle.nn.Layer): the model that runs the forward.
-        planner: a planner of ``unit_plan`` (``PerParameter``, ``Buckets``,
-            ``FusedSlices``, ``CommBuffers``).
+        planner: a planner of ``unit_plan``; its ``collective`` names what
+            the units send.
         method (str): the optimizer method that turned it on, named in
             errors and warnings.
         strict (bool | None): the root's pre-hook waits for everything
@@ -233,7 +232,7 @@ class ParamSyncOverlap:
     ):
         strict = _check_arguments(layers, strict, method)
         self._method, self._planner = method, planner
-        self._collective = _COLLECTIVE_NAMES[planner.collective]
+        self._collective = planner.collective.replace("_", "-")  # in messages
         self._comm = comm if comm is not None else PaddleComm()
         self._params = list(params)
         self._group = group
