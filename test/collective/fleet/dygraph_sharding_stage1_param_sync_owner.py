@@ -101,6 +101,10 @@ def case_agreed_order_launch_and_layer_waits(group):
     net, params, src, owner = open_owner(group)
     x = paddle.ones([2, 8])
     hooks = num_pre_hooks(net)
+    # forward's first use (read now: parameters() waits for pending units)
+    first_use = [
+        p.name for m in (net.fc, net.norm, net.head) for p in m.parameters()
+    ]
     for _ in range(STEPS):
         net(x)  # the first records the order; the others wait per layer
         assert owner.num_pending == 0
@@ -111,9 +115,6 @@ def case_agreed_order_launch_and_layer_waits(group):
         owner.launch()
         assert owner.num_pending == len(params)
     names = [params[i].name for i in owner.order]
-    first_use = [
-        p.name for m in (net.fc, net.norm, net.head) for p in m.parameters()
-    ]
     assert names == first_use, (names, first_use)
     assert equal_on_every_rank(paddle.to_tensor(owner.order), group)
     net.fc(x)  # one layer waits for its own units only
