@@ -979,3 +979,56 @@ def test_cli_writes_the_series_and_the_patch(tmp_path):
     bad = subprocess.run([sys.executable, tool, "--from-wheel", venv, "--author", "nobody"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "--author" in bad.stderr
+
+
+def test_the_sizes_the_docs_quote_are_the_generated_ones(tmp_path):
+    """docs/patches.md's table of the series (both releases) and the README's numbers are measured here
+    from the series generated for each release's checkout-like tree."""
+    measured = {}
+    for version in VERSIONS:
+        tree = wheel_tree(version, tmp_path / version)
+        titles = [pr["title"] for pr in make_patch.patch_series.PRS]
+        for name, text in make_patch.make_series(tree, version):
+            subject = re.search(r"^Subject: \[PATCH \d+/\d+\] (.*(?:\n .*)*)", text, re.M).group(1)
+            k = titles.index(subject.replace("\n ", " "))
+            _, added, deleted, tests = make_patch.sizes(
+                "\n".join(f"{a}\t{d}\t{p}" for a, d, p in re.findall(r"^(\d+)\t(\d+)\t(.+)$", numstat(text), re.M)))
+            measured[(version, k)] = f"+{added} −{deleted} (tests +{tests})"
+        measured[(version, "single")] = len(make_patch.make_patch(tree, "x", version).splitlines())
+    docs = make_patch._read(os.path.join(ROOT, "docs", "patches.md"))
+    rows = re.findall(r"^\| (\d) \| (\[.+?) \| (.+?) \| (.+?) \|$", docs, re.M)
+    assert [int(r[0]) for r in rows] == list(range(1, len(make_patch.PR_KEYS) + 1))
+    for number, title, v331, v262 in rows:
+        k = int(number) - 1
+        assert title == make_patch.patch_series.PRS[k]["title"], number
+        assert v331 == measured[("3.3.1", k)], (number, v331, measured[("3.3.1", k)])
+        assert v262 == measured.get(("2.6.2", k), "(nothing to remove)"), (number, v262)
+    readme = make_patch._read(os.path.join(ROOT, "README.md"))
+    added = [int(re.match(r"\+(\d+)", measured[("3.3.1", k)]).group(1)) for k in range(len(make_patch.PR_KEYS) - 1)]
+    deleted = int(re.search(r"−(\d+)", measured[("3.3.1", len(make_patch.PR_KEYS) - 1)]).group(1))
+    flat = " ".join(readme.split())
+    assert f"the first eight add {min(added)} to {max(added)} lines each, tests included, the last deletes {deleted}" \
+        in flat, (min(added), max(added), deleted)
+    assert f"({measured[('2.6.2', 'single')]:,} lines)" in readme
+    assert measured[("2.6.2", "single")] == len(make_patch._read(make_patch.patch_path("2.6.2")).splitlines())
+
+
+def numstat(patch):
+    """``git apply --numstat`` of a patch text (added, deleted, path per file)."""
+    with tempfile_file(patch) as path:
+        return subprocess.run(["git", "apply", "--numstat", path], capture_output=True, text=True, check=True).stdout
+
+
+class tempfile_file:
+    def __init__(self, text):
+        import tempfile
+
+        self.file = tempfile.NamedTemporaryFile("w", suffix=".patch", delete=False)
+        self.file.write(text)
+        self.file.close()
+
+    def __enter__(self):
+        return self.file.name
+
+    def __exit__(self, *exc):
+        os.remove(self.file.name)
