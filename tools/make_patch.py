@@ -910,8 +910,9 @@ def test_files_at(upto):
 # it: the formatter leaves the wheel's untouched modules the series edits as they are, the other does
 # not). A checkout says it in its .pre-commit-config.yaml; other wheels: --formatter.
 FORMATTERS = {"2.6.2": "black", "3.3.1": "ruff"}
-FORMATTER_PINS = {"black": "23.3.0", "isort": "5.12.0", "ruff": "0.9.2"}  # the [test] extra's pins
-# Paddle's settings: pyproject.toml's [tool.ruff] (3.x) and [tool.black]/[tool.isort] (2.6)
+FORMATTER_PINS = {"black": "23.3.0", "ruff": "0.9.2"}  # the [test] extra's pins
+# Paddle's settings (pyproject.toml's [tool.ruff], and [tool.black] of 2.6): the import sorting both
+# releases run through ruff's isort rules, and 3.x's ruff format
 RUFF_SETTINGS = """\
 line-length = 80
 target-version = "py38"
@@ -958,7 +959,7 @@ def _tool(module, *args, cwd=None):
 
 def check_formatter(formatter):
     """PatchError unless ``formatter``'s tools at their pins run in this python."""
-    tools = ("ruff",) if formatter == "ruff" else ("isort", "black")
+    tools = ("ruff",) if formatter == "ruff" else ("ruff", "black")
     for tool in tools:
         proc = _tool(tool, "--version")
         if proc.returncode or FORMATTER_PINS[tool] not in proc.stdout + proc.stderr:
@@ -969,8 +970,8 @@ def check_formatter(formatter):
 
 def format_files(files, formatter):
     """``files`` ({tree path: text}) with every ``.py`` file formatted as ``formatter`` (``ruff``: ruff's
-    import sorting and formatter with Paddle 3.x's settings; ``black``: isort and black with Paddle
-    2.6's), the others as they are."""
+    import sorting and formatter with Paddle 3.x's settings; ``black``: ruff's import sorting and black
+    with Paddle 2.6's), the others as they are."""
     python = {rel: text for rel, text in files.items() if rel.endswith(".py")}
     if not python:
         return dict(files)
@@ -980,16 +981,14 @@ def format_files(files, formatter):
             os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
             _write(os.path.join(tmp, rel), text)
         paths = sorted(python)
+        _write(os.path.join(tmp, "ruff.toml"), RUFF_SETTINGS)
+        # both trees sort imports with ruff's isort rules (Paddle's [tool.ruff.lint] selects "I")
+        steps = [("ruff", "check", "--config", "ruff.toml", "--no-cache", "--select", "I", "--fix", "--exit-zero",
+                  "--quiet", *paths)]
         if formatter == "ruff":
-            _write(os.path.join(tmp, "ruff.toml"), RUFF_SETTINGS)
-            steps = [("ruff", "check", "--config", "ruff.toml", "--no-cache", "--select", "I", "--fix",
-                      "--exit-zero", "--quiet", *paths),
-                     ("ruff", "format", "--config", "ruff.toml", "--no-cache", "--quiet", *paths)]
+            steps.append(("ruff", "format", "--config", "ruff.toml", "--no-cache", "--quiet", *paths))
         else:
-            os.makedirs(os.path.join(tmp, ".no-src"))
-            steps = [("isort", "--quiet", "--profile", "black", "--combine-as", "-l", "80", "-p", "paddle", "--src", ".no-src",
-                      *paths),
-                     ("black", "--quiet", "-l", "80", "-S", *paths)]
+            steps.append(("black", "--quiet", "-l", "80", "-S", *paths))
         for step in steps:
             proc = _tool(*step, cwd=tmp)
             if proc.returncode:

@@ -316,7 +316,7 @@ and minimize() launch the post-update broadcasts asynchronously where
 the blocking sync was, in buckets (FLAGS_sharding_overlap_bucket_size_mb,
 default 256; with tensor_fusion or comm_overlap: slices of Paddle's fused
 buffers), and wait for whatever is pending before the update;
-state_dict() waits first. upstream's hook-based overlap becomes
+state_dict() waits first. Upstream's hook-based overlap becomes
 unreachable (deleted by the last PR of this series).""",
         "new": {
             "what": """\
@@ -402,10 +402,10 @@ same owner: step() starts the all-gather of every comm buffer
 in the order forward first uses the buffers; pre-hooks, reads and
 compiled programs wait, none starts a gather. rebuild() and
 clear_param_storage() wait first, and the plan follows rebuilt buffers.
-upstream's hook-based V2 overlap becomes unreachable (deleted by the
+Upstream's hook-based V2 overlap becomes unreachable (deleted by the
 last PR).""",
         "why": """\
-upstream's V2 overlap starts gathers from forward pre-hooks, one at a
+Upstream's V2 overlap starts gathers from forward pre-hooks, one at a
 time: a forward or a parameter read on one rank alone (rank 0 saving a
 checkpoint) starts a gather the other ranks never start, and the next
 collective hangs; a layer's hook starts its buffers in the iteration
