@@ -70,9 +70,14 @@ def module_of(rel):
 
 
 def drivers_at(k):
-    """The drivers (test names) of PRs 1..k+1, and their per-rank scripts."""
+    """The drivers (test names) of PRs 1..k+1, and the per-rank scripts they name."""
     files = make_patch.test_files_at(k)
-    return sorted(n[:-3] for n in files if n.startswith("test_")), sorted(n for n in files if not n.startswith("test_"))
+    drivers = sorted(n[:-3] for n in files if n.startswith("test_"))
+    scripts = set()
+    for name in drivers:
+        text = make_patch._read(os.path.join(make_patch.TEST_DIR, name + ".py"))
+        scripts |= {s for s in re.findall(r"[\"']([\w.]+\.py)[\"']", text) if s in files}
+    return drivers, sorted(scripts)
 
 
 class TestPatchedTreeBroadcastOverlap(unittest.TestCase):

@@ -25,11 +25,15 @@ raises, so the rank exits non-zero.
 import os
 
 import numpy as np
+from sharding_param_sync_utils import (
+    init_sharding_group,
+    make_ranks_differ,
+    rank_values,
+)
 
 import paddle
 import paddle.distributed as dist
 from paddle import nn
-from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     broadcast_buckets,
 )
@@ -37,33 +41,12 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
 CAP_BYTES = 1024  # several buckets for the model below
 
 
-def init_fleet():
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 2,
-    }
-    fleet.init(is_collective=True, strategy=strategy)
-    return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
-
-
 def model_and_params():
     """A model whose parameters differ on each rank."""
     paddle.seed(2026)
     model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
-    with paddle.no_grad():
-        for p in model.parameters():
-            p.set_value(p + 10.0 * dist.get_rank())
+    make_ranks_differ(model.parameters())
     return model, model.parameters()
-
-
-def gathered(tensor, group):
-    """Every rank's value of ``tensor`` (numpy), by rank in ``group``."""
-    out = []
-    dist.all_gather(out, tensor, group=group)
-    return [t.numpy() for t in out]
 
 
 def plan(params, group, cap=CAP_BYTES):
@@ -76,7 +59,7 @@ def plan(params, group, cap=CAP_BYTES):
 
 def case_buckets_hold_the_owners_values(group):
     model, params = model_and_params()
-    values = [gathered(p, group) for p in params]  # before: every rank's
+    values = [rank_values(p, group) for p in params]  # before: every rank's
     src_ranks, specs, storage = plan(params, group)
     assert 1 < len(specs) < len(params), specs
     ids = [id(p) for p in model.parameters()]
@@ -134,7 +117,7 @@ def case_the_cap_reads_its_flag():
 
 
 if __name__ == "__main__":
-    group = init_fleet()
+    group = init_sharding_group()
     case_buckets_hold_the_owners_values(group)
     case_replaced_memory_is_rebound_and_a_dtype_change_refused(group)
     case_the_cap_reads_its_flag()

@@ -398,9 +398,7 @@ def owner_shift_pipeline():
     :class:`OwnerShiftPipe` and the tied head on stage 1."""
     from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
 
-    tied = functools.partial(
-        pipeline_shared_desc, forward_func=tied_head
-    )
+    tied = functools.partial(pipeline_shared_desc, forward_func=tied_head)
     descs = [pipeline_shared_desc(), LayerDesc(BlockPipe)]
     descs += [LayerDesc(OwnerShiftPipe), tied()]
     paddle.seed(2026 + hcg().get_stage_id())
@@ -662,7 +660,9 @@ def paddle_moment_sync_owners_differ_hangs():
 
     def built(run):
         params = shared_weights(run.raw)
-        assert_owners_differ(run.opt, params, params[0].color["broadcast_group"])
+        assert_owners_differ(
+            run.opt, params, params[0].color["broadcast_group"]
+        )
         print(f"rank {cases.rank()}: owners checked, training", flush=True)
 
     with cases.pp_configs(sync_param=True, sync_moment=True):
@@ -710,9 +710,7 @@ def case_mp_v2_synced_params():
         assert not cases.equal_in_group(layout, group), layout
 
     on = compare_hybrid_synced(
-        functools.partial(
-            uneven_model, width=512, wide=2, uneven=(300_000, 8)
-        ),
+        functools.partial(uneven_model, width=512, wide=2, uneven=(300_000, 8)),
         lambda run: mp_synced(run.opt, run.raw),
         lambda p: group,
         v2=True,

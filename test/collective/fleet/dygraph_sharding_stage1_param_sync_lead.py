@@ -24,28 +24,17 @@ raises, so the rank exits non-zero.
 
 import types
 
+from sharding_param_sync_utils import init_sharding_group
+
 import paddle
 import paddle.distributed as dist
 from paddle import nn
-from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import unit_plan
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.param_sync_overlap import (
     ParamSyncOverlap,
     plan_hybrid_synced_first,
     wait_before_hybrid_sync,
 )
-
-
-def init_fleet():
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 2,
-    }
-    fleet.init(is_collective=True, strategy=strategy)
-    return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
 
 
 def case_lead_agreed_planned_first_and_waited_alone(group):
@@ -88,6 +77,6 @@ def case_lead_agreed_planned_first_and_waited_alone(group):
 
 
 if __name__ == "__main__":
-    group = init_fleet()
+    group = init_sharding_group()
     case_lead_agreed_planned_first_and_waited_alone(group)
     print("1 passed", flush=True)

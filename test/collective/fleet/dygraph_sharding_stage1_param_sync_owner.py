@@ -27,29 +27,17 @@ everything. Run with ``python -m paddle.distributed.launch
 import os
 
 import numpy as np
+from sharding_param_sync_utils import init_sharding_group, rank_values
 
 import paddle
 import paddle.distributed as dist
 from paddle import nn
-from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import unit_plan
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.param_sync_overlap import (
     ParamSyncOverlap,
 )
 
 STEPS = 3
-
-
-def init_fleet():
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 2,
-    }
-    fleet.init(is_collective=True, strategy=strategy)
-    return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
 
 
 class HeadFirst(nn.Layer):
@@ -87,9 +75,8 @@ def update(params, src):
 
 
 def equal_on_every_rank(tensor, group):
-    out = []
-    dist.all_gather(out, tensor, group=group)
-    return all(np.array_equal(t.numpy(), out[0].numpy()) for t in out)
+    values = rank_values(tensor, group)
+    return all(np.array_equal(v, values[0]) for v in values)
 
 
 def num_pre_hooks(net):
@@ -146,7 +133,7 @@ def case_strict_flag_waits_at_the_first_layer(group):
 
 
 if __name__ == "__main__":
-    group = init_fleet()
+    group = init_sharding_group()
     case_agreed_order_launch_and_layer_waits(group)
     case_strict_flag_waits_at_the_first_layer(group)
     print("2 passed", flush=True)

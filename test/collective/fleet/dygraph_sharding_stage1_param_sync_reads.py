@@ -26,11 +26,14 @@ every guard and the hook. Run with ``python -m paddle.distributed.launch
 from collections import OrderedDict
 
 import numpy as np
+from sharding_param_sync_utils import (
+    init_sharding_group,
+    make_ranks_differ,
+    rank_values,
+)
 
 import paddle
-import paddle.distributed as dist
 from paddle import nn
-from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
     read_interception,
     sync_registry,
@@ -42,18 +45,6 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.comm_unit import
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.sync_stats import (
     SyncStat,
 )
-
-
-def init_fleet():
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 2,
-    }
-    fleet.init(is_collective=True, strategy=strategy)
-    return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
 
 
 class PendingBroadcasts:
@@ -96,15 +87,8 @@ def model_and_rank0(group):
     """A model whose parameters differ on each rank, and rank 0's values."""
     paddle.seed(11)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-    with paddle.no_grad():
-        for p in model.parameters():
-            p.set_value(p + 10.0 * dist.get_rank())
-    rank0 = {}
-    for p in model.parameters():
-        out = []
-        dist.all_gather(out, p, group=group)
-        rank0[p.name] = out[0].numpy()
-    return model, rank0
+    make_ranks_differ(model.parameters())
+    return model, {p.name: rank_values(p, group)[0] for p in model.parameters()}
 
 
 def open_owner(model, group):
@@ -169,7 +153,7 @@ def case_release_removes_every_guard(group):
 
 
 if __name__ == "__main__":
-    group = init_fleet()
+    group = init_sharding_group()
     case_attribute_waits_for_its_own_unit(group)
     case_compiled_program_waits_for_everything(group)
     case_release_removes_every_guard(group)

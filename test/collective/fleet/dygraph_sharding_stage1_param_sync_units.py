@@ -22,11 +22,15 @@ refused. Run with ``python -m paddle.distributed.launch --nproc_per_node
 """
 
 import numpy as np
+from sharding_param_sync_utils import (
+    init_sharding_group,
+    make_ranks_differ,
+    rank_values,
+)
 
 import paddle
 import paddle.distributed as dist
 from paddle import nn
-from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import unit_plan
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.comm_unit import (
     PaddleComm,
@@ -36,32 +40,13 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.comm_unit import
 METHOD = "_set_broadcast_overlap"
 
 
-def init_fleet():
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 2,
-    }
-    fleet.init(is_collective=True, strategy=strategy)
-    return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
-
-
 def params_and_values(group):
     """Parameters that differ on each rank, and every rank's values."""
     paddle.seed(7)
     model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4))
     params = model.parameters()
-    with paddle.no_grad():
-        for p in params:
-            p.set_value(p + 10.0 * dist.get_rank())
-    values = []
-    for p in params:
-        out = []
-        dist.all_gather(out, p, group=group)
-        values.append([t.numpy() for t in out])
-    return model, params, values
+    make_ranks_differ(params)
+    return model, params, [rank_values(p, group) for p in params]
 
 
 def planned(planner_of, group):
@@ -145,7 +130,7 @@ def case_frozen_unit_skipped_and_refusals(group):
 
 
 if __name__ == "__main__":
-    group = init_fleet()
+    group = init_sharding_group()
     case_per_parameter(group)
     case_buckets(group)
     case_frozen_unit_skipped_and_refusals(group)

@@ -25,9 +25,10 @@ raises, so the rank exits non-zero.
 
 import warnings
 
+from sharding_param_sync_utils import init_sharding_group
+
 import paddle
 from paddle import nn
-from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.comm_unit import (
     CommUnit,
     UnitState,
@@ -112,15 +113,7 @@ def case_out_of_order_is_counted_and_warned_once(group):
 
 
 if __name__ == "__main__":
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {
-        "dp_degree": 1,
-        "mp_degree": 1,
-        "pp_degree": 1,
-        "sharding_degree": 2,
-    }
-    fleet.init(is_collective=True, strategy=strategy)
-    group = fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
+    group = init_sharding_group()
     case_each_owning_layer_waits_for_its_own(group)
     case_out_of_order_is_counted_and_warned_once(group)
     print("2 passed", flush=True)

@@ -165,9 +165,9 @@ class ParamSyncWaitChecker:
             return proxy
 
         paddle.distributed.broadcast = recording_broadcast
-        self._original_all_reduce = original_all_reduce = (
-            paddle.distributed.all_reduce
-        )
+        self._original_all_reduce = (
+            original_all_reduce
+        ) = paddle.distributed.all_reduce
 
         @functools.wraps(original_all_reduce)
         def checked_all_reduce(tensor, *args, **kwargs):
