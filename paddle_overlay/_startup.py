@@ -28,8 +28,8 @@ __all__ = ["ENV_VAR", "ON_VALUES", "OVERLAP_VALUE", "OFF_VALUES", "mode", "parse
 
 ENV_VAR = "PADDLE_OVERLAY"
 ON_VALUES = ("1", "true", "yes", "on")
-# apply, and turn the parameter-sync overlap on for every sharding stage 1 optimizer
-# (paddle_overlay/auto_overlap.py)
+# apply, and turn the parameter-sync overlap on for every sharding stage 1 optimizer:
+# see paddle_overlay/auto_overlap.py
 OVERLAP_VALUE = "overlap"
 OFF_VALUES = ("", "0", "false", "no", "off")
 # Main modules of Paddle's launchers (``-m`` targets) and their console scripts.

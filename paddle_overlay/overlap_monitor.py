@@ -30,12 +30,14 @@ from .distributed.fleet.meta_optimizers.dygraph_optimizer import (
     param_sync_overlap,
     sync_stats,
 )
-from .distributed.fleet.meta_optimizers.dygraph_optimizer.sync_stats import (
-    READ_WAITS,
-    SyncStat,
-)
+from .distributed.fleet.meta_optimizers.dygraph_optimizer.sync_stats import SyncStat
 
 __all__ = ["OverlapReport", "overlap_report"]
+
+# the members a wait is counted under
+WAIT_REASONS = frozenset(s for s in SyncStat if s.value.startswith("waited_")) - {SyncStat.OUT_OF_ORDER}
+# waits that take the overlap away from the next forward
+READ_WAITS = frozenset({SyncStat.ON_READ, SyncStat.IN_PROGRAM})
 
 WINDOW = 8  # decided steps looked at
 LOST_STEPS = 4  # of them with the overlap lost: the warning
@@ -92,7 +94,7 @@ def overlap_report(optimizer):
     waited = {
         reason.value[len("waited_") :]: stats[reason]
         for reason in SyncStat
-        if reason in sync_stats.WAIT_REASONS
+        if reason in WAIT_REASONS
     }
     total = sum(waited.values())
     history = MONITOR.history(owner)

@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Turn the overlay source into patches for a Paddle tree (docs/patches.md): a series of pull
-requests (``git format-patch`` files, ``tools/patch_series.py``) and the single patch of all of them.
+requests (``git format-patch`` files) and the single patch of all of them.
 
 The modules and classes come from ``paddle_overlay/_patching.py`` (``OVERLAY_MODULES``,
-``NEW_MODULES``), the split from ``tools/patch_series.py``. New modules and test files are added as
-they are (fences of later PRs and release flags resolved); each overlay class is written into
-Paddle's class of the same name as direct edits: an ``OVERLAY_WRAPS`` method's statements at the
-top (and, after a ``...``, at the end) of Paddle's method, ``SUPERSEDED`` code deleted, other methods
-replacing Paddle's of the same name or appended. Same inputs, same bytes: git runs without the
-user's configuration, with a fixed identity and dates. Exit codes: 0 ok, 2 bad input (the message
-says what to fix).
+``NEW_MODULES``), the split from the manifest ``tools/patch_series.py``: PR k carries the whole
+definitions (modules, classes, methods, module-level functions and constants) of PRs 1..k, never a
+different text of one. New modules and test files are added as they are (release flags resolved, the
+test base named as the release names it); each overlay class is written into Paddle's class of the same
+name as direct edits: an ``OVERLAY_WRAPS`` method's statements at the top (and, after a ``...``, at the
+end) of Paddle's method, other methods replacing Paddle's of the same name or appended, and, from the PR
+the manifest marks ``superseded``, ``SUPERSEDED`` code deleted. Each PR appends its tests' rows to
+``test/collective/fleet/testslist.csv``. Every Python file a PR writes is formatted with the release's own
+formatter (:data:`FORMATTERS`). Same inputs, same bytes: git runs without the user's configuration, with
+a fixed identity (:data:`AUTHOR`, a placeholder; ``--author`` sets the real one) and dates. Exit codes: 0
+ok, 2 bad input (the message says what to fix).
 """
 
 import argparse
@@ -34,16 +38,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERLAY_ROOT = os.path.join(ROOT, "paddle_overlay")
 TEST_DIR = os.path.join(ROOT, "test", "collective", "fleet")
 PATCH_DIR = os.path.join(ROOT, "patches")
+# the stand-ins of upstream's test/ files a checkout-like tree gets (test/patch/checkout_like/README.md)
+CHECKOUT_LIKE = os.path.join(ROOT, "test", "patch", "checkout_like")
 
 # Paths inside a Paddle tree.
 TREE_PY = "python/paddle"
 TREE_OPT_DIR = f"{TREE_PY}/distributed/fleet/meta_optimizers/dygraph_optimizer"
 TREE_TEST_DIR = "test/collective/fleet"
+TREE_TESTSLIST = f"{TREE_TEST_DIR}/testslist.csv"
 # Read (not changed) to resolve the release flags.
 TREE_LAYERS = f"{TREE_PY}/nn/layer/layers.py"
 
-# Prefix of the patch-header lines that carry the testslist.csv rows.
-ROW_PREFIX = "testslist.csv row: "
 # Names the series must not contain (this project's; an overlay method's original slot), and the
 # one exception: Paddle's own attribute DygraphShardingOptimizer._origin_parameter_list.
 BANNED = re.compile(r"paddle_overlay|PADDLE_OVERLAY|_origin_(?!parameter_list\b)\w*")
@@ -52,15 +57,22 @@ ALIASES = re.compile(r"\.broadcast_overlap\b|\bbroadcast_overlap\.py\b|"
                      r"\b(StageOneBroadcastOverlap|BroadcastOverlapState|get_broadcast_overlap)\b")
 
 # git with neither the user's nor the system's configuration (git's defaults apply), and the identity
-# and dates of the series' commits (the tag's commit of layout_wheel_tree too)
+# and dates of the series' commits (the tag's commit of layout_wheel_tree too). The author is an obvious
+# placeholder: whoever submits the series sets theirs with --author "Name <email>".
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C", "TZ": "UTC"}
-AUTHOR = ("Sharding Overlap Contributors", "sharding-overlap@users.noreply.github.com")
+AUTHOR = ("Author Placeholder", "author.placeholder@example.invalid")
 DATE = "2026-01-01T00:00:00+00:00"
-GIT_IDENTITY = ["-c", f"user.name={AUTHOR[0]}", "-c", f"user.email={AUTHOR[1]}"]
-COMMIT_ENV = {"GIT_AUTHOR_NAME": AUTHOR[0], "GIT_AUTHOR_EMAIL": AUTHOR[1], "GIT_AUTHOR_DATE": DATE,
-              "GIT_COMMITTER_NAME": AUTHOR[0], "GIT_COMMITTER_EMAIL": AUTHOR[1], "GIT_COMMITTER_DATE": DATE}
 DIFF_OPTIONS = ["--full-index", "--no-renames", "--no-ext-diff", "--diff-algorithm=myers", "--indent-heuristic",
                 "--unified=3"]
+
+
+def commit_env(author=AUTHOR):
+    """The environment git commits with: ``author`` (name, email) as author and committer, :data:`DATE`."""
+    return {"GIT_AUTHOR_NAME": author[0], "GIT_AUTHOR_EMAIL": author[1], "GIT_AUTHOR_DATE": DATE,
+            "GIT_COMMITTER_NAME": author[0], "GIT_COMMITTER_EMAIL": author[1], "GIT_COMMITTER_DATE": DATE}
+
+
+COMMIT_ENV = commit_env()
 
 
 class PatchError(Exception):
@@ -107,18 +119,31 @@ _MODULES, _NEW = _overlay_layout()
 SPLICED = tuple(_MODULES)
 # modules added as new files
 NEW_MODULES = tuple(_NEW)
-# files of test/collective/fleet added as new files: drivers in upstream's form (their testslist.csv rows
-# travel in the header) and the per-rank scripts they launch
+# files of test/collective/fleet added as new files: drivers in upstream's form (each PR appends their
+# testslist.csv rows) and the per-rank scripts they launch
 TEST_FILES = tuple(os.path.basename(p) for pr in patch_series.PRS for p in pr["files"] if p.startswith("test/"))
 PR_KEYS = tuple(pr["key"] for pr in patch_series.PRS)
+# repository path -> the PR it first appears in; (path, definition) -> the later PR that adds it
+FIRST_PR = {path: k for k, pr in enumerate(patch_series.PRS) for path in pr["files"]}
+def _manifest_name(name):
+    """A manifest name as :func:`definition_name` writes it (``_STARTS["x"]`` -> ``_STARTS['x']``)."""
+    try:
+        return ast.unparse(ast.parse(name, mode="eval").body)
+    except SyntaxError:
+        return name
+
+
+ADDED_IN = {(path, _manifest_name(name)): k for k, pr in enumerate(patch_series.PRS) for path, name in
+            (entry.split("::", 1) for entry in pr.get("adds", ()))}
+# the PR that deletes the upstream code the earlier ones superseded (None: no PR does)
+SUPERSEDED_PR = next((k for k, pr in enumerate(patch_series.PRS) if pr.get("superseded")), None)
 
 
 def _first_pr_of(path):
     """Index of the PR a source file (repository path) first appears in."""
-    for k, pr in enumerate(patch_series.PRS):
-        if path in pr["files"]:
-            return k
-    raise PatchError(f"{path} is carried by the patch but no PR of tools/patch_series.py lists it")
+    if path not in FIRST_PR:
+        raise PatchError(f"{path} is carried by the patch but no PR of tools/patch_series.py lists it")
+    return FIRST_PR[path]
 
 
 def patch_source_files():
@@ -128,90 +153,78 @@ def patch_source_files():
     return sorted(paths) + [f"test/collective/fleet/{n}" for n in sorted(TEST_FILES)]
 
 
-# --------------------------------------------------------------------------- fences of the series
-
-FENCE = re.compile(r"^\s*# series: (?:(until) )?([a-z0-9_]+)\s*$")
+# --------------------------------------------------------------------------- whole definitions per PR
 
 
-def text_at(text, upto, name="<text>", first=0):
-    """``text`` as of PR ``upto`` (index): fenced regions of later PRs left out, ``until`` regions of
-    later PRs uncommented, fence lines dropped. ``first``: the PR the file first appears in."""
-    out, region = [], None
-    for number, line in enumerate(text.splitlines(keepends=True), 1):
-        m = FENCE.match(line)
-        if not m and "# series:" in line:
-            raise PatchError(f"{name}:{number}: a fence must be a line of its own ('# series: KEY'), "
-                             f"not {line.strip()!r} (did isort move it into an import?)")
-        if m and m.group(2) == "end":
-            if region is None:
-                raise PatchError(f"{name}:{number}: '# series: end' without a fence")
-            region = None
+def definition_name(node, owner=None):
+    """The manifest's name of a module- or class-level statement: a def or class by its name, an
+    assignment by its target's text (``_STARTS["all_gather"]``); None for anything else (a docstring, an
+    import, an ``if``: they come with the file)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        name = node.name
+    elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+        name = ast.unparse(node.targets[0])
+    elif isinstance(node, ast.AnnAssign):
+        name = ast.unparse(node.target)
+    else:
+        return None
+    return f"{owner}.{name}" if owner else name
+
+
+def definitions(module):
+    """[(name, node)] of every definition of ``module`` (an ast.Module) and of its classes' bodies."""
+    found = []
+    for node in module.body:
+        name = definition_name(node)
+        if name is None:
             continue
-        if m:
-            if region is not None:
-                raise PatchError(f"{name}:{number}: fences do not nest")
-            if m.group(2) not in PR_KEYS:
-                raise PatchError(f"{name}:{number}: no PR {m.group(2)!r} in tools/patch_series.py ({PR_KEYS})")
-            region = (bool(m.group(1)), PR_KEYS.index(m.group(2)))
-            if region[1] <= first:
-                raise PatchError(f"{name}:{number}: a fence of PR {m.group(2)!r}, which is not after the file's "
-                                 f"own PR {PR_KEYS[first]!r}")
-            continue
-        if region is None or (not region[0] and region[1] <= upto):
-            out.append(line)
-        elif region[0] and upto < region[1]:
-            stripped = re.sub(r"^(\s*)# ?", r"\1", line, count=1)
-            out.append(stripped if stripped.strip() else "\n")
-    if region is not None:
-        raise PatchError(f"{name}: a fence is not closed ('# series: end')")
-    return "".join(out)
+        found.append((name, node))
+        if isinstance(node, ast.ClassDef):
+            found += [(definition_name(m, node.name), m) for m in node.body if definition_name(m, node.name)]
+    return found
+
+
+def _statement_start(node, lines):
+    """1-based first line of a definition: its decorators and the comment lines right above them."""
+    start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+    indent = _indent(lines[start - 1])
+    while start > 1 and lines[start - 2].startswith(indent + "#"):
+        start -= 1
+    return start
+
+
+def text_at(text, path, upto):
+    """``text`` (of the repository file ``path``) as of PR ``upto`` (index): the definitions of later PRs
+    (the manifest's ``adds``) left out with the comments right above them, and the imports only they used;
+    None before the file's own PR. PatchError for a manifest entry that names no definition of the file."""
+    first = _first_pr_of(path)
+    if upto < first:
+        return None
+    module = ast.parse(text, path)
+    found = definitions(module)
+    names = {name for name, _ in found}
+    for (where, name), k in ADDED_IN.items():
+        if where == path and name not in names:
+            raise PatchError(f"tools/patch_series.py: PR {PR_KEYS[k]!r} adds {where}::{name}, which the file "
+                             "does not define")
+        if where == path and k <= first:
+            raise PatchError(f"tools/patch_series.py: PR {PR_KEYS[k]!r} adds {where}::{name}, but the file "
+                             f"first appears in PR {PR_KEYS[first]!r}, not before it")
+    later = [node for name, node in found if ADDED_IN.get((path, name), first) > upto]
+    if not later:
+        return text
+    lines = text.splitlines()
+    spans = sorted({(_statement_start(n, lines), n.end_lineno) for n in later}, reverse=True)
+    before = _names_read(text)
+    for start, end in spans:
+        lines[start - 1 : end] = []
+    out = re.sub(r"\n{4,}", "\n\n\n", _join(lines, text))
+    return _drop_unused_imports(out, before, path)
 
 
 def source_at(path, upto):
     """The text of a source file (absolute path) as of PR ``upto``, or None before its first PR."""
-    first = _first_pr_of(os.path.relpath(path, ROOT))
-    if upto < first:
-        return None
-    return tidy(text_at(_read(path), upto, os.path.relpath(path, ROOT), first))
-
-
-def _section(node):
-    """isort's section of a top-level import (profile black, ``paddle`` first party)."""
-    if isinstance(node, ast.ImportFrom) and node.level:
-        return 4
-    top = (node.module if isinstance(node, ast.ImportFrom) else node.names[0].name).split(".")[0]
-    return 0 if top == "__future__" else 1 if top in sys.stdlib_module_names else 3 if top == "paddle" else 2
-
-
-def tidy(text):
-    """What leaving fenced lines out leaves behind, as black and isort would write it: no more than two
-    blank lines in a row, and in the leading import block one blank line between isort's sections and none
-    inside one (isort puts blank lines around the fences' comment lines there)."""
-    text = re.sub(r"\n{4,}", "\n\n\n", text).rstrip("\n") + "\n"
-    module = ast.parse(text)
-    body = module.body[1:] if module.body and isinstance(module.body[0], ast.Expr) else module.body
-    block = []
-    for node in body:
-        if not isinstance(node, (ast.Import, ast.ImportFrom)):
-            break
-        block.append(node)
-    if not block:
-        return text
-    lines = text.splitlines()
-    out, previous, covered = [], None, set()
-    for node in block:
-        start = _comments_above(lines, node.lineno)
-        if previous is not None and _section(node) != _section(previous):
-            out.append("")
-        out += lines[start - 1 : node.end_lineno]
-        covered.update(range(start, node.end_lineno + 1))
-        previous = node
-    first = _comments_above(lines, block[0].lineno)
-    if any(not _blank(lines[n - 1]) and n not in covered for n in range(first, block[-1].end_lineno + 1)):
-        return text  # a comment of its own among the imports: left as written
-    return _join(lines[: first - 1] + out + lines[block[-1].end_lineno :], text)
-
-
+    return text_at(_read(path), os.path.relpath(path, ROOT), upto)
 # --------------------------------------------------------------------------- release flags
 
 def _has_prepend(tree):
@@ -285,7 +298,8 @@ def _names_read(text):
 
 
 def _drop_unused_imports(text, used_before, name):
-    """Remove top-level imports whose names ``text`` no longer reads (but did: ``used_before``)."""
+    """Remove top-level imports (or the names of one) that ``text`` no longer reads but did
+    (``used_before``)."""
     module = ast.parse(text, name)
     now = _names_read(text)
     for node in reversed(module.body):
@@ -295,10 +309,13 @@ def _drop_unused_imports(text, used_before, name):
         dead = [b for b in bound if b not in now and b in used_before]
         if not dead:
             continue
-        if len(dead) != len(bound):
-            raise PatchError(f"{name}:{node.lineno}: only part of this import became unused ({dead}); split it")
+        keep = [a for a, b in zip(node.names, bound) if b not in dead]
+        new = []
+        if keep:  # the rest of the import, on one line (the release's formatter wraps it)
+            node.names = keep
+            new = [ast.unparse(node)]
         lines = text.splitlines()
-        text = _join(_replace(lines, node.lineno, node.end_lineno, []), text)
+        text = _join(_replace(lines, node.lineno, node.end_lineno, new), text)
     return text
 
 
@@ -381,6 +398,13 @@ def _find_class(module, name):
     return None, {}
 
 
+def _members(module, name):
+    """{name: node} of the methods and nested classes of the top-level class ``name``."""
+    cls, methods = _find_class(module, name)
+    nested = {n.name: n for n in cls.body if isinstance(n, ast.ClassDef)} if cls is not None else {}
+    return {**methods, **nested}
+
+
 def _first_line(node, lines):
     """1-based first line of a method: its decorators and the comment lines right above them."""
     start = min([node.lineno] + [d.lineno for d in node.decorator_list])
@@ -439,7 +463,7 @@ def _literal(overlay_mod, name, overlay_name, class_name, default):
     if name not in assigned:
         return default
     value = ast.literal_eval(assigned[name])
-    if isinstance(value, dict):
+    if isinstance(value, dict) and class_name is not None:
         value = value.get(class_name, default)
     return value
 
@@ -455,13 +479,38 @@ def _overlay_wraps(overlay_mod, overlay_name, class_name):
     return value
 
 
-def _superseded(overlay_mod, overlay_name, class_name):
-    """{method: '*' or (statement prefix, ...)} of ``SUPERSEDED`` for ``class_name``."""
-    value = _literal(overlay_mod, "SUPERSEDED", overlay_name, class_name, {})
+def _check_superseded(value, where):
+    """``value`` ({member: '*' or entries}) or PatchError: an entry is a statement prefix, a (prefix, kept
+    branch: "body" or "else") pair, or "parameter: NAME"."""
     for method, what in value.items():
-        if what != "*" and not (isinstance(what, tuple) and all(isinstance(w, str) for w in what)):
-            raise PatchError(f"{overlay_name}: SUPERSEDED[{class_name!r}][{method!r}] must be '*' or a tuple of str")
+        entries = () if what == "*" else what
+        ok = what == "*" or isinstance(what, tuple)
+        ok = ok and all(isinstance(w, str) or (isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], str)
+                                               and w[1] in ("body", "else")) for w in entries)
+        if not ok:
+            raise PatchError(f"{where}[{method!r}] must be '*' or a tuple of statement prefixes, (prefix, "
+                             "'body' | 'else') pairs and 'parameter: NAME' strings")
     return value
+
+
+def _superseded(overlay_mod, overlay_name, class_name):
+    """{method: '*' or (entry, ...)} of ``SUPERSEDED`` for ``class_name``."""
+    value = _literal(overlay_mod, "SUPERSEDED", overlay_name, class_name, {})
+    return _check_superseded(value, f"{overlay_name}: SUPERSEDED[{class_name!r}]")
+
+
+def superseded_elsewhere():
+    """{Paddle module: {class: deletions}} of the overlay modules' ``SUPERSEDED_ELSEWHERE``: upstream code
+    of other modules that only the superseded overlap used."""
+    out = {}
+    for module in sorted({m for m, _ in SPLICED}):
+        overlay_mod = ast.parse(_read(overlay_path(module)))
+        value = _literal(overlay_mod, "SUPERSEDED_ELSEWHERE", module, None, {})
+        for target, classes in value.items():
+            for class_name, deletions in classes.items():
+                where = f"{module}: SUPERSEDED_ELSEWHERE[{target!r}][{class_name!r}]"
+                out.setdefault(target, {})[class_name] = _check_superseded(deletions, where)
+    return out
 
 
 def _is_docstring(statement):
@@ -487,23 +536,67 @@ def _statements(node):
     return found
 
 
+def _delete_parameter(text, fn, name, target_name):
+    """``text`` with parameter ``name`` (and its default) of function ``fn`` deleted, or None when ``fn``
+    has no such parameter; the signature is written on one line (the release's formatter wraps it)."""
+    args = fn.args
+    positional = args.posonlyargs + args.args
+    if name in [a.arg for a in positional]:
+        i = [a.arg for a in positional].index(name)
+        first_default = len(positional) - len(args.defaults)
+        if i >= first_default:
+            del args.defaults[i - first_default]
+        if i < len(args.posonlyargs):
+            del args.posonlyargs[i]
+        else:
+            del args.args[i - len(args.posonlyargs)]
+    elif name in [a.arg for a in args.kwonlyargs]:
+        i = [a.arg for a in args.kwonlyargs].index(name)
+        del args.kwonlyargs[i], args.kw_defaults[i]
+    else:
+        return None
+    lines = text.splitlines()
+    indent = _indent(lines[fn.lineno - 1])
+    end = None
+    for last in range(fn.lineno, fn.body[0].lineno):  # the signature's last line: it parses with a body
+        head = "\n".join(line[len(indent):] for line in lines[fn.lineno - 1 : last])
+        try:
+            ast.parse(head + "\n    pass\n")
+        except SyntaxError:
+            continue
+        end = last
+        break
+    if end is None:
+        raise PatchError(f"{target_name}: cannot find the end of {fn.name}'s signature")
+    returns = f" -> {ast.unparse(fn.returns)}" if fn.returns else ""
+    signature = f"{indent}def {fn.name}({ast.unparse(args)}){returns}:"
+    return _join(_replace(lines, fn.lineno, end, [signature]), text)
+
+
 def delete_superseded(target_text, deletions, class_name, target_name="<target>"):
-    """``target_text`` with ``deletions`` ({method: '*' or statement prefixes}) of class ``class_name``
-    deleted, and the list of what was deleted ('Class.method' or 'Class.method: prefix'). Absent methods
-    and statements are skipped (a release without upstream's overlap); an ambiguous prefix is an error.
-    A deleted ``if`` keeps the branch taken with upstream's overlap off (see the overlay's SUPERSEDED)."""
+    """``target_text`` with ``deletions`` ({member: '*' or entries}) of class ``class_name``
+    deleted, and the list of what was deleted ('Class.member' or 'Class.member: entry'). Absent members,
+    statements and parameters are skipped (a release without upstream's overlap); an ambiguous prefix is
+    an error. A deleted ``if`` keeps the branch taken with upstream's overlap off (see the overlay's
+    SUPERSEDED), or the one a (prefix, branch) entry names; "parameter: NAME" deletes a parameter."""
     text, done = target_text, []
     for method, what in deletions.items():
-        for prefix in ("*",) if what == "*" else what:
+        for entry in ("*",) if what == "*" else what:
+            prefix, branch = entry if isinstance(entry, tuple) else (entry, None)
             module = ast.parse(text, target_name)
-            _, methods = _find_class(module, class_name)
-            fn = methods.get(method)
+            fn = _members(module, class_name).get(method)
             if fn is None:
                 continue
             lines = text.splitlines()
             if prefix == "*":
                 text = _join(_replace(lines, _first_line(fn, lines), fn.end_lineno, []), text)
                 done.append(f"{class_name}.{method}")
+                continue
+            if prefix.startswith("parameter: "):
+                new = _delete_parameter(text, fn, prefix[len("parameter: "):], target_name)
+                if new is not None:
+                    text = new
+                    done.append(f"{class_name}.{method}: {prefix}")
                 continue
             want = _normalized(prefix)
             hits = [st for st in _statements(fn)
@@ -515,7 +608,8 @@ def delete_superseded(target_text, deletions, class_name, target_name="<target>"
                                  f"{prefix!r}: make SUPERSEDED's prefix longer")
             st = hits[0]
             if isinstance(st, ast.If):
-                keep = "body" if isinstance(st.test, ast.UnaryOp) and isinstance(st.test.op, ast.Not) else "else"
+                keep = branch or ("body" if isinstance(st.test, ast.UnaryOp) and isinstance(st.test.op, ast.Not)
+                                  else "else")
                 new = _branch(lines, st, keep, target_name)
             else:
                 new = []
@@ -571,27 +665,25 @@ def _returns(fn):
 
 
 def splice(target_text, overlay_text, class_name, target_name="<target>", overlay_name="<overlay>",
-           package="paddle.distributed.fleet.meta_optimizers.dygraph_optimizer"):
+           package="paddle.distributed.fleet.meta_optimizers.dygraph_optimizer", supersede=True):
     """Target module text with the overlay class written into ``class_name`` as direct edits (see the
-    module docstring), and the list of superseded code deleted; PatchError when that cannot be done
-    faithfully. ``package``: the target module's package (for relative imports)."""
+    module docstring), and the list of superseded code deleted (``supersede``: whether to delete it);
+    PatchError when that cannot be done faithfully. ``package``: the target module's package (for relative
+    imports). An ``OVERLAY_WRAPS`` name the overlay text does not define (a later PR's method) is skipped."""
     overlay_mod = ast.parse(overlay_text, overlay_name)
     o_cls, o_methods = _find_class(overlay_mod, class_name)
     if o_cls is None:
         return target_text, []
     if _find_class(ast.parse(target_text, target_name), class_name)[0] is None:
         raise PatchError(f"{target_name}: no top-level class {class_name}")
-    wraps = _overlay_wraps(overlay_mod, overlay_name, class_name)
-    for name in wraps:
-        if name not in o_methods:
-            raise PatchError(f"{overlay_name}: OVERLAY_WRAPS names {name}, which the class does not define")
+    wraps = tuple(w for w in _overlay_wraps(overlay_mod, overlay_name, class_name) if w in o_methods)
     o_lines = overlay_text.splitlines()
     for name, node in o_methods.items():
         found = BANNED.search("\n".join(o_lines[_first_line(node, o_lines) - 1 : node.end_lineno]))
         if found:
             raise PatchError(f"{overlay_name}: {class_name}.{name} uses {found.group()!r}, which must not reach Paddle")
-    text, deleted = delete_superseded(target_text, _superseded(overlay_mod, overlay_name, class_name), class_name,
-                                      target_name)
+    deletions = _superseded(overlay_mod, overlay_name, class_name) if supersede else {}
+    text, deleted = delete_superseded(target_text, deletions, class_name, target_name)
     target_mod = ast.parse(text, target_name)
     t_lines = text.splitlines()
     t_cls, t_methods = _find_class(target_mod, class_name)
@@ -722,7 +814,72 @@ def _import_edits(target_mod, t_lines, missing, package):
     return [(line, line - 1, lines) for line, lines in at.items()]
 
 
-# --------------------------------------------------------------------------- the files of each PR
+# --------------------------------------------------------------------------- the tests and their rows
+
+LEGACY_BASE = "test/legacy_test/test_parallel_dygraph_dataparallel.py"
+# Each release's base of 2-process drivers, as its LEGACY_BASE defines it: (class, method, the method's
+# parameters). Read from stored copies of Paddle's tree (docs/patches.md, "The tests at the tag": which
+# commits, and why they stand for the release). The drivers here are written with the newest names
+# (SOURCE_BASE); a patch's drivers get its release's.
+RELEASE_TEST_BASES = {
+    "2.6.2": ("TestMultipleGpus", "run_mnist_2gpu", 'self, target_file_name, allocator_strategy="auto_growth"'),
+    "3.3.1": ("TestMultipleAccelerators", "run_mnist_2accelerators",
+              'self, target_file_name, allocator_strategy="auto_growth", need_envs={}, accelerator_type="gpu"'),
+}
+SOURCE_BASE = RELEASE_TEST_BASES["3.3.1"][:2]
+
+
+def release_test_base(version):
+    """(class, method, parameters) of ``version``'s test base: :data:`RELEASE_TEST_BASES`, else by the
+    major release (2.x: 2.6.2's, later: 3.3.1's; not checked against a stored copy)."""
+    if version in RELEASE_TEST_BASES:
+        return RELEASE_TEST_BASES[version]
+    return RELEASE_TEST_BASES["2.6.2" if str(version).startswith("2.") else "3.3.1"]
+
+
+def test_base_of(tree, version=None):
+    """(class, method) the drivers of a patch for ``tree`` use: what the tree's LEGACY_BASE defines (of
+    the known bases), else ``version``'s (PatchError when neither is known)."""
+    path = os.path.join(tree, LEGACY_BASE)
+    if os.path.isfile(path):
+        text = _read(path)
+        for cls, method, _ in RELEASE_TEST_BASES.values():
+            if re.search(rf"^class {cls}\b", text, re.M) and re.search(rf"^    def {method}\(", text, re.M):
+                return cls, method
+        raise PatchError(f"{path} defines none of the test bases "
+                         f"{[b[:2] for b in RELEASE_TEST_BASES.values()]}: the drivers would not import")
+    version = version or tree_version(tree)
+    if version is None:
+        raise PatchError(f"{tree} has no {LEGACY_BASE} and no python/paddle/version/__init__.py: cannot tell "
+                         "which test base its drivers may use")
+    return release_test_base(version)[:2]
+
+
+def adapt_test_base(text, base):
+    """A driver's ``text`` with the test base ``base`` ((class, method)) instead of :data:`SOURCE_BASE`."""
+    (old_cls, old_fn), (new_cls, new_fn) = SOURCE_BASE, base
+    text = re.sub(rf"\b{old_fn}\(", f"{new_fn}(", re.sub(rf"\b{old_cls}\b", new_cls, text))
+    one_line = f"from legacy_test.test_parallel_dygraph_dataparallel import {new_cls}"
+    if len(one_line) <= 80:  # as one writes it when it fits (the formatter keeps either form)
+        text = text.replace(f"from legacy_test.test_parallel_dygraph_dataparallel import (\n    {new_cls},\n)",
+                            one_line)
+    return text
+
+
+def test_base_stand_in(version):
+    """The text of a stand-in for ``version``'s LEGACY_BASE in a checkout-like tree: the class and method
+    that release defines, with its parameters, running the script on 2 ranks through this project's
+    launcher (``test/patch/stand_in_launch.py``, on the PYTHONPATH of the tree's test runs). Nothing else:
+    a driver calling a name the release lacks fails there."""
+    cls, method, parameters = release_test_base(version)
+    envs = "need_envs" if "need_envs" in parameters else "{}"
+    return (f"# Stand-in for Paddle {version}'s {LEGACY_BASE}, emitted by tools/make_patch.py\n"
+            "# (test_base_stand_in): the base class and method of 2-process drivers that release defines,\n"
+            "# with its parameters; the script runs on 2 ranks through this project's launcher.\n"
+            "import unittest\n\nimport stand_in_launch\n\n\n"
+            f"class {cls}(unittest.TestCase):\n"
+            f"    def {method}({parameters}):  # noqa: B006\n"
+            f"        stand_in_launch.run(self, target_file_name, allocator_strategy, {envs})\n")
 
 
 def testslist_rows(upto=None):
@@ -737,17 +894,118 @@ def testslist_rows(upto=None):
             raise PatchError(f"{path}:{row.line}: {row.name} has no {row.name}.py in {TEST_DIR}")
     carried = test_files_at(len(PR_KEYS) - 1 if upto is None else upto)
     lines = _read(path).splitlines()
-    return [lines[row.line - 1] for row in rows if row.name + ".py" in carried]
+    ours = [row for row in rows if row.name + ".py" in carried]
+    # each PR appends its own rows: in the order of the PRs, then of our list
+    ours.sort(key=lambda row: (_first_pr_of(f"test/collective/fleet/{row.name}.py"), row.line))
+    return [lines[row.line - 1] for row in ours]
 
 
 def test_files_at(upto):
     return [n for n in TEST_FILES if _first_pr_of(f"test/collective/fleet/{n}") <= upto]
 
 
-def patched_files(tree, upto=None, report=None):
+# --------------------------------------------------------------------------- formatting
+
+# The formatter of each release's tree (docs/patches.md, "Formatting"; test/tools/test_format.py proves
+# it: the formatter leaves the wheel's untouched modules the series edits as they are, the other does
+# not). A checkout says it in its .pre-commit-config.yaml; other wheels: --formatter.
+FORMATTERS = {"2.6.2": "black", "3.3.1": "ruff"}
+FORMATTER_PINS = {"black": "23.3.0", "ruff": "0.9.2"}  # the [test] extra's pins
+# Paddle's settings (pyproject.toml's [tool.ruff], and [tool.black] of 2.6): the import sorting both
+# releases run through ruff's isort rules, and 3.x's ruff format
+RUFF_SETTINGS = """\
+line-length = 80
+target-version = "py38"
+
+[format]
+quote-style = "preserve"
+
+[lint.isort]
+combine-as-imports = true
+known-first-party = ["paddle"]
+"""
+
+
+def tree_version(tree):
+    """``full_version`` of the tree's python/paddle/version/__init__.py (wheel and checkout-like trees
+    have one, a source checkout before its build has not): None when absent."""
+    path = os.path.join(tree, TREE_PY, "version", "__init__.py")
+    if not os.path.isfile(path):
+        return None
+    found = re.search(r"^full_version\s*=\s*['\"]([^'\"]+)['\"]", _read(path), re.M)
+    return found.group(1) if found else None
+
+
+def formatter_for(tree, version=None):
+    """``"ruff"`` or ``"black"``: the formatter ``tree`` is formatted with (its .pre-commit-config.yaml:
+    ruff-format or black), else :data:`FORMATTERS` of ``version`` (default: the tree's)."""
+    config = os.path.join(tree, ".pre-commit-config.yaml")
+    if os.path.isfile(config):
+        text = _read(config)
+        if re.search(r"id:\s*ruff-format\b", text):
+            return "ruff"
+        if re.search(r"id:\s*black\b", text):
+            return "black"
+    version = version or tree_version(tree)
+    if version in FORMATTERS:
+        return FORMATTERS[version]
+    raise PatchError(f"which formatter Paddle {version or '(unknown version)'} uses is not known here "
+                     f"({FORMATTERS}): give --formatter black|ruff, or a checkout with its .pre-commit-config.yaml")
+
+
+def _tool(module, *args, cwd=None):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True)
+
+
+def check_formatter(formatter):
+    """PatchError unless ``formatter``'s tools at their pins run in this python."""
+    tools = ("ruff",) if formatter == "ruff" else ("ruff", "black")
+    for tool in tools:
+        proc = _tool(tool, "--version")
+        if proc.returncode or FORMATTER_PINS[tool] not in proc.stdout + proc.stderr:
+            raise PatchError(f"{tool} {FORMATTER_PINS[tool]} is needed to format the patch as Paddle does "
+                             f"({sys.executable}: {(proc.stdout + proc.stderr).strip()[:200] or 'not installed'}); "
+                             f"pip install {tool}=={FORMATTER_PINS[tool]} (the [test] extra pins it)")
+
+
+def format_files(files, formatter):
+    """``files`` ({tree path: text}) with every ``.py`` file formatted as ``formatter`` (``ruff``: ruff's
+    import sorting and formatter with Paddle 3.x's settings; ``black``: ruff's import sorting and black
+    with Paddle 2.6's), the others as they are."""
+    python = {rel: text for rel, text in files.items() if rel.endswith(".py")}
+    if not python:
+        return dict(files)
+    check_formatter(formatter)
+    with tempfile.TemporaryDirectory(prefix="make_patch-format-") as tmp:
+        for rel, text in python.items():
+            os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+            _write(os.path.join(tmp, rel), text)
+        paths = sorted(python)
+        _write(os.path.join(tmp, "ruff.toml"), RUFF_SETTINGS)
+        # both trees sort imports with ruff's isort rules (Paddle's [tool.ruff.lint] selects "I")
+        steps = [("ruff", "check", "--config", "ruff.toml", "--no-cache", "--select", "I", "--fix", "--exit-zero",
+                  "--quiet", *paths)]
+        if formatter == "ruff":
+            steps.append(("ruff", "format", "--config", "ruff.toml", "--no-cache", "--quiet", *paths))
+        else:
+            steps.append(("black", "--quiet", "-l", "80", "-S", *paths))
+        for step in steps:
+            proc = _tool(*step, cwd=tmp)
+            if proc.returncode:
+                raise PatchError(f"{' '.join(step[:2])} failed on the patch's files:\n{proc.stdout}{proc.stderr}")
+        out = dict(files)
+        out.update({rel: _read(os.path.join(tmp, rel)) for rel in python})
+    return out
+
+
+# --------------------------------------------------------------------------- the files of each PR
+
+
+def patched_files(tree, upto=None, report=None, formatter=None):
     """{path in ``tree``: new text} of every file the patch changes or adds as of PR ``upto`` (default: the
-    last); ``report`` (a list) gets what was deleted as superseded. PatchError when a file to edit is
-    missing or one to add exists already."""
+    last), formatted with ``formatter`` (default: the tree's, :func:`formatter_for`); ``report`` (a list)
+    gets what was deleted as superseded. PatchError when a file to edit is missing or one to add exists
+    already."""
     upto = len(PR_KEYS) - 1 if upto is None else upto
     for path in [overlay_path(m) for m, _ in SPLICED] + [overlay_path(m) for m in NEW_MODULES] + [
             os.path.join(TEST_DIR, n) for n in TEST_FILES]:
@@ -755,6 +1013,7 @@ def patched_files(tree, upto=None, report=None):
             raise PatchError(f"listed in paddle_overlay/_patching.py or tools/patch_series.py but missing: "
                              f"{os.path.relpath(path, ROOT)}")
     flags = None
+    supersede = SUPERSEDED_PR is not None and upto >= SUPERSEDED_PR
     out = {}
     for module, class_name in SPLICED:
         overlay = source_at(overlay_path(module), upto)
@@ -766,12 +1025,27 @@ def patched_files(tree, upto=None, report=None):
         flags = release_flags(tree) if flags is None else flags
         target = out.get(rel) or _read(os.path.join(tree, rel))  # the second class of a file: the first's result
         text, deleted = splice(target, fold_flags(overlay, flags, rel), class_name, rel,
-                               os.path.relpath(overlay_path(module), ROOT), _package_of(module))
+                               os.path.relpath(overlay_path(module), ROOT), _package_of(module), supersede)
         out[rel] = text
         if report is not None:
             report.extend(deleted)
+    if supersede:
+        for module, classes in superseded_elsewhere().items():
+            rel = tree_path(module)
+            if not os.path.isfile(os.path.join(tree, rel)):
+                raise PatchError(f"{os.path.join(tree, rel)} not found: is {tree} a Paddle tree?")
+            text = out.get(rel) or _read(os.path.join(tree, rel))
+            for class_name, deletions in classes.items():
+                text, deleted = delete_superseded(text, deletions, class_name, rel)
+                if report is not None:
+                    report.extend(deleted)
+            if text != _read(os.path.join(tree, rel)):
+                out[rel] = text
+    for rel in list(out):  # imports only the deleted code read
+        out[rel] = _drop_unused_imports(out[rel], _names_read(_read(os.path.join(tree, rel))), rel)
     added = {tree_path(m): overlay_path(m) for m in NEW_MODULES}
     added.update({f"{TREE_TEST_DIR}/{n}": os.path.join(TEST_DIR, n) for n in TEST_FILES})
+    base = None
     for rel, src in sorted(added.items()):
         text = source_at(src, upto)
         if text is None:
@@ -780,12 +1054,22 @@ def patched_files(tree, upto=None, report=None):
             raise PatchError(f"{rel} exists in {tree}: the patch adds new files only (is the tree patched already, "
                              "or does upstream have a file of that name? rename ours)")
         if rel.startswith(TREE_TEST_DIR + "/"):
-            text = adapt_test_base(tree, text)
+            base = base or test_base_of(tree)
+            text = adapt_test_base(text, base)
         else:
             flags = release_flags(tree) if flags is None else flags
             text = fold_flags(text, flags, rel)
         out[rel] = text
-    return out
+    rows = testslist_rows(upto)
+    if rows:
+        listed = os.path.join(tree, TREE_TESTSLIST)
+        if not os.path.isfile(listed):
+            raise PatchError(f"{listed} not found: each PR appends its tests' rows to it (use a checkout, or "
+                             "--from-wheel, which lays out a checkout-like tree)")
+        text = _read(listed)
+        out[TREE_TESTSLIST] = text + ("" if text.endswith("\n") or not text else "\n") + "".join(
+            r + "\n" for r in rows)
+    return format_files(out, formatter or formatter_for(tree))
 
 
 def banned_in(patch):
@@ -800,61 +1084,32 @@ def banned_in(patch):
     return found
 
 
-# Upstream's multi-process test base: the name our drivers use, and the newer name (develop
-# after the 3.x releases renamed it) with its method.
-LEGACY_BASE = "test/legacy_test/test_parallel_dygraph_dataparallel.py"
-BASE_NAMES = (("TestMultipleGpus", "run_mnist_2gpu"), ("TestMultipleAccelerators", "run_mnist_2accelerators"))
-
-
-def base_classes(tree):
-    """The class names of :data:`BASE_NAMES` that the tree's ``LEGACY_BASE`` defines (none without that file)."""
-    path = os.path.join(tree, LEGACY_BASE)
-    legacy = _read(path) if os.path.isfile(path) else ""
-    return {cls for cls, _ in BASE_NAMES if re.search(rf"^class {cls}\b", legacy, re.M)}
-
-
-def adapt_test_base(tree, text):
-    """``text`` with the base's newer names when the tree's ``LEGACY_BASE`` has only those (a later Paddle)."""
-    (old_cls, old_fn), (new_cls, new_fn) = BASE_NAMES
-    if base_classes(tree) != {new_cls}:
-        return text
-    module = "legacy_test.test_parallel_dygraph_dataparallel"
-    # the longer name no longer fits one 80-column line: the form black and isort give it
-    text = text.replace(f"from {module} import {old_cls}\n", f"from {module} import (\n    {new_cls},\n)\n")
-    return re.sub(rf"\b{old_fn}\(", f"{new_fn}(", re.sub(rf"\b{old_cls}\b", new_cls, text))
-
-
 # --------------------------------------------------------------------------- patches
 
 HEADER = """\
 Sharding stage 1: the parameter sync after step() overlapped with the next
 forward (DygraphShardingOptimizer V1: broadcast; V2, split_param: all-gather),
-for {description}: the pull requests of patches/{version}/ in one diff.
+for {description}: the pull requests of the series in one diff.
 
 Generated by tools/make_patch.py from its source; do not edit by hand. It changes
-files under python/ and adds new files only, so it applies with plain git apply
-to a checkout at the matching tag:
+files under python/, appends its tests' rows to {testslist}, and adds new
+files only, so it applies with plain git apply to a checkout at the matching tag
+(the rows' hunk needs the tag's testslist.csv: tools/apply_patch.sh appends them
+when it differs):
     git apply --check FILE && git apply FILE
-"""
-REGISTER = f"""\
-Then register the new tests: append each line below that starts with
-"{ROW_PREFIX.strip()}", without that prefix, to {TREE_TEST_DIR}/testslist.csv
-and regenerate the CMakeLists.txt next to it with
-    python3 tools/gen_ut_cmakelists.py -f {TREE_TEST_DIR}/testslist.csv
-(tools/apply_patch.sh PADDLE_SRC FILE does both steps).
 
 """
 
 
-def header(description, rows, version="<version>"):
-    """The patch's leading text (``git apply`` ignores it), with the rows to register after :data:`ROW_PREFIX`."""
-    return HEADER.format(description=description, version=version) + (REGISTER if rows else "") + "".join(
-        f"{ROW_PREFIX}{row}\n" for row in rows) + "\n"
+def header(description, version="<version>"):
+    """The patch's leading text (``git apply`` ignores it)."""
+    return HEADER.format(description=description, version=version, testslist=TREE_TESTSLIST)
 
 
-def git(repo, *args, env=None, stdin=None):
+def git(repo, *args, env=None, stdin=None, author=AUTHOR):
     """stdout of git in ``repo``, without the user's configuration; CalledProcessError on failure."""
-    return subprocess.run(["git", *GIT_IDENTITY, *args], cwd=repo, env={**os.environ, **GIT_ENV, **(env or {})},
+    identity = ["-c", f"user.name={author[0]}", "-c", f"user.email={author[1]}"]
+    return subprocess.run(["git", *identity, *args], cwd=repo, env={**os.environ, **GIT_ENV, **(env or {})},
                           input=stdin, capture_output=True, text=True, check=True).stdout
 
 
@@ -865,21 +1120,22 @@ def _tree_copy(tree, repo, rels):
             shutil.copyfile(os.path.join(tree, rel), os.path.join(repo, rel))
 
 
-def _states(tree):
+def _states(tree, formatter=None):
     """([{path: text}] of every PR's patched files (cumulative), first PR first; [[superseded code each PR
     deleted]])."""
+    formatter = formatter or formatter_for(tree)
     states, deleted, before = [], [], set()
     for k in range(len(PR_KEYS)):
         report = []
-        states.append(patched_files(tree, k, report))
+        states.append(patched_files(tree, k, report, formatter))
         deleted.append([d for d in report if d not in before])
         before |= set(report)
     return states, deleted
 
 
-def make_patch(tree, description, version="<version>"):
+def make_patch(tree, description, version="<version>", formatter=None):
     """The single patch for ``tree``: ``git diff`` of all PRs' files against the tree's."""
-    files = patched_files(tree)
+    files = patched_files(tree, formatter=formatter)
     with tempfile.TemporaryDirectory(prefix="make_patch-") as repo:
         git(repo, "init", "-q")
         _tree_copy(tree, repo, files)
@@ -890,57 +1146,66 @@ def make_patch(tree, description, version="<version>"):
             _write(os.path.join(repo, rel), text)
         git(repo, "add", "-A")
         body = git(repo, "diff", "--cached", *DIFF_OPTIONS, original)
-    return header(description, testslist_rows(), version) + body
+    return header(description, version) + body
 
 
-def _size(repo, rev):
-    """'N files, +A -D lines (tests: +T)' of commit ``rev``."""
+def sizes(numstat):
+    """(files, added, deleted, added to test/) of ``git show --numstat`` output."""
     added = deleted = tests = files = 0
-    for line in git(repo, "show", "--numstat", "--format=", "--no-renames", rev).splitlines():
+    for line in numstat.splitlines():
         a, d, path = line.split("\t")
         files += 1
         added, deleted = added + int(a), deleted + int(d)
         tests += int(a) if path.startswith("test/") else 0
+    return files, added, deleted, tests
+
+
+def _size(repo, rev):
+    """'N files, +A -D lines (+T of them tests)' of commit ``rev``."""
+    files, added, deleted, tests = sizes(git(repo, "show", "--numstat", "--format=", "--no-renames", rev))
     return f"{files} files, +{added} -{deleted} lines (+{tests} of them tests)"
 
 
-def make_series(tree, version):
-    """[(file name, text)] of the series for ``tree``: one ``git format-patch`` file per PR, each applying
-    with ``git am`` on the previous one at the tree's state; the PR's testslist.csv rows after ``---``."""
-    states, deleted = _states(tree)
+def make_series(tree, version, author=AUTHOR, formatter=None):
+    """[(file name, text)] of the series for ``tree``: one ``git format-patch`` file per PR that changes
+    something on it (the cleanup of a release without upstream's overlap has nothing to do), each applying
+    with ``git am`` on the previous one at the tree's state and appending its tests' rows."""
+    states, deleted = _states(tree, formatter)
     every = sorted(set().union(*states))
-    out = []
     with tempfile.TemporaryDirectory(prefix="make_series-") as repo:
-        git(repo, "init", "-q")
+        env = commit_env(author)
+        git(repo, "init", "-q", author=author)
         _tree_copy(tree, repo, every)
-        git(repo, "add", "-A")
-        git(repo, "commit", "-q", "--allow-empty", "-m", "base", env=COMMIT_ENV)
-        base = git(repo, "rev-parse", "HEAD").strip()
-        rows_before = []
-        for k, (pr, files, gone) in enumerate(zip(patch_series.PRS, states, deleted)):
+        git(repo, "add", "-A", author=author)
+        git(repo, "commit", "-q", "--allow-empty", "-m", "base", env=env, author=author)
+        base = git(repo, "rev-parse", "HEAD", author=author).strip()
+        for pr, files, gone in zip(patch_series.PRS, states, deleted):
             for rel, text in files.items():
                 os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
                 _write(os.path.join(repo, rel), text)
-            git(repo, "add", "-A")
-            git(repo, "commit", "-q", "-m", "size pending", env=COMMIT_ENV)
-            message = patch_series.message(pr, version, _size(repo, "HEAD"), replaces=bool(gone))
-            git(repo, "commit", "-q", "--amend", "--cleanup=verbatim", "-F", "-", env=COMMIT_ENV, stdin=message)
-            rows = [r for r in testslist_rows(k) if r not in rows_before]
-            rows_before += rows
-            out.append(rows)
-        names = git(repo, "format-patch", "--zero-commit", "--no-signature", "--numbered",
-                    "--no-thread", "--no-attach", "--stat=80", *DIFF_OPTIONS, "-o", "out", f"{base}..HEAD").split()
-        result = []
-        for name, rows in zip(names, out):
-            text = _read(os.path.join(repo, name))
-            if rows:
-                note = (f"Register the new tests: append each line below that starts with \"{ROW_PREFIX.strip()}\",\n"
-                        f"without that prefix, to {TREE_TEST_DIR}/testslist.csv and regenerate its CMakeLists.txt\n"
-                        f"(python3 tools/gen_ut_cmakelists.py -f {TREE_TEST_DIR}/testslist.csv).\n"
-                        + "".join(f"{ROW_PREFIX}{r}\n" for r in rows) + "\n")
-                text = text.replace("\n---\n", "\n---\n" + note, 1)
-            result.append((os.path.basename(name), text))
-    return result
+            git(repo, "add", "-A", author=author)
+            if not git(repo, "status", "--porcelain", author=author).strip():
+                continue  # nothing to do on this release
+            git(repo, "commit", "-q", "-m", "size pending", env=env, author=author)
+            replaces = bool(gone) or (pr.get("superseded") is None and _replaces_upstream(tree, pr))
+            message = patch_series.message(pr, version, _size(repo, "HEAD"), replaces=replaces)
+            git(repo, "commit", "-q", "--amend", "--cleanup=verbatim", "-F", "-", env=env, stdin=message,
+                author=author)
+        names = git(repo, "format-patch", "--zero-commit", "--no-signature", "--numbered", "--no-thread",
+                    "--no-attach", "--stat=80", *DIFF_OPTIONS, "-o", "out", f"{base}..HEAD", author=author).split()
+        return [(os.path.basename(name), _read(os.path.join(repo, name))) for name in names]
+
+
+def _replaces_upstream(tree, pr):
+    """Whether the release of ``tree`` has the upstream overlap the PR's entry point replaces (Paddle 3.x's
+    ``_set_broadcast_overlap`` / ``_set_all_gather_overlap_forward``): its message then says what it
+    replaces; else its ``new`` sections say what it adds."""
+    if "new" not in pr:
+        return True
+    method = "_set_all_gather_overlap_forward" if pr["key"] == "v2" else "_set_broadcast_overlap"
+    cls = "DygraphShardingOptimizerV2" if pr["key"] == "v2" else "DygraphShardingOptimizer"
+    path = os.path.join(tree, TREE_OPT_DIR, "dygraph_sharding_optimizer.py")
+    return os.path.isfile(path) and _find_def(ast.parse(_read(path)), cls, method) is not None
 
 
 # --------------------------------------------------------------------------- wheels and trees
@@ -970,18 +1235,25 @@ def wheel_version(pkg_dir):
 
 def wheel_tree_files():
     """Paths (in a tree) of the wheel's files a patch changes or reads."""
-    return sorted({tree_path(m) for m, _ in SPLICED} | {TREE_LAYERS})
+    edited = {tree_path(m) for m, _ in SPLICED} | {tree_path(m) for m in superseded_elsewhere()}
+    return sorted(edited | {TREE_LAYERS, f"{TREE_PY}/version/__init__.py"})
 
 
 def layout_wheel_tree(pkg_dir, dest):
-    """The wheel's files the patch touches as a git repository at ``dest``, laid out and tagged as a
-    checkout (``python/paddle/...``, ``v<version>``). Returns the version."""
+    """A git repository at ``dest`` shaped like a Paddle checkout at the wheel's tag (``v<version>``):
+    ``python/`` the wheel's files the patch touches or reads, ``test/`` this project's stand-ins of
+    upstream's test files (:data:`CHECKOUT_LIKE`) with the release's test base
+    (:func:`test_base_stand_in`). The wheels ship no tests; none of ``test/`` is copied from Paddle.
+    Returns the version."""
     version, _ = wheel_version(pkg_dir)
     for rel in wheel_tree_files():
         src = os.path.join(pkg_dir, *rel.split("/")[2:])
         os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
         shutil.copyfile(src, os.path.join(dest, rel))
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", f"Paddle {version} wheel files"],
+    shutil.copytree(os.path.join(CHECKOUT_LIKE, "test"), os.path.join(dest, "test"), dirs_exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.join(dest, LEGACY_BASE)), exist_ok=True)
+    _write(os.path.join(dest, LEGACY_BASE), test_base_stand_in(version))
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", f"Paddle {version} (checkout-like)"],
                  ["tag", f"v{version}"]):
         git(dest, *args, env=COMMIT_ENV)
     return version
@@ -1009,20 +1281,20 @@ def _wheel_tree(venv, version):
     return pkg, found, f"Paddle {found}" + (f" (commit {commit})" if commit else "")
 
 
-def make_wheel_patch(venv, version=None):
+def make_wheel_patch(venv, version=None, formatter=None):
     """(single patch text, version) for the installed wheel found at ``venv``."""
     pkg, found, description = _wheel_tree(venv, version)
     with tempfile.TemporaryDirectory(prefix="paddle-wheel-tree-") as tree:
         layout_wheel_tree(pkg, tree)
-        return make_patch(tree, description, found), found
+        return make_patch(tree, description, found, formatter), found
 
 
-def make_wheel_series(venv, version=None):
+def make_wheel_series(venv, version=None, author=AUTHOR, formatter=None):
     """([(file name, text)], version) of the series for the installed wheel found at ``venv``."""
     pkg, found, _ = _wheel_tree(venv, version)
     with tempfile.TemporaryDirectory(prefix="paddle-wheel-tree-") as tree:
         layout_wheel_tree(pkg, tree)
-        return make_series(tree, found), found
+        return make_series(tree, found, author, formatter), found
 
 
 def write_series(files, folder):
@@ -1035,28 +1307,43 @@ def write_series(files, folder):
         _write(os.path.join(folder, name), text)
 
 
+def parse_author(value):
+    """``"Name <email>"`` -> (name, email); PatchError otherwise."""
+    m = re.fullmatch(r"\s*([^<>]+?)\s*<([^<>\s]+@[^<>\s]+)>\s*", value or "")
+    if not m:
+        raise PatchError(f"--author must look like 'Real Name <you@example.com>', got {value!r}")
+    return m.group(1), m.group(2)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--paddle-src", metavar="DIR", help="Paddle tree laid out as python/paddle/... (a checkout)")
-    src.add_argument("--from-wheel", metavar="VENV", help="installed paddle wheel (venv, site-packages or package)")
+    src.add_argument("--from-wheel", metavar="VENV", help="installed paddle wheel (venv, site-packages or package): "
+                     "the patch is made for a checkout-like tree of it")
     parser.add_argument("--version", help="with --from-wheel: fail unless the wheel is this Paddle version; with "
                         "--paddle-src: the version named in the series' messages")
     parser.add_argument("--out", metavar="FILE", help="write the single patch here (default: stdout)")
     parser.add_argument("--series", metavar="DIR", help="write the series (0001-...patch onward) into DIR instead")
+    parser.add_argument("--author", metavar="'NAME <EMAIL>'", help="the series' author and committer (default: "
+                        f"the placeholder {AUTHOR[0]} <{AUTHOR[1]}>)")
+    parser.add_argument("--formatter", choices=("black", "ruff"), help="format as the tree does (default: the "
+                        "checkout's .pre-commit-config.yaml, or the release's, tools/make_patch.py FORMATTERS)")
     args = parser.parse_args(argv)
     try:
+        author = parse_author(args.author) if args.author else AUTHOR
         if args.from_wheel:
             if args.series:
-                files, _ = make_wheel_series(args.from_wheel, args.version)
+                files, _ = make_wheel_series(args.from_wheel, args.version, author, args.formatter)
             else:
-                text, _ = make_wheel_patch(args.from_wheel, args.version)
+                text, _ = make_wheel_patch(args.from_wheel, args.version, args.formatter)
         else:
             tree = os.path.abspath(args.paddle_src)
+            version = args.version or tree_version(tree) or "<version>"
             if args.series:
-                files = make_series(tree, args.version or "<version>")
+                files = make_series(tree, version, author, args.formatter)
             else:
-                text = make_patch(tree, f"the Paddle tree {os.path.basename(tree)}", args.version or "<version>")
+                text = make_patch(tree, f"the Paddle tree {os.path.basename(tree)}", version, args.formatter)
     except PatchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Test-only stand-in for upstream Paddle's ``test/legacy_test/test_parallel_dygraph_dataparallel.py``, at
-the same path (docs/harness.md): same names and signatures, the script run on 2 ranks by
+the same path (docs/harness.md): both releases' names and signatures (2.6's ``TestMultipleGpus.run_mnist_2gpu``,
+3.x's ``TestMultipleAccelerators.run_mnist_2accelerators``; a checkout-like tree gets only its release's, emitted
+by ``tools/make_patch.py``), the script run on 2 ranks by
 :func:`collective_launch.launch_collective`, on the CPU too. In overlay mode (default;
 ``PADDLE_OVERLAY_MODE=patched`` turns it off) the ranks get ``PADDLE_OVERLAY=1``. Never shipped upstream.
 """
@@ -11,7 +13,7 @@ import unittest
 
 from collective_launch import launch_collective
 
-__all__ = ["TestMultipleGpus"]
+__all__ = ["TestMultipleAccelerators", "TestMultipleGpus"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_SITE = os.path.join(ROOT, "tools", "collective", "cpu_site")
@@ -50,4 +52,12 @@ class TestMultipleGpus(unittest.TestCase):
     """Upstream's base for 2-process collective drivers (Paddle 2.6 to 3.x name)."""
 
     def run_mnist_2gpu(self, target_file_name, allocator_strategy="auto_growth", need_envs={}):  # noqa: B006
+        return run(self, target_file_name, 2, rank_env(allocator_strategy, need_envs))
+
+
+class TestMultipleAccelerators(unittest.TestCase):
+    """Upstream's base for 2-process drivers (the Paddle 3.x name)."""
+
+    def run_mnist_2accelerators(self, target_file_name, allocator_strategy="auto_growth", need_envs={},  # noqa: B006
+                                accelerator_type="gpu"):
         return run(self, target_file_name, 2, rank_env(allocator_strategy, need_envs))

@@ -1,9 +1,9 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """A git tree shaped like a Paddle checkout at a wheel's tag, for testing the patches.
 
-``python/`` comes from an installed wheel (the files the patch touches, as
-:func:`make_patch.layout_wheel_tree` lays them out); ``test/`` from the stand-ins in
-``test/patch/checkout_like`` (see its README.md). It has no
+:func:`make_patch.layout_wheel_tree` lays it out: ``python/`` from an installed wheel (the files the
+patch touches or reads), ``test/`` from the stand-ins in ``test/patch/checkout_like`` (see its README.md)
+and the release's test base (``make_patch.test_base_stand_in``). It has no
 ``tools/gen_ut_cmakelists.py``: a test that needs one writes a stand-in.
 """
 
@@ -31,12 +31,7 @@ def build(venv, dest):
 
     Raises :class:`make_patch.PatchError` when ``venv`` has no installed paddle.
     """
-    pkg = make_patch.paddle_package_dir(venv)
-    shutil.copytree(os.path.join(FIXTURE, "test"), os.path.join(dest, "test"))
-    version_dir = os.path.join(dest, "python", "paddle", "version")
-    os.makedirs(version_dir)
-    shutil.copyfile(os.path.join(pkg, "version", "__init__.py"), os.path.join(version_dir, "__init__.py"))
-    return make_patch.layout_wheel_tree(pkg, dest)
+    return make_patch.layout_wheel_tree(make_patch.paddle_package_dir(venv), dest)
 
 
 def read_bytes(tree, rel):

@@ -1,28 +1,30 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""The committed series (and single patch), applied to a checkout-like tree, pass their tests there.
+"""The committed patches, applied to a checkout-like tree of the running Paddle, pass their tests there.
 
 For the running Paddle's version (the runner runs this once per version) this test
 
-1. builds a checkout-like tree (``checkout_tree.build``: python/ from the installed wheel,
-   this project's stand-ins for upstream's test/ files, no generator), tagged ``v<version>``;
-2. on a copy, applies the single patch ``patches/paddle-v<version>-stage1-broadcast-overlap.patch``
-   with plain ``git apply``: only the edited python/ files change, everything else is new, and the
-   result is the series' last state;
-3. on the tree, applies ``patches/<version>/`` PR by PR with ``git am``; after PR k: the commit
-   changes python/ files and adds new files only, Paddle imports the patched modules from a site
-   folder built from the tree (links to the installed package, patched copies, and a
-   ``paddle_overlay`` stub that fails on import) with no ``_origin_`` method anywhere, and the
-   tree's drivers (the tests of PRs 1..k, as PR k left them) pass through the ``TestMultipleGpus``
-   stand-in, one launch per driver. The test-only CPU shim (V2's comm buffers on gloo) is not part of the
-   patch: the stand-in's site hook installs it in CPU ranks (``hybrid_parallel_cpu_shim.install_site``);
-4. registers the series' tests with ``tools/apply_patch.sh`` on a fresh tree: the rows of every PR
-   appended, upstream's rows, files and ``CMakeLists.txt`` untouched.
+1. builds a checkout-like tree (``checkout_tree.build``: python/ from the installed wheel, this project's
+   stand-ins for upstream's test/ files, the release's own test base as ``make_patch.test_base_stand_in``
+   emits it, no generator), tagged ``v<version>``;
+2. the committed series (``patches/<version>/``, 3.3.1): applies it PR by PR with ``git am``; after PR k:
+   the commit changes python/ files, appends its rows to ``testslist.csv`` and adds new files only, its
+   tree is the generated state k, Paddle imports the patched modules from a site folder built from the
+   tree (links to the installed package, patched copies, and a ``paddle_overlay`` stub that fails on
+   import) with no ``_origin_`` method anywhere, and the drivers of PRs 1..k run as Paddle's CI runs them
+   (``python -m unittest`` in the tree's test folder, ``PYTHONPATH=../..``): through the release's test
+   base, every per-rank script launched on 2 CPU ranks and every rank's closing ``N passed`` line with
+   N > 0 (a driver that ran nothing fails). The test-only CPU shim is not part of the patch: the stand-in
+   gives it to CPU ranks from outside;
+3. the committed single patch (``patches/paddle-v<version>-...patch``, 2.6.2): plain ``git apply``, the
+   generated final state, and every driver passes the same way;
+4. ``tools/apply_patch.sh`` applies the committed patch to a fresh tree: every row registered once.
 
 Not part of the patch: this checks the patch itself.
 """
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,6 +69,17 @@ def module_of(rel):
     return rel[len("python/") : -len(".py")].replace("/", ".")
 
 
+def drivers_at(k):
+    """The drivers (test names) of PRs 1..k+1, and the per-rank scripts they name."""
+    files = make_patch.test_files_at(k)
+    drivers = sorted(n[:-3] for n in files if n.startswith("test_"))
+    scripts = set()
+    for name in drivers:
+        text = make_patch._read(os.path.join(make_patch.TEST_DIR, name + ".py"))
+        scripts |= {s for s in re.findall(r"[\"']([\w.]+\.py)[\"']", text) if s in files}
+    return drivers, sorted(scripts)
+
+
 class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -76,8 +89,8 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         cls.version, _ = make_patch.wheel_version(cls.pkg)
         cls.patch = make_patch.patch_path(cls.version)
         cls.series = make_patch.series_files(cls.version)
-        if not os.path.isfile(cls.patch) or not cls.series:
-            raise unittest.SkipTest(f"no committed patches for Paddle {cls.version}: {cls.patch}, "
+        if not os.path.isfile(cls.patch) and not cls.series:
+            raise unittest.SkipTest(f"no committed patch for Paddle {cls.version}: {cls.patch}, "
                                     f"{make_patch.series_dir(cls.version)}/")
         cls.work = os.path.join(ROOT, ".test-out", f"patched-paddle-{cls.version}")
         if os.path.lexists(cls.work):
@@ -86,110 +99,129 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         cls.tree = os.path.join(cls.work, "tree")
         checkout_tree.build(cls.pkg, cls.tree)
         cls.before = checkout_tree.snapshot(cls.tree)
-        cls.plain = os.path.join(cls.work, "plain-git-apply")
-        shutil.copytree(cls.tree, cls.plain, symlinks=True)
-        cls.registered = os.path.join(cls.work, "registered")
-        shutil.copytree(cls.tree, cls.registered, symlinks=True)
         cls.pristine = os.path.join(cls.work, "at-the-tag")  # what the states are made from
         shutil.copytree(cls.tree, cls.pristine, symlinks=True)
+        cls.registered = os.path.join(cls.work, "registered")
+        shutil.copytree(cls.tree, cls.registered, symlinks=True)
 
-    def test_single_patch_applies_with_plain_git_apply(self):
-        make_patch.git(self.plain, "apply", "--check", self.patch)
-        make_patch.git(self.plain, "apply", self.patch)
-        status = git_status(self.plain)
-        modified = sorted(line[3:] for line in status if not line.startswith("??"))
-        added = sorted(line[3:] for line in status if line.startswith("??"))
-        self.assertEqual(modified, sorted({make_patch.tree_path(m) for m, _ in make_patch.SPLICED}))
-        expected_new = [make_patch.tree_path(m) for m in make_patch.NEW_MODULES]
-        expected_new += [f"{FLEET}/{n}" for n in make_patch.TEST_FILES]
-        self.assertEqual(added, sorted(expected_new), f"{self.patch} is stale: run tools/update_generated.sh")
-        self.assertEqual(checkout_tree.snapshot(self.plain), self.before)
+    def build_site(self, tree, name):
+        site = os.path.join(self.work, name)
+        checkout_tree.build_patched_package(self.pkg, tree, site)
+        os.makedirs(os.path.join(site, "paddle_overlay"))
+        with open(os.path.join(site, "paddle_overlay", "__init__.py"), "w") as f:
+            f.write(STUB)
+        return site
 
-    def run_patched(self, suite):
-        """Run ``suite`` with the ranks importing the patched package first, never the overlay."""
-        saved = dict(os.environ)
-        try:
-            os.environ["PYTHONPATH"] = os.pathsep.join(
-                [self.site] + [p for p in saved.get("PYTHONPATH", "").split(os.pathsep) if p])
-            os.environ["PADDLE_OVERLAY_MODE"] = "patched"
-            os.environ.pop("PADDLE_OVERLAY", None)
-            return unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(suite)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    def check_imports(self, site, what, modules):
+        env = dict(os.environ, PYTHONPATH=site)
+        env.pop("PADDLE_OVERLAY", None)
+        out = subprocess.run([sys.executable, "-c", PROBE, *modules], env=env, cwd=site,
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, f"{what} does not import:\n{out.stderr}")
+        info = json.loads(out.stdout.strip().splitlines()[-1])
+        self.assertEqual(info["version"], self.version)
+        self.assertEqual(info["paddle"], os.path.join(site, "paddle", "__init__.py"))
+        for name, path in info["files"].items():
+            self.assertEqual(path, os.path.join(site, *name.split(".")) + ".py", name)
+            self.assertFalse(os.path.islink(path), f"{path} must be a patched copy")
+        self.assertEqual(info["origin"], [], f"{what}: methods renamed _origin_* in the patched classes")
+        self.assertFalse(info["overlay"])
 
-    def load_driver(self, name, k):
-        import importlib.util
-
-        path = os.path.join(self.tree, FLEET, name + ".py")
-        spec = importlib.util.spec_from_file_location(f"patched_tree_pr{k}_{name}", path)
-        driver = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = driver  # the stand-in finds the per-rank scripts next to it
-        spec.loader.exec_module(driver)
-        return driver
+    def run_drivers(self, tree, site, what, k):
+        """Run the drivers of PRs 1..k+1 as Paddle's CI does, in one ``python -m unittest`` in the tree's test
+        folder; every per-rank script launched and passing cases on both ranks."""
+        drivers, scripts = drivers_at(k)
+        record = os.path.join(self.work, f"launches-{what.replace(' ', '-')}.jsonl")
+        if os.path.exists(record):
+            os.remove(record)
+        env = {key: value for key, value in os.environ.items() if not key.startswith("PADDLE_OVERLAY")}
+        # ../.. (the tree's test/) as the rows' PYTHONPATH=../..; then the patched Paddle, and what the
+        # stand-in test base launches with (test/patch, tools/collective), never this project's test/
+        path = [os.path.join(tree, "test"), site, HERE, os.path.join(ROOT, "tools", "collective")]
+        env.update(PYTHONPATH=os.pathsep.join(path), PATCHED_TREE_RECORD=record,
+                   PADDLE_OVERLAY_RUN_DIR=os.path.join(self.work, "runs"))
+        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", *drivers], cwd=os.path.join(tree, FLEET),
+                              env=env, capture_output=True, text=True, timeout=1800)
+        output = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 0, f"{what}: the drivers fail:\n{output[-6000:]}")
+        ran = re.search(r"^Ran (\d+) tests?", output, re.M)
+        skipped = re.search(r"^OK \(skipped=(\d+)\)", output, re.M)
+        self.assertTrue(ran and int(ran.group(1)) - int(skipped.group(1) if skipped else 0) >= len(drivers), output)
+        with open(record) as f:
+            launches = [json.loads(line) for line in f]
+        self.assertEqual(sorted({r["script"] for r in launches}), scripts, f"{what}: the per-rank scripts launched")
+        for launch in launches:
+            self.assertTrue(all(launch["passed"]), f"{what}: {launch}")
+        return launches
 
     def test_series_applies_pr_by_pr_and_the_tests_pass_after_each(self):
+        if not self.series:
+            self.skipTest(f"no committed series for Paddle {self.version} (generated on demand)")
         tree = self.tree
-        fleet = os.path.join(tree, FLEET)
-        present = set(make_patch.wheel_tree_files())
-        for k, patch in enumerate(self.series):
+        present = set(make_patch.wheel_tree_files()) | {make_patch.TREE_TESTSLIST}
+        titles = [pr["title"] for pr in make_patch.patch_series.PRS]
+        rows_before = []
+        for patch in self.series:
             head = make_patch.git(tree, "rev-parse", "HEAD").strip()
             make_patch.git(tree, "am", "--quiet", "--keep-non-patch", patch)
+            title = make_patch.git(tree, "log", "-1", "--format=%s").strip()
+            k = titles.index(title)
+            what = f"PR {k + 1} ({make_patch.PR_KEYS[k]})"
             changed = make_patch.git(tree, "diff", "--name-status", "--no-renames", head, "HEAD").splitlines()
             state = make_patch.patched_files(self.pristine, k)
             for line in changed:
                 status, rel = line.split("\t")
-                self.assertIn(rel, state, f"PR {k + 1} ({os.path.basename(patch)}) touches {rel}")
+                self.assertIn(rel, state, f"{what} touches {rel}")
                 self.assertEqual(status, "M" if rel in present else "A", line)
             present |= set(state)
             for rel, text in state.items():  # PR k's tree is the generated state k
-                self.assertEqual(make_patch._read(os.path.join(tree, rel)), text, f"after PR {k + 1}: {rel}")
-            self.site = os.path.join(self.work, f"site-pr{k + 1}")
-            checkout_tree.build_patched_package(self.pkg, tree, self.site)
-            os.makedirs(os.path.join(self.site, "paddle_overlay"))
-            with open(os.path.join(self.site, "paddle_overlay", "__init__.py"), "w") as f:
-                f.write(STUB)
-            self.check_imports(k, [module_of(rel) for rel in state if rel.startswith(make_patch.TREE_PY)])
-            drivers = sorted(n[:-3] for n in os.listdir(fleet)
-                             if n.startswith("test_") and n[:-3] in {r.split(",")[0] for r in
-                                                                     make_patch.testslist_rows(k)})
-            self.assertTrue(drivers)
-            suite = unittest.TestSuite(unittest.TestLoader().loadTestsFromModule(self.load_driver(n, k))
-                                       for n in drivers)
-            result = self.run_patched(suite)
-            self.assertEqual([f"PR {k + 1}: {t}: {tb}" for t, tb in result.failures + result.errors], [])
-            self.assertGreater(result.testsRun - len(result.skipped), 0, f"PR {k + 1}: nothing ran")
+                self.assertEqual(make_patch._read(os.path.join(tree, rel)), text, f"after {what}: {rel}")
+            rows = make_patch.testslist_rows(k)
+            csv = make_patch._read(os.path.join(tree, make_patch.TREE_TESTSLIST))
+            self.assertTrue(csv.endswith("".join(r + "\n" for r in rows)), f"{what}: rows appended")
+            self.assertEqual(rows[: len(rows_before)], rows_before, f"{what}: earlier rows kept")
+            new_rows = rows[len(rows_before):]
+            rows_before = rows
+            for row in new_rows:  # a PR registers the drivers it adds
+                self.assertIn(f"A\t{FLEET}/{row.split(',')[0]}.py", changed)
+            site = self.build_site(tree, f"site-pr{k + 1}")
+            self.check_imports(site, what, [module_of(rel) for rel in state if rel.startswith(make_patch.TREE_PY)])
+            self.run_drivers(tree, site, what, k)
+        self.assertEqual(make_patch.git(tree, "log", "-1", "--format=%s").strip(), titles[-1])
 
-    def check_imports(self, k, modules):
-        env = dict(os.environ, PYTHONPATH=self.site)
-        env.pop("PADDLE_OVERLAY", None)
-        out = subprocess.run([sys.executable, "-c", PROBE, *modules], env=env, cwd=self.site,
-                             capture_output=True, text=True, timeout=120)
-        self.assertEqual(out.returncode, 0, f"PR {k + 1} does not import:\n{out.stderr}")
-        info = json.loads(out.stdout.strip().splitlines()[-1])
-        self.assertEqual(info["version"], self.version)
-        self.assertEqual(info["paddle"], os.path.join(self.site, "paddle", "__init__.py"))
-        for name, path in info["files"].items():
-            self.assertEqual(path, os.path.join(self.site, *name.split(".")) + ".py", name)
-            self.assertFalse(os.path.islink(path), f"{path} must be a patched copy")
-        self.assertEqual(info["origin"], [], f"PR {k + 1}: methods renamed _origin_* in the patched classes")
-        self.assertFalse(info["overlay"])
+    def test_single_patch_applies_with_plain_git_apply_and_its_tests_pass(self):
+        if not os.path.isfile(self.patch):
+            self.skipTest(f"no committed single patch for Paddle {self.version} (generated on demand)")
+        plain = os.path.join(self.work, "plain-git-apply")
+        shutil.copytree(self.pristine, plain, symlinks=True)
+        make_patch.git(plain, "apply", "--check", self.patch)
+        make_patch.git(plain, "apply", self.patch)
+        final = make_patch.patched_files(self.pristine)
+        status = git_status(plain)
+        modified = sorted(line[3:] for line in status if not line.startswith("??"))
+        added = sorted(line[3:] for line in status if line.startswith("??"))
+        self.assertEqual(sorted(modified + added), sorted(final), f"{self.patch} is stale: run tools/update_generated.sh")
+        for rel, text in final.items():
+            self.assertEqual(make_patch._read(os.path.join(plain, rel)), text, rel)
+        snapshot = checkout_tree.snapshot(plain)
+        for rel in checkout_tree.UPSTREAM_FILES[:2]:
+            self.assertEqual(snapshot[rel], self.before[rel], rel)
+        site = self.build_site(plain, "site-single")
+        self.check_imports(site, "the single patch", [module_of(r) for r in final if r.startswith(make_patch.TREE_PY)])
+        self.run_drivers(plain, site, "the single patch", len(make_patch.PR_KEYS) - 1)
 
-    def test_apply_patch_sh_applies_the_series_and_registers_every_pr(self):
-        proc = subprocess.run(
-            ["bash", os.path.join(ROOT, "tools", "apply_patch.sh"), self.registered,
-             make_patch.series_dir(self.version)],
-            capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable), timeout=300)
+    def test_apply_patch_sh_applies_and_registers_every_row_once(self):
+        patch = make_patch.series_dir(self.version) if self.series else self.patch
+        proc = subprocess.run(["bash", os.path.join(ROOT, "tools", "apply_patch.sh"), self.registered, patch],
+                              capture_output=True, text=True, env=dict(os.environ, PYTHON=sys.executable), timeout=300)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         after = checkout_tree.snapshot(self.registered)
         for rel in checkout_tree.UPSTREAM_FILES[:2]:  # upstream's bf16 files, byte for byte
             self.assertEqual(after[rel], self.before[rel], rel)
-        rows = make_patch.testslist_rows()
         old_csv = self.before[f"{FLEET}/testslist.csv"].decode()
+        rows = make_patch.testslist_rows()
         self.assertEqual(after[f"{FLEET}/testslist.csv"].decode(), old_csv + "".join(r + "\n" for r in rows))
-        self.assertEqual(after[f"{FLEET}/CMakeLists.txt"], self.before[f"{FLEET}/CMakeLists.txt"])
-        log = make_patch.git(self.registered, "log", "--format=%s", f"v{self.version}..HEAD").splitlines()
-        self.assertEqual(log[::-1], [pr["title"] for pr in make_patch.patch_series.PRS])
+        self.assertEqual(after[f"{FLEET}/CMakeLists.txt"], self.before[f"{FLEET}/CMakeLists.txt"])  # no generator
 
 
 if __name__ == "__main__":

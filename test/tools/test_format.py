@@ -1,14 +1,14 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""tools/format.sh: the patch's files pass Paddle's formatting, and every file it adds has upstream's header.
+"""The formatting of the patch: each release's series is formatted with that tree's own formatter, the
+choice is proven on the wheel's files, every file the patch adds has upstream's header, and
+tools/format.sh keeps the overlay source (the text the patch takes) black/isort clean.
 
-Fails when black 23.3.0 or isort 5.12.0 (Paddle's settings, through tools/format.sh) would reformat
-a file the patch adds or changes, as of the last PR of the series and as of every earlier one (the
-fences of later PRs left out), or a file it adds lacks upstream's Apache-2.0 header; the spliced
-Paddle modules are checked against the formatter's view of upstream's own files.
+Paddle 3.3.1's tree is formatted by ruff (ruff format, and ruff's import sorting; Paddle's settings: line
+length 80, quotes preserved), 2.6.2's by black 23.3.0 and isort 5.12.0 (line length 80, strings not
+normalized, ``paddle`` first party): the proof is that this formatter leaves the wheel's own modules the
+series edits exactly as they are, and the other one does not (``make_patch.FORMATTERS``).
 """
 
-import collections
-import difflib
 import os
 import re
 import subprocess
@@ -112,11 +112,6 @@ def test_check_and_fix_modes(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
 
 
-def changed_lines(text, new):
-    """Lines the formatter removes or adds, as a sorted list (a multiset)."""
-    return sorted(line for line in difflib.ndiff(text.splitlines(), new.splitlines()) if line[:2] in ("- ", "+ "))
-
-
 def wheel_tree(version, tmp_path):
     venv = os.path.join(ROOT, ".venv-test", f"paddle-{version}")
     try:
@@ -128,28 +123,48 @@ def wheel_tree(version, tmp_path):
     return tree
 
 
+def edited_upstream(tree):
+    """{tree path: text} of the wheel's modules the series edits, as the wheel has them."""
+    rels = {make_patch.tree_path(m) for m, _ in make_patch.SPLICED} | {
+        make_patch.tree_path(m) for m in make_patch.superseded_elsewhere()}
+    return {rel: make_patch._read(os.path.join(tree, rel)) for rel in sorted(rels)}
+
+
 @pytest.mark.parametrize("version", ["2.6.2", "3.3.1"])
-def test_every_pr_of_the_series_is_formatted_and_its_edits_add_no_formatting_change(version, tmp_path):
-    """After each PR: the files it adds are black/isort clean, and every line the formatter would
-    change in an edited Paddle module, it would change in upstream's own file too (3.x formats
-    with another tool, so upstream's 3.3.1 files are not all black-23 clean; an edit may replace
-    some of those lines)."""
+def test_the_releases_formatter_leaves_its_untouched_files_as_they_are(version, tmp_path):
+    """The proof of the choice: the release's formatter (3.3.1: ruff; 2.6.2: black and isort) changes not a
+    byte of the wheel's dygraph_sharding_optimizer.py, hybrid_parallel_optimizer.py and the other modules
+    the series edits; the other formatter would change them (so the choice is not a coincidence)."""
     tree = wheel_tree(version, tmp_path)
-    texts, spliced = {}, sorted({make_patch.tree_path(m) for m, _ in make_patch.SPLICED})
-    for rel in spliced:
-        texts[f"upstream/{rel}"] = make_patch._read(os.path.join(tree, rel))
+    ours = make_patch.FORMATTERS[version]
+    assert make_patch.formatter_for(tree) == ours
+    upstream = edited_upstream(tree)
+    assert {"dygraph_sharding_optimizer.py", "hybrid_parallel_optimizer.py"} <= {
+        os.path.basename(r) for r in upstream}
+    assert make_patch.format_files(upstream, ours) == upstream
+    other = {"ruff": "black", "black": "ruff"}[ours]
+    changed = [rel for rel, text in make_patch.format_files(upstream, other).items() if text != upstream[rel]]
+    assert "python/paddle/distributed/fleet/meta_optimizers/dygraph_optimizer/dygraph_sharding_optimizer.py" in \
+        changed, (other, changed)
+
+
+@pytest.mark.parametrize("version", ["2.6.2", "3.3.1"])
+def test_every_pr_of_the_series_is_formatted_by_its_releases_formatter(version, tmp_path):
+    """After each PR, every Python file it writes is as the release's formatter leaves it (and, by the proof
+    above, the edited modules' upstream lines are untouched by it)."""
+    tree = wheel_tree(version, tmp_path)
+    formatter = make_patch.FORMATTERS[version]
     for k in range(len(make_patch.PR_KEYS)):
-        for rel, text in make_patch.patched_files(tree, k).items():
-            texts[f"pr{k + 1}/{rel}"] = text
-    flat = {name.replace("/", "__"): text for name, text in texts.items()}
-    new = {name: flat_new for name, flat_new in zip(texts, formatted(flat).values())}
-    for name, text in texts.items():
-        if name.startswith("upstream/"):
-            continue
-        rel = name.split("/", 1)[1]
-        if rel in spliced:
-            ours = collections.Counter(changed_lines(text, new[name]))
-            upstream = collections.Counter(changed_lines(texts[f"upstream/{rel}"], new[f"upstream/{rel}"]))
-            assert ours - upstream == collections.Counter(), name
-        else:
-            assert text == new[name], f"{name} is not formatted as Paddle wants (a fence placed badly?)"
+        state = make_patch.patched_files(tree, k)
+        assert make_patch.format_files(state, formatter) == state, k
+    assert sorted(make_patch.FORMATTERS) == ["2.6.2", "3.3.1"]
+
+
+def test_a_checkout_says_its_formatter_in_its_pre_commit_config(tmp_path):
+    (tmp_path / ".pre-commit-config.yaml").write_text("repos:\n-   repo: x\n    hooks:\n    -   id: ruff-format\n")
+    assert make_patch.formatter_for(str(tmp_path), "2.6.2") == "ruff"
+    (tmp_path / ".pre-commit-config.yaml").write_text("repos:\n-   repo: x\n    hooks:\n    -   id: black\n")
+    assert make_patch.formatter_for(str(tmp_path), "3.3.1") == "black"
+    os.remove(tmp_path / ".pre-commit-config.yaml")
+    with pytest.raises(make_patch.PatchError, match="--formatter"):
+        make_patch.formatter_for(str(tmp_path), "3.0.0")

@@ -164,11 +164,29 @@ class TestPlan(unittest.TestCase):
         for bad in (-1, float("nan"), float("inf")):
             with self.assertRaises(ValueError):
                 check_bucket_size_mb(bad)
-        for bad in (True, "256", None):
+        for bad in (True, "256"):
             with self.assertRaises(TypeError):
                 check_bucket_size_mb(bad)
         self.assertEqual(check_bucket_size_mb(0), 0)
         self.assertEqual(check_bucket_size_mb(0.5), MB // 2)
+
+    def test_none_reads_the_flag_as_paddle_reads_its_sharding_knobs(self):
+        from unittest import mock
+
+        flag = "FLAGS_sharding_overlap_bucket_size_mb"
+        with mock.patch.dict(os.environ, {}, clear=False):
+            os.environ.pop(flag, None)
+            self.assertEqual(check_bucket_size_mb(None), 256 * MB)  # the default
+            self.assertEqual(check_bucket_size_mb(), 256 * MB)
+            os.environ[flag] = "0"
+            self.assertEqual(check_bucket_size_mb(None), 0)
+            os.environ[flag] = "0.5"
+            self.assertEqual(check_bucket_size_mb(None), MB // 2)
+            self.assertEqual(check_bucket_size_mb(1), MB)  # an argument wins
+            for bad, error in (("lots", f"{flag} must be a number"), ("-1", "finite and >= 0")):
+                os.environ[flag] = bad
+                with self.assertRaisesRegex(ValueError, error):
+                    check_bucket_size_mb(None)
 
 
 class TestStorage(unittest.TestCase):

@@ -370,6 +370,28 @@ def test_bad_input_raises_before_anything_changes(bad, error, match):
     assert type(model.first._parameters) is OrderedDict
 
 
+@pytest.mark.parametrize("value, strict", [(None, False), ("0", False), ("1", True), ("true", True), ("False", False)])
+def test_strict_none_reads_its_flag_as_paddle_reads_its_sharding_knobs(value, strict, monkeypatch):
+    if value is None:
+        monkeypatch.delenv("FLAGS_sharding_overlap_strict", raising=False)
+    else:
+        monkeypatch.setenv("FLAGS_sharding_overlap_strict", value)
+    model = Net()
+    args = dict(owner_args(model), strict=None)
+    owner = pso.ParamSyncOverlap(**args, comm=RecordingComm({}))
+    assert owner._strict is strict
+    monkeypatch.setenv("FLAGS_sharding_overlap_strict", "1")
+    assert pso.ParamSyncOverlap(**dict(args, strict=False), comm=RecordingComm({}))._strict is False  # given wins
+
+
+def test_a_bad_strict_flag_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("FLAGS_sharding_overlap_strict", "yes please")
+    model = Net()
+    with pytest.raises(ValueError, match="FLAGS_sharding_overlap_strict must be 0, 1, false or true"):
+        pso.ParamSyncOverlap(**dict(owner_args(model), strict=None), comm=RecordingComm({}))
+    assert num_hooks(model) == 0
+
+
 @pytest.mark.parametrize("cap", [0, -1, 1.5])
 def test_bucket_planner_refuses_a_cap_that_is_not_a_positive_int(cap):
     with pytest.raises(ValueError, match=f"cap_bytes must be a positive int, got {cap}"):

@@ -41,15 +41,10 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.param_sync_overl
 from paddle.distributed.fleet.utils import mix_precision_utils
 
 VOCAB, HIDDEN, SEQ, BATCH, STEPS = 32, 16, 6, 4, 4
-# series: until buckets
-# MODES = {"per_parameter": {}}  # keyword arguments of _set_broadcast_overlap
-# series: end
-# series: buckets
 MODES = {  # keyword arguments of _set_broadcast_overlap
     "per_parameter": {"bucket_size_mb": 0},
     "buckets": {"bucket_size_mb": 0.002},  # 2 KB: boundaries inside layers
 }
-# series: end
 
 
 class TinyLM(nn.Layer):
@@ -182,7 +177,6 @@ def case_units_and_waits(mode):
     assert indices == list(range(len(params))), indices  # each one, once
     if mode == "per_parameter":
         assert all(len(u.indices) == 1 for u in units), units
-    # series: buckets
     else:
         assert len(units) < len(params), units
         src_of = {id(u): u.src for u in units}
@@ -192,7 +186,6 @@ def case_units_and_waits(mode):
             own = {unit_of[id(p)] for p in layer.parameters(False)}
             split += len(own) > len({src_of[u] for u in own})
         assert split > 0, units
-    # series: end
     assert stats["launched"] == STEPS * len(units), stats
     assert_waits_balanced(stats)
     # forward after each step but the last; then the final state_dict()
@@ -201,7 +194,6 @@ def case_units_and_waits(mode):
     assert stats["waited_out_of_order"] == 0, stats
 
 
-# series: reads
 def case_reads_right_after_step(mode):
     """Right after step(), before the next forward: an attribute, the
     model's parameters() and state_dict(), and a forward compiled by
@@ -234,9 +226,6 @@ def case_reads_right_after_step(mode):
     assert stats["waited_in_forward"] == 0, stats  # the reads came first
     assert paths["attribute"] > 0 and paths["iteration"] > 0, paths
     assert stats["waited_in_program"] > 0, stats
-
-
-# series: end
 
 
 def num_pre_hooks(model):

@@ -565,7 +565,9 @@ def paddle_moment_sync_owners_differ_hangs():
 
     def built(run):
         params = shared_weights(run.raw)
-        assert_owners_differ(run.opt, params, params[0].color["broadcast_group"])
+        assert_owners_differ(
+            run.opt, params, params[0].color["broadcast_group"]
+        )
         print(f"rank {cases.rank()}: owners checked, training", flush=True)
 
     with cases.pp_configs(sync_param=True, sync_moment=True):

@@ -674,10 +674,14 @@ def case_error_after_update_keeps_the_ranks_in_step():
             cases.assert_overlap_lost(lost, opt, "iteration")
         else:
             assert lost == [], lost
-        assert len(calls) == 1 and errors == ["injected after the update"], errors
+        assert len(calls) == 1 and errors == [
+            "injected after the update"
+        ], errors
         params = {k: v.numpy() for k, v in model.state_dict().items()}
         results.append((losses, cases.digests(params)))
-    assert results[0] == results[1], "overlap on differs from off after the error"
+    assert (
+        results[0] == results[1]
+    ), "overlap on differs from off after the error"
     assert cases.all_ranks_equal(results[1][1])
 
 

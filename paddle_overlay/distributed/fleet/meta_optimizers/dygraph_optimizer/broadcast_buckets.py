@@ -30,11 +30,14 @@ parameter leaves the link idle between small messages.
 
 import collections
 import math
+import os
 
 import paddle
 
 __all__ = []
 
+# the cap when none is given: FLAGS_sharding_overlap_bucket_size_mb, else
+# Paddle's own comm_buffer_size_MB default
 DEFAULT_BUCKET_SIZE_MB = 256
 ALIGN_BYTES = 256
 
@@ -61,10 +64,22 @@ def numel_of(param):
     return math.prod(int(d) for d in param.shape)
 
 
-def check_bucket_size_mb(bucket_size_mb):
+def check_bucket_size_mb(bucket_size_mb=None):
     """The cap in bytes (0: one broadcast per parameter) of
-    ``bucket_size_mb`` (int | float, MB = 2**20 bytes); TypeError if not a
-    number, ValueError if negative, not finite, or under one byte."""
+    ``bucket_size_mb`` (int | float, MB = 2**20 bytes; None: the environment
+    variable ``FLAGS_sharding_overlap_bucket_size_mb``, else
+    :data:`DEFAULT_BUCKET_SIZE_MB`); TypeError if not a number, ValueError
+    if negative, not finite, or under one byte."""
+    if bucket_size_mb is None:
+        flag = "FLAGS_sharding_overlap_bucket_size_mb"
+        raw = os.getenv(flag, str(DEFAULT_BUCKET_SIZE_MB))
+        try:
+            bucket_size_mb = float(raw)
+        except ValueError:
+            raise ValueError(
+                f"{flag} must be a number of MB (0 for one broadcast per "
+                f"parameter), got {raw!r}."
+            ) from None
     if isinstance(bucket_size_mb, bool) or not isinstance(
         bucket_size_mb, (int, float)
     ):

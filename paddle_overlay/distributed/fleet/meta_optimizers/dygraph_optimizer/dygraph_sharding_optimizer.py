@@ -30,7 +30,9 @@ same source text into Paddle's ``dygraph_sharding_optimizer.py``:
   lacks one, neither ``apply()`` nor the patch adds it.
 * every other method replaces Paddle's of the same name or is new.
 * ``SUPERSEDED``: upstream's own overlap code these methods replace, which
-  the patch deletes (the overlay leaves it in place, unreachable).
+  the patch deletes (the overlay leaves it in place, unreachable);
+  ``SUPERSEDED_ELSEWHERE``: code of other Paddle modules only that overlap
+  used.
 """
 
 import weakref
@@ -38,7 +40,7 @@ import weakref
 from paddle.distributed import fleet
 
 from . import unit_plan
-from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB, check_bucket_size_mb
+from .broadcast_buckets import check_bucket_size_mb
 from .param_sync_overlap import (
     ParamSyncOverlap,
     check_overlap_flag,
@@ -76,6 +78,7 @@ EDITED_WHERE_DEFINED = {
 SUPERSEDED = {
     "DygraphShardingOptimizer": {
         "__init__": (
+            "self._broadcast_overlap = False",
             "self._forward_pre_hook_remove_helper = []",
             "try: # The fp32 params such as layer_norm_0.w_0",
         ),
@@ -105,6 +108,26 @@ SUPERSEDED = {
         ),
     },
 }
+# Per Paddle module: the code only upstream's V2 overlap used (the
+# asynchronous all-gather of FusedCommBuffer.sync_params and the status it
+# kept), deleted with it; a statement entry may be (prefix, branch kept),
+# "parameter: NAME" deletes a parameter of the method.
+SUPERSEDED_ELSEWHERE = {
+    "distributed.fleet.utils.tensor_fusion_helper": {
+        "FusedCommBuffer": {
+            "Status": "*",
+            "__init__": (
+                "self.status = FusedCommBuffer.Status.READY",
+                "self.sync_param_task = None",
+            ),
+            "sync_params": (
+                ("if sync:", "body"),
+                "parameter: sync",
+                "parameter: param2task",
+            ),
+        },
+    },
+}
 
 
 class DygraphShardingOptimizer:
@@ -115,8 +138,8 @@ class DygraphShardingOptimizer:
         self,
         broadcast_overlap,
         layers=None,
-        strict=False,
-        bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
+        strict=None,
+        bucket_size_mb=None,
     ):
         """Overlap the post-update parameter broadcast with the next forward.
 
@@ -137,14 +160,17 @@ class DygraphShardingOptimizer:
                 broadcasts and removes every hook).
             layers (paddle.nn.Layer): the model that runs the forward;
                 required to turn it on.
-            strict (bool): the first hooked layer of each forward waits for
-                everything (no overlap); for models that read a tensor
-                reference to a parameter kept across ``step()``.
-            bucket_size_mb (int | float): MB (2**20 bytes) per window of the
-                agreed order; at the first update the parameters move into
-                one contiguous buffer per (window, owner rank, dtype), one
-                broadcast each (with ``tensor_fusion``/``comm_overlap``:
+            strict (bool | None): the first hooked layer of each forward
+                waits for everything (no overlap); for models that read a
+                tensor reference to a parameter kept across ``step()``.
+                None: ``FLAGS_sharding_overlap_strict`` (default off).
+            bucket_size_mb (int | float | None): MB (2**20 bytes) per window
+                of the agreed order; at the first update the parameters move
+                into one contiguous buffer per (window, owner rank, dtype),
+                one broadcast each (with ``tensor_fusion``/``comm_overlap``:
                 slices of Paddle's fused buffers). 0: one per parameter.
+                None: ``FLAGS_sharding_overlap_bucket_size_mb`` (default
+                256).
 
         Raises:
             TypeError: a flag is not a bool, ``layers`` is not a
@@ -159,7 +185,6 @@ class DygraphShardingOptimizer:
         method = "_set_broadcast_overlap"
         check_overlap_flag(broadcast_overlap, method, "broadcast_overlap")
         if not broadcast_overlap:
-            self._broadcast_overlap = False
             return switch_owner(self, None)
         cap_bytes = check_bucket_size_mb(bucket_size_mb)
         if self._sharding_world_size < 2:
@@ -196,7 +221,6 @@ class DygraphShardingOptimizer:
             planner = unit_plan.Buckets(src_ranks, cap_bytes)
         new = ParamSyncOverlap(params, group, layers, planner, method, strict)
         switch_owner(self, new)
-        self._broadcast_overlap = True
 
     def _sharding_sync_parameters(self):
         """With overlap on: launch the broadcasts, not the blocking sync."""
@@ -230,7 +254,7 @@ class DygraphShardingOptimizerV2:
         self,
         all_gather_overlap_forward,
         layers=None,
-        strict=False,
+        strict=None,
     ):
         """Overlap the post-update parameter all-gather with the next forward.
 

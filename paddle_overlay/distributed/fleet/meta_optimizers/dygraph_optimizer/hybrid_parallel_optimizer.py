@@ -27,7 +27,6 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
     DygraphShardingOptimizerV2,
 )
 
-from .broadcast_buckets import DEFAULT_BUCKET_SIZE_MB
 from .param_sync_overlap import (
     check_overlap_flag,
     plan_hybrid_synced_first,
@@ -54,13 +53,12 @@ class HybridParallelOptimizer:
         self,
         broadcast_overlap,
         layers=None,
-        strict=False,
-        bucket_size_mb=DEFAULT_BUCKET_SIZE_MB,
+        strict=None,
+        bucket_size_mb=None,
     ):
         """``DygraphShardingOptimizer._set_broadcast_overlap`` of the wrapped
         V1 optimizer (same arguments, behaviour, errors); turning it on around
-        another raises ``ValueError`` naming what to set (V2:
-        ``_set_all_gather_overlap_forward``)."""
+        another optimizer raises ``ValueError`` naming what to set."""
         self._set_overlap_of_inner(
             DygraphShardingOptimizer,
             "_set_broadcast_overlap",
@@ -69,13 +67,12 @@ class HybridParallelOptimizer:
             strict=strict,
             bucket_size_mb=bucket_size_mb,
         )
-        self._broadcast_overlap = broadcast_overlap
 
     def _set_all_gather_overlap_forward(
         self,
         all_gather_overlap_forward,
         layers=None,
-        strict=False,
+        strict=None,
     ):
         """Turn the all-gather overlap of the wrapped V2 sharding optimizer
         on or off (PaddleFormers calls this with two arguments for
@@ -90,7 +87,6 @@ class HybridParallelOptimizer:
             layers,
             strict=strict,
         )
-        self._all_gather_overlap_forward = all_gather_overlap_forward
 
     def _set_overlap_of_inner(self, kind, method, flag, layers, **kwargs):
         # the flag's argument name is the method's, as in the inner one
@@ -99,8 +95,6 @@ class HybridParallelOptimizer:
         if isinstance(inner, kind):
             getattr(inner, method)(flag, layers, **kwargs)
         elif flag:
-            if isinstance(inner, DygraphShardingOptimizerV2):
-                inner._set_broadcast_overlap(True)  # names the V2 method
             hint = "."
             if isinstance(inner, DygraphShardingOptimizer):
                 hint = ": use _set_broadcast_overlap(True, layers=model)."
@@ -111,7 +105,6 @@ class HybridParallelOptimizer:
                 f"sharding_configs.split_param = {v2}; the wrapped "
                 f"optimizer is a {type(inner).__name__}{hint}"
             )
-        self._layers = layers if flag else None
 
     def _step(self, parameters_list):
         # the sharding parameter sync starts inside the inner step(), where

@@ -13,21 +13,17 @@
 # limitations under the License.
 
 """Sharding stage 1: the post-update parameter sync overlapped with the next
-forward, with one owner: V1's broadcasts (per parameter, in buckets, or as
-slices of Paddle's fused buffers) and V2's (``split_param``) all-gathers of
-its comm buffers.
+forward, with one owner (:class:`ParamSyncOverlap`) per optimizer.
 
 NOTE [parameter sync overlap]
 ``sync_op=False`` collectives waited by forward pre-hooks (the approach of
-PR #63945 for V1 and of V2's ``_set_all_gather_overlap_forward``), by these
-rules:
+PR #63945), by these rules:
 
 * Units (``comm_unit.CommUnit``) own their tasks; a planner of
   ``unit_plan`` builds them.
 * Order: forward's first use, recorded before the first update and sent
   once from rank 0 of the group: all ranks issue the same collectives in
-  the same order (PR #63945 sorted V1's by ``param.name``; V2's hooks
-  started gathers in ``set`` order, which differs across processes).
+  the same order (PR #63945 sorted them by ``param.name``).
 * Schedule: every unit starts inside ``step()``, where Paddle's blocking
   sync was (right after the update), on every rank, in the agreed order; no
   hook, read or compiled program ever issues a collective.
@@ -39,24 +35,15 @@ rules:
   visited in creation order (``sync_registry``).
 * Waits: a pre-hook (first in its layer's order) per layer owning managed
   parameters, the optimizer's ``state_dict()`` and ``step()``; safe to call
-  again, never in a GC finalizer.
-* Paddle's own step code after the update: every parameter it reads or
-  writes holds, when it does, the value overlap off gives it, and no
-  collective of it runs on memory a unit is still writing.
-  The parameters ``HybridParallelOptimizer._step``'s model- and
-  pipeline-parallel syncs cover (both ``sync_mode`` s) are planned into
-  the first units (``lead_with``, agreed with the order), waited before
-  the launch returns, so only they lose the overlap; ``_insert_sync``
-  waits for any other parameter it sends. V2's ``rebuild()`` and ``clear_param_storage()``
-  wait for everything first, and the plan follows rebuilt comm buffers.
+  again, never in a GC finalizer. Paddle's own step code after the update
+  reads or writes a parameter only after its unit is waited.
 * Reads: every Python read of a parameter waits for its own unit, a
   compiled program for every unit (``read_interception``). Not seen: a
-  tensor reference taken before ``step()`` (``strict=True``: the first
-  hooked layer waits for everything).
+  tensor reference taken before ``step()`` (``strict``: the first hooked
+  layer waits for everything).
 * No host synchronisation and no collective of its own after the first
   step: a parameter's dtype or size change is refused before anything is
-  sent.
-  Replaced parameter memory is put back into its bucket slot, locally.
+  sent. Replaced parameter memory is put back into its slot, locally.
 * Hooks: registered once, removed together on disable.
 * Counted and said: ``stats`` by who waited first (``sync_stats.SyncStat``);
   a training forward using units out of the agreed order warns once
@@ -67,6 +54,7 @@ rules:
 import collections
 import enum
 import inspect
+import os
 import warnings
 import weakref
 
@@ -80,7 +68,6 @@ from .wait_map import LayerWaits
 __all__ = []
 
 _OWNER_ATTR = "_param_sync_overlap"
-_COLLECTIVE_NAMES = {"broadcast": "broadcast", "all_gather": "all-gather"}
 # Paddle 2.6's register_forward_pre_hook has no ``prepend``. A release flag:
 # tools/make_patch.py keeps the branch of the release a patch is made for.
 _HAS_PREPEND = (
@@ -151,8 +138,8 @@ def prepare_param_sync_update(optimizer):
 
 def wait_param_sync(optimizer):
     """Wait for the pending syncs of ``optimizer`` (``waited_on_demand``):
-    before Paddle code reads or replaces every parameter or comm buffer
-    (the optimizer's ``state_dict()``, V2's ``rebuild()``)."""
+    before Paddle code reads or replaces every parameter (the optimizer's
+    ``state_dict()``)."""
     overlap = get_param_sync_overlap(optimizer)
     if overlap is not None:
         overlap.wait_all(SyncStat.ON_DEMAND)
@@ -161,9 +148,11 @@ def wait_param_sync(optimizer):
 def wait_before_hybrid_sync(tensor):
     """Wait for the pending sync of ``tensor`` (a parameter of any open
     owner), before ``HybridParallelOptimizer._insert_sync`` sends or
-    all-reduces it across the model- or pipeline-parallel group: that sync
-    then reads and writes the value overlap off gives it, and never memory a
-    sharding collective is still writing."""
+    all-reduces it across the model- or pipeline-parallel group (both
+    ``sync_mode`` s): that sync then reads and writes the value overlap off
+    gives it, and never memory a sharding collective is still writing. The
+    parameters those syncs cover are planned into the first units
+    (:func:`plan_hybrid_synced_first`), so only they lose the overlap."""
     if sync_registry.PENDING:
         sync_registry.wait_for(tensor, SyncStat.FOR_HYBRID_SYNC)
 
@@ -225,11 +214,12 @@ class ParamSyncOverlap:
             order (positions are what ranks agree on).
         group: the sharding process group (``paddle.distributed`` Group).
         layers (paddle.nn.Layer): the model that runs the forward.
-        planner: a planner of ``unit_plan`` (``PerParameter``, ``Buckets``,
-            ``FusedSlices``, ``CommBuffers``).
+        planner: a planner of ``unit_plan``; its ``collective`` names what
+            the units send.
         method (str): the optimizer method that turned it on, named in
             errors and warnings.
-        strict (bool): the root's pre-hook waits for everything.
+        strict (bool | None): the root's pre-hook waits for everything
+            (None: ``FLAGS_sharding_overlap_strict``).
         comm: ``comm_unit.PaddleComm`` or a test fake.
 
     Raises:
@@ -238,11 +228,11 @@ class ParamSyncOverlap:
     """
 
     def __init__(
-        self, params, group, layers, planner, method, strict=False, comm=None
+        self, params, group, layers, planner, method, strict=None, comm=None
     ):
-        _check_arguments(layers, strict, method)
+        strict = _check_arguments(layers, strict, method)
         self._method, self._planner = method, planner
-        self._collective = _COLLECTIVE_NAMES[planner.collective]
+        self._collective = planner.collective.replace("_", "-")  # in messages
         self._comm = comm if comm is not None else PaddleComm()
         self._params = list(params)
         self._group = group
@@ -438,10 +428,10 @@ class ParamSyncOverlap:
         """Start every unit that needs a sync after an update, in the agreed
         order (the first call agrees it: one int64 broadcast of the count
         and one of the order, the only host synchronisation); frozen units
-        are skipped. Waited at once: the first units, which hold what
-        Paddle's own step code reads next (:meth:`lead_with`: the update
-        returns with them synced, whichever code sends them on), and units
-        no layer waits for.
+        are skipped. Waited at once: the units planned first, which hold
+        what Paddle's own step code reads next (the update returns with them
+        synced, whichever code sends them on), and units no layer waits
+        for.
 
         Raises:
             RuntimeError (names the rank): closed, a unit still pending, or
@@ -515,7 +505,8 @@ class ParamSyncOverlap:
         # rank 0 of the group decides: the count (int64 [1]) is checked
         # before the order (int64 [n]) is sent, so ranks with different
         # lists stop with an error instead of pairing the wrong tensors; a
-        # position planned first (lead_with) is sent as position + n
+        # position planned into the first units (self._lead) is sent as
+        # position + n
         n = len(self._params)
         first_rank = self._group.ranks[0]
         count = self._broadcast_int64([n], first_rank)
@@ -611,6 +602,9 @@ class ParamSyncOverlap:
 
 
 def _check_arguments(layers, strict, method):
+    """``strict`` as given, or (None) the environment variable
+    ``FLAGS_sharding_overlap_strict`` ("1"/"true" or "0"/"false", default
+    "0"); TypeError / ValueError for bad arguments."""
     if layers is None:
         raise ValueError(
             "the overlap needs the model: pass the paddle.nn.Layer that "
@@ -622,5 +616,14 @@ def _check_arguments(layers, strict, method):
             "layers must be a paddle.nn.Layer (the model that runs the "
             f"forward), got {type(layers).__name__}."
         )
+    if strict is None:
+        raw = os.getenv("FLAGS_sharding_overlap_strict", "0")
+        if raw.strip().lower() not in ("0", "1", "false", "true"):
+            raise ValueError(
+                "FLAGS_sharding_overlap_strict must be 0, 1, false or true, "
+                f"got {raw!r}."
+            )
+        return raw.strip().lower() in ("1", "true")
     if not isinstance(strict, bool):
         raise TypeError(f"strict must be a bool, got {type(strict).__name__}.")
+    return strict

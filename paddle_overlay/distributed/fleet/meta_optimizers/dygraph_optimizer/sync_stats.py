@@ -12,17 +12,12 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""What the parameter sync overlap counts, and who may watch it.
+"""What the parameter sync overlap counts, and where its warnings point.
 
 * :class:`SyncStat`: the keys of an owner's ``stats`` (dict[SyncStat, int]);
   the ``waited_*`` members are also the reasons a wait is counted under.
   Members are strings, so ``stats["waited_in_forward"]`` reads the same
   entry as ``stats[SyncStat.IN_FORWARD]``.
-* :data:`MONITORS`: objects told of every owner's launches, waits and
-  training forwards (none by default; a tool adds one, e.g. to report how
-  much of the sync a run overlapped). A monitor defines
-  ``on_launch(owner, units)``, ``on_wait(owner, count, reason, path)`` and
-  ``on_training_forward(owner)``.
 * :func:`caller_stacklevel`: the ``stacklevel`` that makes a warning name
   the first line outside Paddle.
 """
@@ -39,31 +34,32 @@ __all__ = []
 class SyncStat(str, enum.Enum):
     """A counter of an owner's ``stats``."""
 
+    # a compiled program waited for a unit first, before it ran
+    IN_PROGRAM = "waited_in_program"
+    # a Python read of one of a unit's parameters waited for it first
+    ON_READ = "waited_on_read"
     LAUNCHED = "launched"  # units started
-    # who waited for a unit first (each unit is waited once per launch)
+    # who else waited for a unit first (each unit is waited once per launch)
     IN_FORWARD = "waited_in_forward"  # its layer's forward pre-hook
-    IN_PROGRAM = "waited_in_program"  # a compiled program, before it ran
-    ON_READ = "waited_on_read"  # a Python read of one of its parameters
     BEFORE_UPDATE = "waited_before_update"  # the next step(): still pending
     UNREACHABLE = "waited_unreachable"  # at launch: no layer owns them
-    ON_DEMAND = "waited_on_demand"  # state_dict(), rebuild(), turning off
+    ON_DEMAND = "waited_on_demand"  # state_dict(), turning the overlap off
     BY_OTHER_OWNER = "waited_by_other_owner"  # a shared parameter's owner
-    FOR_HYBRID_SYNC = "waited_for_hybrid_sync"  # an mp/pp sync after update
     # a layer needed a unit while an earlier one was pending (less overlap)
     OUT_OF_ORDER = "waited_out_of_order"
     REBOUND = "rebound"  # parameters put back into their bucket slots
+    # an mp/pp parameter sync after the update waited for the unit first
+    FOR_HYBRID_SYNC = "waited_for_hybrid_sync"
 
     def __repr__(self):
         # a printed ``stats`` reads as a dict of strings
         return repr(self.value)
 
 
-# the members a wait is counted under
-WAIT_REASONS = frozenset(s for s in SyncStat if s.value.startswith("waited_"))
-WAIT_REASONS -= {SyncStat.OUT_OF_ORDER}
-# waits that take the overlap away from the next forward
-READ_WAITS = frozenset({SyncStat.ON_READ, SyncStat.IN_PROGRAM})
-
+# objects told of every owner's launches, waits and training forwards (none
+# by default; a tool adds one, e.g. to report how much of the sync a run
+# overlapped): ``on_launch(owner, units)``, ``on_wait(owner, count, reason,
+# path)`` and ``on_training_forward(owner)``
 MONITORS = []
 
 
@@ -74,7 +70,7 @@ def new_stats():
 
 def notify(event, *args):
     """Call ``event`` (``on_launch``, ``on_wait``, ``on_training_forward``)
-    of every monitor with ``args``."""
+    of every monitor of :data:`MONITORS` with ``args``."""
     for monitor in MONITORS:
         getattr(monitor, event)(*args)
 

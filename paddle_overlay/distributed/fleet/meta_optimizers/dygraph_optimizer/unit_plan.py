@@ -17,17 +17,12 @@
 A planner turns the agreed order into a plan, locally and the same on every
 rank; a plan never communicates. ``plan(order, params, group, alone, lead)``:
 ``order`` puts first the ``lead`` positions that Paddle's own step code
-reads after the update (the owner's ``lead_with``), then the rest, each part
-in forward's first-use order; no unit spans the two parts. Each launch calls the plan's
+reads after the update, then the rest, each part in forward's first-use
+order; no unit spans the two parts. Each launch calls the plan's
 ``prepare()``: it checks the parameters locally (and puts replaced memory
 back in its slot), so nothing has to be agreed across ranks after the first
-step. The planners:
-
-* :class:`PerParameter` (V1): one broadcast per parameter, PR #63945's unit.
-* :class:`Buckets` (V1): contiguous buckets (``broadcast_buckets.py``).
-* :class:`FusedSlices` (V1): slices of Paddle's fused buffers.
-* :class:`CommBuffers` (V2): one all-gather per ``FusedCommBuffer``, in
-  Paddle's layout.
+step. Each planner class says what its units are; ``collective`` names what
+they send.
 """
 
 import collections
