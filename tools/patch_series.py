@@ -262,15 +262,17 @@ forward read parameters mid-broadcast.""",
             f"{PSO}::ParamSyncOverlap.lead",
             f"{PSO}::wait_before_hybrid_sync",
             f"{PSO}::plan_hybrid_synced_first",
-            f"{OPT}/sync_stats.py::SyncStat.FOR_HYBRID_SYNC",
         ),
         "what": """\
 HybridParallelOptimizer._step hands the parameters its model- and
 pipeline-parallel syncs cover after the update (mp_configs.sync_param,
 pp_configs.sync_param; Paddle's own filters) to the sharding sync's
-owner before its first launch, which plans them into the first units;
-_insert_sync waits for a parameter's unit before it sends or
-all-reduces that parameter. Nothing changes while no owner is open.""",
+owner before its first launch, which plans them into the first units
+and waits for those before the update returns (the owner's launch waits
+for its lead), so whichever code sends them on next (Paddle's
+_insert_sync, or a trainer's replacement of it) reads the updated values;
+_insert_sync also waits for any other parameter's unit before it sends
+or all-reduces that parameter. Nothing changes while no owner is open.""",
         "why": """\
 With the parameter sync overlapped, the mp/pp syncs right after the
 inner step() would read parameters whose broadcast is still in flight

@@ -67,11 +67,14 @@ def case_lead_agreed_planned_first_and_waited_alone(group):
         optimizer, first
     )  # after the first launch: nothing
     assert [params[i].name for i in owner.lead] == lead
-    wait_before_hybrid_sync(head[0])  # that parameter's unit only
-    assert owner.num_pending == len(params) - 1
-    assert owner.stats["waited_for_hybrid_sync"] == 1, owner.stats
+    # the lead's units were waited before the launch returned
+    assert owner.num_pending == len(params) - len(head)
+    assert owner.stats["waited_for_hybrid_sync"] == len(head), owner.stats
+    wait_before_hybrid_sync(first[0])  # outside the lead: its unit only
+    assert owner.num_pending == len(params) - len(head) - 1
+    assert owner.stats["waited_for_hybrid_sync"] == len(head) + 1
     wait_before_hybrid_sync(paddle.ones([1]))  # not a managed parameter
-    assert owner.num_pending == len(params) - 1
+    assert owner.num_pending == len(params) - len(head) - 1
     owner.close()
     assert owner.num_pending == 0 and owner.num_hooks == 0
 
