@@ -20,6 +20,7 @@ ok, 2 bad input (the message says what to fix).
 import argparse
 import ast
 import builtins
+import functools
 import glob
 import importlib.util
 import os
@@ -268,7 +269,13 @@ def _find_def(module, class_name, method):
 def fold_flags(text, flags, name="<module>"):
     """``text`` with each ``if FLAG:`` of :data:`RELEASE_FLAGS` replaced by the branch ``flags`` takes, the
     flag's assignment (and the comments right above it) deleted, and imports that only it used removed."""
-    for flag, value in flags.items():
+    return _fold_flags(text, tuple(flags.items()), name)
+
+
+@functools.lru_cache(maxsize=256)
+def _fold_flags(text, flags, name):
+    # fold_flags, memoized: a pure function of its arguments, asked again for every state and release
+    for flag, value in flags:
         before = _names_read(text)
         while True:
             module = ast.parse(text, name)
@@ -292,9 +299,16 @@ def fold_flags(text, flags, name="<module>"):
     return text
 
 
+@functools.lru_cache(maxsize=1024)
 def _names_read(text):
-    return {n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)} | {
-        n.value.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    """The names ``text`` reads: every ``name`` and every ``name.attr``'s ``name`` (memoized)."""
+    names = set()
+    for n in ast.walk(ast.parse(text)):
+        if isinstance(n, ast.Name):
+            names.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+            names.add(n.value.id)
+    return frozenset(names)
 
 
 def _drop_unused_imports(text, used_before, name):
@@ -957,8 +971,9 @@ def _tool(module, *args, cwd=None):
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True)
 
 
+@functools.lru_cache(maxsize=None)
 def check_formatter(formatter):
-    """PatchError unless ``formatter``'s tools at their pins run in this python."""
+    """PatchError unless ``formatter``'s tools at their pins run in this python (asked once per process)."""
     tools = ("ruff",) if formatter == "ruff" else ("ruff", "black")
     for tool in tools:
         proc = _tool(tool, "--version")
@@ -971,10 +986,19 @@ def check_formatter(formatter):
 def format_files(files, formatter):
     """``files`` ({tree path: text}) with every ``.py`` file formatted as ``formatter`` (``ruff``: ruff's
     import sorting and formatter with Paddle 3.x's settings; ``black``: ruff's import sorting and black
-    with Paddle 2.6's), the others as they are."""
+    with Paddle 2.6's), the others as they are. The same texts are formatted once per process."""
     python = {rel: text for rel, text in files.items() if rel.endswith(".py")}
     if not python:
         return dict(files)
+    out = dict(files)
+    out.update(_formatted(formatter, tuple(sorted(python.items()))))
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _formatted(formatter, python):
+    # {tree path: formatted text} of the .py files ``python`` ((path, text) pairs)
+    python = dict(python)
     check_formatter(formatter)
     with tempfile.TemporaryDirectory(prefix="make_patch-format-") as tmp:
         for rel, text in python.items():
@@ -993,9 +1017,7 @@ def format_files(files, formatter):
             proc = _tool(*step, cwd=tmp)
             if proc.returncode:
                 raise PatchError(f"{' '.join(step[:2])} failed on the patch's files:\n{proc.stdout}{proc.stderr}")
-        out = dict(files)
-        out.update({rel: _read(os.path.join(tmp, rel)) for rel in python})
-    return out
+        return {rel: _read(os.path.join(tmp, rel)) for rel in python}
 
 
 # --------------------------------------------------------------------------- the files of each PR

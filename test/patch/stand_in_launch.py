@@ -3,7 +3,15 @@
 per-rank script on 2 ranks through this project's launcher, with the patched Paddle (never the overlay),
 each CPU rank given the test-only CPU shim's site items from outside (nothing of it is in the tree).
 
-Every launch is recorded, one JSON line per launch in ``$PATCHED_TREE_RECORD`` (when set): the driver's
+Two ways, chosen by the environment:
+
+- ``$PATCHED_TREE_COLLECT`` set (a file): the driver's call is recorded there (its test, the script, the
+  launch settings) and nothing is launched; ``python stand_in_launch.py`` then launches every recorded
+  script of one setting in one 2-rank launch (:mod:`chained_scripts`: the scripts one after the other in
+  each rank's process), so a PR's drivers cost one Paddle start-up per rank instead of one per driver;
+- otherwise each call launches its script at once.
+
+Either way every script is recorded, one JSON line in ``$PATCHED_TREE_RECORD`` (when set): the driver's
 test, the script, and on each rank the number in the script's closing ``N passed`` line (None when a rank
 printed none), so a driver that ran nothing cannot pass unnoticed.
 """
@@ -15,9 +23,12 @@ import sys
 
 from collective_launch import launch_collective
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 CPU_SITE = os.path.join(ROOT, "tools", "collective", "cpu_site")
 RECORD_ENV = "PATCHED_TREE_RECORD"
+COLLECT_ENV = "PATCHED_TREE_COLLECT"
+CHAIN = os.path.join(HERE, "chained_scripts.py")
 
 
 def _script(test_case, target_file_name):
@@ -36,18 +47,62 @@ def passed_counts(rank_logs):
     return counts
 
 
-def run(test_case, target_file_name, allocator_strategy, need_envs):
+def _launch_env(allocator_strategy, need_envs):
     env = {"FLAGS_allocator_strategy": allocator_strategy, **(need_envs or {})}
     env["PADDLE_OVERLAY_CPU_SHIM"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (CPU_SITE, os.environ.get("PYTHONPATH", "")) if p)
-    script = _script(test_case, target_file_name)
-    result = launch_collective(script, nproc=2, env=env)
-    counts = passed_counts(result.rank_logs)
+    return env
+
+
+def _record(entries):
     record = os.environ.get(RECORD_ENV)
     if record:
         with open(record, "a") as f:
-            f.write(json.dumps({"test": test_case.id(), "script": os.path.basename(script), "passed": counts}) + "\n")
-    if not all(counts):
-        raise AssertionError(f"{os.path.basename(script)} ran no case on every rank (passed per rank: {counts}); "
-                             f"logs: {result.log_dir}")
+            f.writelines(json.dumps(e) + "\n" for e in entries)
+    failed = [e for e in entries if not all(e["passed"])]
+    if failed:
+        raise AssertionError("ran no case on every rank (passed per rank): "
+                             + ", ".join(f"{e['script']}: {e['passed']}" for e in failed))
+
+
+def run(test_case, target_file_name, allocator_strategy, need_envs):
+    script = _script(test_case, target_file_name)
+    collect = os.environ.get(COLLECT_ENV)
+    if collect:
+        with open(collect, "a") as f:
+            f.write(json.dumps({"test": test_case.id(), "script": script, "allocator_strategy": allocator_strategy,
+                                "need_envs": need_envs or {}}) + "\n")
+        return None
+    result = launch_collective(script, nproc=2, env=_launch_env(allocator_strategy, need_envs))
+    _record([{"test": test_case.id(), "script": os.path.basename(script),
+              "passed": passed_counts(result.rank_logs)}])
     return result
+
+
+def segments(rank_log):
+    """{script name: its part of one rank's log} from the markers :mod:`chained_scripts` prints."""
+    parts = re.split(r"^=== chained script (\S+)$", rank_log, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def run_collected(collect):
+    """Launch the scripts recorded in ``collect``: one chained 2-rank launch per launch setting, in the
+    order recorded; each script's ``N passed`` counts read from its own part of each rank's log."""
+    with open(collect) as f:
+        calls = [json.loads(line) for line in f]
+    groups = {}
+    for call in calls:
+        key = json.dumps([call["allocator_strategy"], call["need_envs"]], sort_keys=True)
+        groups.setdefault(key, []).append(call)
+    for group in groups.values():
+        env = _launch_env(group[0]["allocator_strategy"], group[0]["need_envs"])
+        env[f"{COLLECT_ENV}_SCRIPTS"] = os.pathsep.join(call["script"] for call in group)
+        result = launch_collective(CHAIN, nproc=2, env=env)
+        parts = [segments(log) for log in result.rank_logs]
+        _record([{"test": call["test"], "script": os.path.basename(call["script"]),
+                  "passed": passed_counts([p.get(os.path.basename(call["script"]), "") for p in parts])}
+                 for call in group])
+
+
+if __name__ == "__main__":
+    run_collected(os.environ[COLLECT_ENV])

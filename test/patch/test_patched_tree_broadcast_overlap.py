@@ -10,11 +10,12 @@ For the running Paddle's version (the runner runs this once per version) this te
    the commit changes python/ files, appends its rows to ``testslist.csv`` and adds new files only, its
    tree is the generated state k, Paddle imports the patched modules from a site folder built from the
    tree (links to the installed package, patched copies, and a ``paddle_overlay`` stub that fails on
-   import) with no ``_origin_`` method anywhere, and the drivers of PRs 1..k run as Paddle's CI runs them
-   (``python -m unittest`` in the tree's test folder, ``PYTHONPATH=../..``): through the release's test
-   base, every per-rank script launched on 2 CPU ranks and every rank's closing ``N passed`` line with
-   N > 0 (a driver that ran nothing fails). The test-only CPU shim is not part of the patch: the stand-in
-   gives it to CPU ranks from outside;
+   import) with no ``_origin_`` method anywhere, and the drivers PR k adds (after the last PR: every
+   driver) run as Paddle's CI runs them (``python -m unittest`` in the tree's test folder,
+   ``PYTHONPATH=../..``): through the release's test base, which collects their per-rank scripts, then
+   launched in one chained launch on 2 CPU ranks (``stand_in_launch.run_collected``), every script's
+   closing ``N passed`` line with N > 0 on every rank (a driver that ran nothing fails). The test-only
+   CPU shim is not part of the patch: the stand-in gives it to CPU ranks from outside;
 3. the committed single patch (``patches/paddle-v<version>-...patch``, 2.6.2): plain ``git apply``, the
    generated final state, and every driver passes the same way;
 4. ``tools/apply_patch.sh`` applies the committed patch to a fresh tree: every row registered once.
@@ -69,10 +70,13 @@ def module_of(rel):
     return rel[len("python/") : -len(".py")].replace("/", ".")
 
 
-def drivers_at(k):
-    """The drivers (test names) of PRs 1..k+1, and the per-rank scripts they name."""
+def drivers_at(k, last=None):
+    """The drivers (test names) PR k+1 adds, and the per-rank scripts they name; every driver of PRs 1..k+1
+    when k is ``last`` (default: the series' last PR) or PR k+1 adds none."""
+    last = len(make_patch.PR_KEYS) - 1 if last is None else last
     files = make_patch.test_files_at(k)
-    drivers = sorted(n[:-3] for n in files if n.startswith("test_"))
+    new = [n for n in files if n.startswith("test_") and (k == 0 or n not in make_patch.test_files_at(k - 1))]
+    drivers = sorted(n[:-3] for n in (files if k == last or not new else new) if n.startswith("test_"))
     scripts = set()
     for name in drivers:
         text = make_patch._read(os.path.join(make_patch.TEST_DIR, name + ".py"))
@@ -128,25 +132,33 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         self.assertFalse(info["overlay"])
 
     def run_drivers(self, tree, site, what, k):
-        """Run the drivers of PRs 1..k+1 as Paddle's CI does, in one ``python -m unittest`` in the tree's test
-        folder; every per-rank script launched and passing cases on both ranks."""
+        """Run the drivers :func:`drivers_at` ``k`` names as Paddle's CI does, in one ``python -m unittest`` in
+        the tree's test folder, the stand-in test base collecting their per-rank scripts; then those scripts
+        in one chained 2-rank launch (``stand_in_launch.run_collected``): each launched and passing cases on
+        both ranks."""
         drivers, scripts = drivers_at(k)
-        record = os.path.join(self.work, f"launches-{what.replace(' ', '-')}.jsonl")
-        if os.path.exists(record):
-            os.remove(record)
+        name = what.replace(" ", "-")
+        record = os.path.join(self.work, f"launches-{name}.jsonl")
+        collect = os.path.join(self.work, f"collected-{name}.jsonl")
+        for path in (record, collect):
+            if os.path.exists(path):
+                os.remove(path)
         env = {key: value for key, value in os.environ.items() if not key.startswith("PADDLE_OVERLAY")}
         # ../.. (the tree's test/) as the rows' PYTHONPATH=../..; then the patched Paddle, and what the
         # stand-in test base launches with (test/patch, tools/collective), never this project's test/
         path = [os.path.join(tree, "test"), site, HERE, os.path.join(ROOT, "tools", "collective")]
-        env.update(PYTHONPATH=os.pathsep.join(path), PATCHED_TREE_RECORD=record,
+        env.update(PYTHONPATH=os.pathsep.join(path), PATCHED_TREE_RECORD=record, PATCHED_TREE_COLLECT=collect,
                    PADDLE_OVERLAY_RUN_DIR=os.path.join(self.work, "runs"))
         proc = subprocess.run([sys.executable, "-m", "unittest", "-v", *drivers], cwd=os.path.join(tree, FLEET),
-                              env=env, capture_output=True, text=True, timeout=1800)
+                              env=env, capture_output=True, text=True, timeout=600)
         output = proc.stdout + proc.stderr
         self.assertEqual(proc.returncode, 0, f"{what}: the drivers fail:\n{output[-6000:]}")
         ran = re.search(r"^Ran (\d+) tests?", output, re.M)
         skipped = re.search(r"^OK \(skipped=(\d+)\)", output, re.M)
         self.assertTrue(ran and int(ran.group(1)) - int(skipped.group(1) if skipped else 0) >= len(drivers), output)
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "stand_in_launch.py")], cwd=os.path.join(tree, FLEET),
+                              env=env, capture_output=True, text=True, timeout=1200)
+        self.assertEqual(proc.returncode, 0, f"{what}: the drivers' scripts fail:\n{(proc.stdout + proc.stderr)[-6000:]}")
         with open(record) as f:
             launches = [json.loads(line) for line in f]
         self.assertEqual(sorted({r["script"] for r in launches}), scripts, f"{what}: the per-rank scripts launched")
