@@ -233,10 +233,10 @@ def _has_prepend(tree):
     path = os.path.join(tree, TREE_LAYERS)
     if not os.path.isfile(path):
         raise PatchError(f"{path} not found: the release flags are read from it")
-    fn = _find_def(ast.parse(_read(path)), "Layer", "register_forward_pre_hook")
-    if fn is None:
+    arguments = _arguments_of(_read(path), "Layer", "register_forward_pre_hook")
+    if arguments is None:
         raise PatchError(f"{TREE_LAYERS} has no Layer.register_forward_pre_hook")
-    return any(a.arg == "prepend" for a in fn.args.args + fn.args.kwonlyargs)
+    return "prepend" in arguments
 
 
 def _has_pp_sync(tree):
@@ -245,7 +245,14 @@ def _has_pp_sync(tree):
     path = os.path.join(tree, TREE_OPT_DIR, "hybrid_parallel_optimizer.py")
     if not os.path.isfile(path):
         raise PatchError(f"{path} not found: the release flags are read from it")
-    return _find_def(ast.parse(_read(path)), "HybridParallelOptimizer", "_get_pp_sync_params") is not None
+    return _arguments_of(_read(path), "HybridParallelOptimizer", "_get_pp_sync_params") is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _arguments_of(text, class_name, method):
+    """The argument names of ``class_name.method`` in module ``text`` (a tuple), None when it has none."""
+    fn = _find_def(ast.parse(text), class_name, method)
+    return None if fn is None else tuple(a.arg for a in fn.args.args + fn.args.kwonlyargs)
 
 
 # module-level bools of the overlay source that depend on the release: a patch keeps the branch of
@@ -1046,8 +1053,8 @@ def patched_files(tree, upto=None, report=None, formatter=None):
             raise PatchError(f"{os.path.join(tree, rel)} not found: is {tree} a Paddle tree (python/paddle/...)?")
         flags = release_flags(tree) if flags is None else flags
         target = out.get(rel) or _read(os.path.join(tree, rel))  # the second class of a file: the first's result
-        text, deleted = splice(target, fold_flags(overlay, flags, rel), class_name, rel,
-                               os.path.relpath(overlay_path(module), ROOT), _package_of(module), supersede)
+        text, deleted = _spliced(target, fold_flags(overlay, flags, rel), class_name, rel,
+                                 os.path.relpath(overlay_path(module), ROOT), _package_of(module), supersede)
         out[rel] = text
         if report is not None:
             report.extend(deleted)
@@ -1058,7 +1065,7 @@ def patched_files(tree, upto=None, report=None, formatter=None):
                 raise PatchError(f"{os.path.join(tree, rel)} not found: is {tree} a Paddle tree?")
             text = out.get(rel) or _read(os.path.join(tree, rel))
             for class_name, deletions in classes.items():
-                text, deleted = delete_superseded(text, deletions, class_name, rel)
+                text, deleted = _superseded_deleted(text, deletions, class_name, rel)
                 if report is not None:
                     report.extend(deleted)
             if text != _read(os.path.join(tree, rel)):
@@ -1092,6 +1099,25 @@ def patched_files(tree, upto=None, report=None, formatter=None):
         out[TREE_TESTSLIST] = text + ("" if text.endswith("\n") or not text else "\n") + "".join(
             r + "\n" for r in rows)
     return format_files(out, formatter or formatter_for(tree))
+
+
+@functools.lru_cache(maxsize=256)
+def _spliced(*args):
+    # splice(), memoized (a pure function of its texts and names): every state of every release asks again
+    text, deleted = splice(*args)
+    return text, tuple(deleted)
+
+
+_DELETED = {}
+
+
+def _superseded_deleted(text, deletions, class_name, rel):
+    # delete_superseded(), memoized the same way (``deletions`` is a dict: keyed by its repr)
+    key = (text, repr(deletions), class_name, rel)
+    if key not in _DELETED:
+        new, deleted = delete_superseded(text, deletions, class_name, rel)
+        _DELETED[key] = new, tuple(deleted)
+    return _DELETED[key]
 
 
 def banned_in(patch):
