@@ -42,12 +42,7 @@ PIPELINE = os.environ.get("AUTO_OVERLAP_TOPOLOGY", "sharding2") == "pp2_sharding
 STEPS = 3
 SETTING = "turned on by PADDLE_OVERLAY=overlap as"
 V1 = ("V1", "broadcast", "_set_broadcast_overlap", "optimizer._set_broadcast_overlap(True, layers=model)")
-V2 = (
-    "V2",
-    "all-gather",
-    "_set_all_gather_overlap_forward",
-    "optimizer._set_all_gather_overlap_forward(True, model)",
-)
+V2 = ("V2", "all-gather", "_set_all_gather_overlap_forward", "optimizer._set_all_gather_overlap_forward(True, model)")
 GRADIENT_NOTE = (
     " Note: sharding_configs.comm_overlap is on: that is the gradient overlap (the reduce of gradients "
     "during backward; PaddleFormers --stage1_overlap, PaddleNLP --sharding_parallel_config "

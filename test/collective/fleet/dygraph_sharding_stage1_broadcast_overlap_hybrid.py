@@ -184,13 +184,7 @@ def train(model, overlap=False, *, v2=False, **kwargs):
         build.around, build.optimizer = cases.sharding_v2, v2_adamw
         kwargs.setdefault("enable", cases.v2)
     update = cases.no_update if PP else None
-    return cases.train(
-        build,
-        overlap,
-        micro_step=micro_step,
-        update=update,
-        **{"steps": STEPS, **kwargs},
-    )
+    return cases.train(build, overlap, micro_step=micro_step, update=update, **{"steps": STEPS, **kwargs})
 
 
 def compare(model, **kwargs):
@@ -298,11 +292,7 @@ def case_v2_allgather_overlap_on_off():
     if cases.PADDLE_2 and TOPOLOGY == "dp2_sharding2":
         steps_done = []
         with cases.raises(IndexError, "list index out of range") as fault:
-            train(
-                v2_model,
-                v2=True,
-                after_step=lambda r: steps_done.append(r.step),
-            )
+            train(v2_model, v2=True, after_step=lambda r: steps_done.append(r.step))
         # Paddle's own fault at the first step (build_groups: vars[0]), not an IndexError of the product's
         assert "build_groups" in fault.traceback, fault.traceback
         assert "_hybrid_sync_grad" in fault.traceback, fault.traceback
@@ -347,12 +337,7 @@ def owner_shift_pipeline():
     descs = [pipeline_shared_desc(), LayerDesc(BlockPipe)]
     descs += [LayerDesc(OwnerShiftPipe), tied()]
     paddle.seed(2026 + hcg().get_stage_id())
-    return PipelineLayer(
-        layers=descs,
-        topology=hcg().topology(),
-        loss_fn=cross_entropy,
-        seg_method="uniform",
-    )
+    return PipelineLayer(layers=descs, topology=hcg().topology(), loss_fn=cross_entropy, seg_method="uniform")
 
 
 def pipeline_shared_desc(**kwargs):
@@ -501,10 +486,7 @@ def case_pipeline_v2_shared_weight():
         return
     with cases.pp_configs(sync_param=True):
         on = compare_hybrid_synced(
-            owner_shift_pipeline,
-            lambda run: shared_weights(run.raw),
-            lambda p: p.color["broadcast_group"],
-            v2=True,
+            owner_shift_pipeline, lambda run: shared_weights(run.raw), lambda p: p.color["broadcast_group"], v2=True
         )
     inner = cases.sharding_optimizer(on.opt)
     (weight,) = shared_weights(on.raw)
@@ -565,9 +547,7 @@ def paddle_moment_sync_owners_differ_hangs():
 
     def built(run):
         params = shared_weights(run.raw)
-        assert_owners_differ(
-            run.opt, params, params[0].color["broadcast_group"]
-        )
+        assert_owners_differ(run.opt, params, params[0].color["broadcast_group"])
         print(f"rank {cases.rank()}: owners checked, training", flush=True)
 
     with cases.pp_configs(sync_param=True, sync_moment=True):
@@ -722,9 +702,7 @@ PIPELINE_COMM_OVERLAP = {
 
 # Cases of a launch of their own, run only when env BROADCAST_OVERLAP_CASES names them: Paddle's own failures, which end
 # the launch.
-PADDLE_FAILURES = {
-    "paddle_moment_sync_owners_differ_hangs": (paddle_moment_sync_owners_differ_hangs),
-}
+PADDLE_FAILURES = {"paddle_moment_sync_owners_differ_hangs": (paddle_moment_sync_owners_differ_hangs)}
 
 
 def launch_cases():

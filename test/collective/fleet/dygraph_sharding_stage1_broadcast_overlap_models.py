@@ -77,10 +77,7 @@ class BuiltOutOfOrderLM(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        self.head, self.late = (
-            paddle.nn.Linear(HIDDEN, VOCAB),
-            cases.Block(),
-        )
+        self.head, self.late = (paddle.nn.Linear(HIDDEN, VOCAB), cases.Block())
         self.early, self.embed = cases.Block(), paddle.nn.Embedding(VOCAB, HIDDEN)
 
     def forward(self, tokens):
@@ -516,10 +513,7 @@ def case_weights_replaced_between_steps():
 
         with cases.lost_overlap_warnings() as lost:
             checker, on = compare_on_off(
-                cases.Build(wrap=with_custom_load),
-                enable=cases.v1(bucket_mb),
-                after_step=after_step,
-                steps=6,
+                cases.Build(wrap=with_custom_load), enable=cases.v1(bucket_mb), after_step=after_step, steps=6
             )
         # the snapshots and loads read every parameter before the next forward in 3 of the 5 decided steps (no warning:
         # fewer than 4)
@@ -674,14 +668,10 @@ def case_error_after_update_keeps_the_ranks_in_step():
             cases.assert_overlap_lost(lost, opt, "iteration")
         else:
             assert lost == [], lost
-        assert len(calls) == 1 and errors == [
-            "injected after the update"
-        ], errors
+        assert len(calls) == 1 and errors == ["injected after the update"], errors
         params = {k: v.numpy() for k, v in model.state_dict().items()}
         results.append((losses, cases.digests(params)))
-    assert (
-        results[0] == results[1]
-    ), "overlap on differs from off after the error"
+    assert results[0] == results[1], "overlap on differs from off after the error"
     assert cases.all_ranks_equal(results[1][1])
 
 

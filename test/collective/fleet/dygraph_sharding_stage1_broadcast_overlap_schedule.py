@@ -84,12 +84,7 @@ def train(overlap, after_step, split=one_list, prepare=None, checker=None):
         if prepare is not None:
             prepare(run)
 
-    return cases.train(
-        cases.Build.of(model, opt),
-        prepare=set_up,
-        after_step=after_step,
-        **kwargs,
-    )
+    return cases.train(cases.Build.of(model, opt), prepare=set_up, after_step=after_step, **kwargs)
 
 
 def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
@@ -319,10 +314,4 @@ def launch_cases():
 
 
 if __name__ == "__main__":
-    sys.exit(
-        cases.run_cases(
-            launch_cases(),
-            init=SETUP_MODULE.init_fleet,
-            stop_at_first_failure=True,
-        )
-    )
+    sys.exit(cases.run_cases(launch_cases(), init=SETUP_MODULE.init_fleet, stop_at_first_failure=True))

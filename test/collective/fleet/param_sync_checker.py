@@ -101,13 +101,7 @@ class ParamSyncWaitChecker:
         self._in_step = 0
         self.watching = False
         self.outside_step = []
-        self.counts = {
-            "launched": 0,
-            "waited": 0,
-            "checked": 0,
-            "writes": 0,
-            "gathers": 0,
-        }
+        self.counts = {"launched": 0, "waited": 0, "checked": 0, "writes": 0, "gathers": 0}
         self.violations = []
         # each recorded all-gather's task (``.params``: what it covers), in launch order
         self.gather_log = []

@@ -566,14 +566,7 @@ def sharding_v2(buffer_mb=V2_BUFFER_MB):
             yield
 
 
-def init_fleet(
-    degrees=None,
-    *,
-    split_param=False,
-    buffer_mb=None,
-    mp_sync_param=False,
-    micro_batch=2,
-):
+def init_fleet(degrees=None, *, split_param=False, buffer_mb=None, mp_sync_param=False, micro_batch=2):
     """fleet.init, the one of every script: ``degrees`` (``dp_degree``, ``mp_degree``, ``pp_degree``, ``sharding_degree``;
     default every rank in one sharding group); a pipeline of 2 micro-batches of ``micro_batch`` without batched p2p
     (gloo has none on the calc stream: 3.x setting, 2.6 always batches, see hybrid_parallel_cpu_shim);
@@ -591,10 +584,7 @@ def init_fleet(
         pp_configs = strategy.strategy.hybrid_configs.pp_configs
         if hasattr(pp_configs, "use_batch_p2p_comm"):
             configs["pp_configs"] = {"use_batch_p2p_comm": False}
-        strategy.pipeline_configs = {
-            "accumulate_steps": 2,
-            "micro_batch_size": micro_batch,
-        }
+        strategy.pipeline_configs = {"accumulate_steps": 2, "micro_batch_size": micro_batch}
     if mp_sync_param:
         configs["mp_configs"] = {"sync_param": True}
     strategy.hybrid_configs = configs
@@ -742,10 +732,7 @@ def run_cases(cases, init=None, notices=(), stop_at_first_failure=False):
             print(f"stopped: {name} failed, not run: {names[ran:]}", flush=True)
             break
     # (XFAIL counts as passed: as expected)
-    print(
-        f"{ran - len(failed)} passed, {len(failed)} failed" + (f": {failed}" if failed else ""),
-        flush=True,
-    )
+    print(f"{ran - len(failed)} passed, {len(failed)} failed" + (f": {failed}" if failed else ""), flush=True)
     return 1 if failed else 0
 
 
