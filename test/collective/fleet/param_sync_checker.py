@@ -80,14 +80,11 @@ class ParamSyncWaitChecker:
             report = checker.step_report() # once per step
         assert checker.violations == []
 
-    ``counts`` holds running totals: ``launched`` async tasks, ``waited``,
-    ``checked`` parameter uses, ``writes`` of a broadcast parameter through
-    ``Tensor.set_value`` (how ``set_state_dict`` loads); ``violations`` lists
-    ``(where, parameter name)`` for each use of a parameter with a pending
-    task; ``outside_step`` each async broadcast (of any tensor) and each
-    all-gather of watched parameters issued, once :meth:`watch` ran, while
-    no ``step()``/``minimize()`` of a watched optimizer ran (the schedule's invariant: every sync starts inside the
-    step, hooks and reads only wait).
+    ``counts`` holds running totals: ``launched`` async tasks, ``waited``, ``checked`` parameter uses, ``writes`` of a
+    broadcast parameter through ``Tensor.set_value`` (how ``set_state_dict`` loads); ``violations`` lists ``(where,
+    parameter name)`` for each use of a parameter with a pending task; ``outside_step`` each async broadcast (of any
+    tensor) and each all-gather of watched parameters issued, once :meth:`watch` ran, while no ``step()``/``minimize()``
+    of a watched optimizer ran (the schedule's invariant: every sync starts inside the step, hooks and reads only wait).
     """
 
     def __init__(self):

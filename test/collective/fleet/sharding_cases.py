@@ -1,34 +1,27 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""The case module of the per-rank scripts of the sharding stage 1
-parameter-sync overlap (V1 broadcasts and V2 all-gathers alike), imported
-everywhere as ``import sharding_cases as cases``. (The launcher that starts
-the ranks is elsewhere: ``tools/collective/collective_launch.py``.)
+"""The case module of the per-rank scripts of the sharding stage 1 parameter-sync overlap (V1 broadcasts and V2
+all-gathers alike), imported everywhere as ``import sharding_cases as cases``. (The launcher that starts the ranks is
+elsewhere: ``tools/collective/collective_launch.py``.)
 
-- Models: :class:`TinyLM` (embedding, :class:`Block` s, head; sized by its
-  arguments) and :class:`VariantLM` (the same with overridable parts);
-  deterministic per-rank data (:func:`batch`); seeded builds.
-- :func:`train`: the one training loop, returning a :class:`Run`; what it
-  trains is a :class:`Build`; every callback of it takes the ``Run`` alone
-  (``run.step``, ``run.micro``: where the loop is). :func:`compare_on_off`:
-  overlap off vs on bitwise (losses, values read between steps, final
-  parameters, ranks equal per group) under the wait checker
+- Models: :class:`TinyLM` (embedding, :class:`Block` s, head; sized by its arguments) and :class:`VariantLM` (the same
+  with overridable parts); deterministic per-rank data (:func:`batch`); seeded builds.
+- :func:`train`: the one training loop, returning a :class:`Run`; what it trains is a :class:`Build`; every callback of
+  it takes the ``Run`` alone (``run.step``, ``run.micro``: where the loop is). :func:`compare_on_off`: overlap off vs on
+  bitwise (losses, values read between steps, final parameters, ranks equal per group) under the wait checker
   (:mod:`param_sync_checker`), which every on run gets.
-- Public views of the owner (:func:`overlap_impl`, :func:`optimizer_parameters`,
-  :func:`bucket_units`, ...) and of fleet's set-up (:func:`init_fleet`,
-  :func:`sharding_configs`, :func:`sharding_v2`).
-- :func:`run_cases` / :func:`run_named`: the per-rank ``main``: fleet init,
-  the cases named in env ``BROADCAST_OVERLAP_CASES`` (all by default),
-  expected failures, a verdict agreed across the ranks, exit code non-zero
-  on any failure; ``dygraph_sharding_stage1_broadcast_overlap_groups.py``
-  runs several scripts' cases in one launch.
+- Public views of the owner (:func:`overlap_impl`, :func:`optimizer_parameters`, :func:`bucket_units`, ...) and of
+  fleet's set-up (:func:`init_fleet`, :func:`sharding_configs`, :func:`sharding_v2`).
+- :func:`run_cases` / :func:`run_named`: the per-rank ``main``: fleet init, the cases named in env
+  ``BROADCAST_OVERLAP_CASES`` (all by default), expected failures, a verdict agreed across the ranks, exit code non-zero
+  on any failure; ``dygraph_sharding_stage1_broadcast_overlap_groups.py`` runs several scripts' cases in one launch.
 
-The collective-sequence recorder (``tools/collective/collective_recorder.py``)
-needs nothing here: the launcher installs it in every rank of every launch
-and checks its records after each launch.
+The collective-sequence recorder (``tools/collective/collective_recorder.py``) needs nothing here: the launcher installs
+it in every rank of every launch and checks its records after each launch.
 """
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -250,10 +243,7 @@ def train(
         run.raw = build.init(build.model)
         if build.wrap is not None:
             run.raw = build.wrap(run.raw)
-        if build.parameters is None:
-            params = run.raw.parameters()
-        else:
-            params = build.parameters(run.raw)
+        params = run.raw.parameters() if build.parameters is None else build.parameters(run.raw)
         with build.around():
             run.opt = fleet.distributed_optimizer(build.optimizer(params))
             run.model = fleet.distributed_model(run.raw)
@@ -395,8 +385,7 @@ def total_forward_pre_hooks(model):
 def overlap_hook_ids(layer, checker):
     """Ids of ``layer``'s forward pre-hooks that are not ``checker``'s (the overlap's, on layers without hooks of their
     own)."""
-    hooks = layer._forward_pre_hooks
-    return [h for h in hooks if not checker.owns_hook(layer, h)]
+    return [h for h in layer._forward_pre_hooks if not checker.owns_hook(layer, h)]
 
 
 @contextlib.contextmanager
@@ -524,9 +513,8 @@ def equal_in_group(values, group=None):
     return all(g.numpy().tolist() == list(values) for g in gathered)
 
 
-def all_ranks_equal(values):
-    """True when the int list ``values`` is the same on every rank."""
-    return equal_in_group(values)
+# True when the int list ``values`` is the same on every rank
+all_ranks_equal = equal_in_group
 
 
 @contextlib.contextmanager
@@ -546,14 +534,9 @@ def hybrid_configs(section, optional=(), **fields):
             setattr(config, k, v)
 
 
-def sharding_configs(optional=(), **fields):
-    """:func:`hybrid_configs` of ``sharding_configs``."""
-    return hybrid_configs("sharding_configs", optional, **fields)
-
-
-def pp_configs(**fields):
-    """:func:`hybrid_configs` of ``pp_configs``."""
-    return hybrid_configs("pp_configs", **fields)
+# :func:`hybrid_configs` of ``sharding_configs`` and of ``pp_configs``
+sharding_configs = functools.partial(hybrid_configs, "sharding_configs")
+pp_configs = functools.partial(hybrid_configs, "pp_configs")
 
 
 @contextlib.contextmanager
@@ -663,14 +646,9 @@ def overlap_warnings(text):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def order_warnings():
-    """``overlap_warnings`` of the order warning (ORDER_WARNING)."""
-    return overlap_warnings(ORDER_WARNING)
-
-
-def lost_overlap_warnings():
-    """``overlap_warnings`` of the lost-overlap warning (LOST_OVERLAP_WARNING)."""
-    return overlap_warnings(LOST_OVERLAP_WARNING)
+# ``overlap_warnings`` of the order warning and of the lost-overlap warning
+order_warnings = functools.partial(overlap_warnings, ORDER_WARNING)
+lost_overlap_warnings = functools.partial(overlap_warnings, LOST_OVERLAP_WARNING)
 
 
 def lost_steps_of(opt):
