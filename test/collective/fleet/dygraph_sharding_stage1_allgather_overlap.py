@@ -63,12 +63,6 @@ class LM(cases.TinyLM):
         if collective:
             self.blocks[1] = CollectiveBlock(HIDDEN)
 
-    def forward(self, tokens):
-        x = self.embedded(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.logits(x)
-
     def embedded(self, tokens):
         x = self.embed(tokens)
         return x + self.adapter(x) if "adapter" in self._sub_layers else x

@@ -91,12 +91,8 @@ def line(opt, kind, text):
 
 def on_line(opt, kind, model):
     wrapper = f"{type(model).__name__}({type(model._sub_layers['_layers']).__name__})"
-    return line(
-        opt,
-        kind,
-        f"{kind[1]} overlap on with {wrapper}, {SETTING} {kind[3]} (the trainer's own call of {kind[2]} "
-        "replaces it).",
-    )
+    replaced = f"(the trainer's own call of {kind[2]} replaces it)."
+    return line(opt, kind, f"{kind[1]} overlap on with {wrapper}, {SETTING} {kind[3]} {replaced}")
 
 
 class Case:
@@ -339,14 +335,8 @@ def refusal_text(opt, model):
 
 
 def explicit(kind, state, note=""):
-    return lambda opt, model: [
-        line(
-            opt,
-            kind,
-            f"the trainer's own {kind[2]} call turned the {kind[1]} overlap {state}; PADDLE_OVERLAY=overlap "
-            f"leaves this optimizer to the trainer.{note}",
-        )
-    ]
+    text = f"the trainer's own {kind[2]} call turned the {kind[1]} overlap {state}; PADDLE_OVERLAY=overlap leaves"
+    return lambda opt, model: [line(opt, kind, f"{text} this optimizer to the trainer.{note}")]
 
 
 def explicit_on_expected(opt, model):

@@ -169,9 +169,8 @@ class Gate(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        self.scale = self.create_parameter(
-            [HIDDEN], dtype="float64", default_initializer=paddle.nn.initializer.Constant(1.0)
-        )
+        ones = paddle.nn.initializer.Constant(1.0)
+        self.scale = self.create_parameter([HIDDEN], dtype="float64", default_initializer=ones)
 
     def forward(self, x):
         return x * self.scale.astype("float32")
@@ -204,8 +203,7 @@ class OddSizesLM(cases.TinyLM):
             ("col", [HIDDEN, 1], 0.2),
         ):
             init = paddle.nn.initializer.Constant(value)
-            p = self.create_parameter(shape, default_initializer=init)
-            setattr(self, name, p)
+            setattr(self, name, self.create_parameter(shape, default_initializer=init))
 
     def forward(self, tokens):
         x = self.embed(tokens) * self.one * self.scalar

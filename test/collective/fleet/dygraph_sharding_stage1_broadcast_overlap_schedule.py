@@ -144,12 +144,9 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     if checker:
         races = {k: n - before.get(k, 0) for k, n in checker.races().items()}
         races = {k: n for k, n in races.items() if n}
-    print(
-        f"rank {cases.rank()} {what}: sync units {units}, {len(on.extras)} values "
-        f"read, stats {impls[0].stats}, racing reads "
-        f"{sum(races.values()) if checker else '(race check off)'}",
-        flush=True,
-    )
+    racing = sum(races.values()) if checker else "(race check off)"
+    stats = f"sync units {units}, {len(on.extras)} values read, stats {impls[0].stats}, racing reads {racing}"
+    print(f"rank {cases.rank()} {what}: {stats}", flush=True)
     assert race or races == {}, f"reads of a parameter with a pending sync: {races}"
     return on, races
 

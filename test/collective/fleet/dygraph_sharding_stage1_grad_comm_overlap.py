@@ -138,11 +138,10 @@ def compare(build, enable, grad_buffers, *, what="", **kwargs):
     # every step launched all its units at the step (no depth limit), none by the next forward's hooks or a read
     # (reported right after the step)
     assert on.launched == [units] * STEPS, on.launched
-    print(
-        f"rank {cases.rank()} {what or build.__name__} {kwargs.get('acc', 1)}"
-        f": units {units}, per step {on.launched}; gradient buffers {n},"
-        f" collectives per step (before the split, after) {on.grad}"
+    counts = (
+        f"units {units}, per step {on.launched}; gradient buffers {n}, collectives per step (before the split, after)"
     )
+    print(f"rank {cases.rank()} {what or build.__name__} {kwargs.get('acc', 1)}: {counts} {on.grad}")
     return on, checker, impl, buffers
 
 

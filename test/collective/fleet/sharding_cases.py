@@ -67,7 +67,7 @@ class Block(paddle.nn.Layer):
 
 class TinyLM(paddle.nn.Layer):
     """Embedding -> blocks -> head: [B, S] int64 tokens -> [B, S, vocab] float32 logits; the one model family of the
-    scripts, sized by its arguments."""
+    scripts, sized by its arguments; subclasses override its steps (``embedded``, ``run_block``, ``logits``)."""
 
     def __init__(self, num_blocks=2, vocab=VOCAB, hidden=HIDDEN):
         super().__init__()
@@ -76,10 +76,16 @@ class TinyLM(paddle.nn.Layer):
         self.head = paddle.nn.Linear(hidden, vocab)
 
     def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
+        x = self.embedded(tokens)
+        for i in range(len(self.blocks)):
+            x = self.run_block(i, x)
         return self.logits(x)
+
+    def embedded(self, tokens):
+        return self.embed(tokens)
+
+    def run_block(self, i, x):
+        return self.blocks[i](x)
 
     def logits(self, x):
         return self.head(x)
@@ -495,8 +501,7 @@ def assert_runs_equal(off, on, what):
     assert len(off.extras) == len(on.extras), what
     for i, (a, b) in enumerate(zip(off.extras, on.extras)):
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (
-            f"{what}: value {i} read between steps differs from overlap "
-            f"off (max abs diff "
+            f"{what}: value {i} read between steps differs from overlap off (max abs diff "
             f"{np.abs(a.astype('float64') - b.astype('float64')).max()})"
         )
     assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
@@ -594,17 +599,11 @@ class VariantLM(TinyLM):
     def build(self):
         pass
 
-    def forward(self, tokens):
-        x = self.front(self.embed(tokens))
-        for i in range(len(self.blocks)):
-            x = self.run_block(i, x)
-        return self.logits(x)
+    def embedded(self, tokens):
+        return self.front(self.embed(tokens))
 
     def front(self, x):
         return x
-
-    def run_block(self, i, x):
-        return self.blocks[i](x)
 
 
 def assert_order_agreed(run):
