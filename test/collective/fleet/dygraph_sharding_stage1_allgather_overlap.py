@@ -375,9 +375,8 @@ def case_gather_order_follows_forward():
     per_step = [launched[i : i + n] for i in range(0, n * STEPS, n)]
     for i, order in enumerate(per_step):
         assert order == first_use, (
-            f"step {i}: all-gathers launched in buffer order {order}, "
-            f"forward first uses {first_use} (Paddle's buffer order "
-            f"{list(range(len(buffers(on.opt))))})"
+            f"step {i}: all-gathers launched in buffer order {order}, forward first uses {first_use} (Paddle's buffer "
+            f"order {list(range(len(buffers(on.opt))))})"
         )
     assert same_on_ranks, "ranks launched different orders"
     dtypes = {str(ps[0].dtype) for ps in buffers(on.opt)}

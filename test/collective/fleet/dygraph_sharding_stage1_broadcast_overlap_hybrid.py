@@ -409,14 +409,9 @@ def equality_pattern(run):
     params, h = list(run.raw.parameters()), hcg()
     crc = lambda ps: [zlib.crc32(p.numpy().tobytes()) for p in ps]  # noqa
     replicated = [p for p in params if not p.is_distributed]
-    pattern = [
-        cases.equal_in_group(crc(params), h.get_sharding_parallel_group()),
-        cases.equal_in_group(crc(replicated), h.get_model_parallel_group()),
-    ]
-    for p in shared_weights(run.raw):
-        group = p.color["broadcast_group"]
-        pattern.append(cases.equal_in_group(crc([p]), group))
-    return pattern
+    groups = (h.get_sharding_parallel_group(), h.get_model_parallel_group())
+    pattern = [cases.equal_in_group(crc(ps), g) for ps, g in zip((params, replicated), groups)]
+    return pattern + [cases.equal_in_group(crc([p]), p.color["broadcast_group"]) for p in shared_weights(run.raw)]
 
 
 def check_hybrid_synced_first(on, synced):

@@ -602,12 +602,8 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     assert all(float(v.abs().sum()) == 0 for v in twin.state_dict().values())
     assert any(float(v.abs().sum()) > 0 for v in model.state_dict().values())
     # the copy keeps no reference to this overlap: its hooks are no-ops
-    twin_hooks = [
-        h
-        for l in twin.sublayers(include_self=True)
-        for hooks in (l._forward_pre_hooks, l._state_dict_hooks)
-        for h in hooks.values()
-    ]
+    layers = twin.sublayers(include_self=True)
+    twin_hooks = [h for l in layers for hooks in (l._forward_pre_hooks, l._state_dict_hooks) for h in hooks.values()]
     assert twin_hooks and all(h.__name__ == "_noop_hook" for h in twin_hooks)
 
     other = train(cases.TinyLM, True, steps=1)

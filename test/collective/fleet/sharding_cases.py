@@ -756,10 +756,8 @@ def run_named(cases, names, prefix="", expected=None, notices=()):
             verdict = "XFAIL" if n_matched == n_failed else "FAIL"
         note = f" expected /{pattern}/" if pattern is not None else ""
         first = error.splitlines()[0][:400] if error else ""
-        print(
-            f"CASE {prefix}{name} {verdict} (rank {rank()}, " f"{time.monotonic() - start:.1f} s){note} {first}",
-            flush=True,
-        )
+        took = f"{time.monotonic() - start:.1f} s"
+        print(f"CASE {prefix}{name} {verdict} (rank {rank()}, {took}){note} {first}", flush=True)
         if error and verdict != "XFAIL":
             print(error, flush=True)
         if verdict in ("FAIL", "XPASS"):
