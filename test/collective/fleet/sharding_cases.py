@@ -240,8 +240,7 @@ def train(
     values read between steps (kept in ``run.extras``). At the end ``final(run)`` (e.g. one more forward), then
     ``run.params`` from ``model.state_dict()``."""
     build = build if isinstance(build, Build) else Build(build)
-    run = Run(checker=checker, acc_steps=acc_steps, losses=[], extras=[])
-    run.reports = []
+    run = Run(checker=checker, acc_steps=acc_steps, losses=[], extras=[], reports=[])
     if build.made is not None:
         run.model, run.opt = build.made()
         run.raw = getattr(run.model, "_layers", run.model)
