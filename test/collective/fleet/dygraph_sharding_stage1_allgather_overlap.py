@@ -63,12 +63,6 @@ class LM(cases.TinyLM):
         if collective:
             self.blocks[1] = CollectiveBlock(HIDDEN)
 
-    def forward(self, tokens):
-        x = self.embedded(tokens)
-        for block in self.blocks:
-            x = block(x)
-        return self.logits(x)
-
     def embedded(self, tokens):
         x = self.embed(tokens)
         return x + self.adapter(x) if "adapter" in self._sub_layers else x
@@ -176,15 +170,7 @@ def final_forward(run):
         run.model(cases.batch(99)[0])
 
 
-def train(
-    cls=LM,
-    overlap=False,
-    *,
-    raw_layers=False,
-    parameters=None,
-    optimizer=cases.adamw,
-    **kwargs,
-):
+def train(cls=LM, overlap=False, *, raw_layers=False, parameters=None, optimizer=cases.adamw, **kwargs):
     """``cases.train`` of V2 (``parameters``, ``optimizer``: the :class:`cases.Build`'s), the overlap on as PaddleFormers
     turns it on (the product's owner checked); ``raw_layers``: ``layers`` is the user's layer, not fleet's wrapper of
     it."""
@@ -199,13 +185,7 @@ def train(
 
     build = cases.Build(cls, parameters=parameters, optimizer=optimizer)
     build.around = cases.sharding_v2
-    return cases.train(
-        build,
-        overlap,
-        enable=on,
-        final=final_forward,
-        **{"steps": STEPS, **kwargs},
-    )
+    return cases.train(build, overlap, enable=on, final=final_forward, **{"steps": STEPS, **kwargs})
 
 
 def compare(cls=LM, lost=None, waits=(), **kwargs):
@@ -215,11 +195,7 @@ def compare(cls=LM, lost=None, waits=(), **kwargs):
     0."""
     with cases.lost_overlap_warnings() as said:
         checker, on = cases.compare_on_off(
-            cls,
-            train=train,
-            replicas="world",
-            started_in_step=IMPL == "product",
-            **kwargs,
+            cls, train=train, replicas="world", started_in_step=IMPL == "product", **kwargs
         )
     assert checker.counts["gathers"] > 0, "no all-gather of a parameter seen"
     cases.assert_v2(on.opt)
@@ -252,16 +228,10 @@ def not_held(raw):
 
 # cases that are one compare(**kwargs): name -> (what it proves, kwargs)
 COMPARES = {
-    "equal_on_off": (
-        "Plain training: the baseline every implementation passes.",
-        {},
-    ),
+    "equal_on_off": ("Plain training: the baseline every implementation passes.", {}),
     "state_dict_right_after_step": (
         "Item 2: state_dict() right after step(), before any forward.",
-        dict(
-            after_step=lambda run: cases.snapshot(run.raw).values(),
-            lost="iteration",
-        ),
+        dict(after_step=lambda run: cases.snapshot(run.raw).values(), lost="iteration"),
     ),
     "layer_parameter_not_in_optimizer": (
         "Item 5: a layer of ``layers`` whose parameters the optimizer does " "not hold.",
@@ -276,14 +246,8 @@ COMPARES = {
         "Item 6 with fleet's wrapper as ``layers`` (as PaddleFormers passes " "it): the model is a sublayer.",
         dict(cls=RootParamLM),
     ),
-    "tied_embedding_head": (
-        "Tied embedding and head.",
-        dict(cls=functools.partial(LM, tied=True)),
-    ),
-    "eval_between_steps": (
-        "An eval forward under no_grad between steps.",
-        dict(after_step=evaluate),
-    ),
+    "tied_embedding_head": ("Tied embedding and head.", dict(cls=functools.partial(LM, tied=True))),
+    "eval_between_steps": ("An eval forward under no_grad between steps.", dict(after_step=evaluate)),
     "gradient_accumulation": ("Two micro-batches per step.", dict(acc_steps=2)),
     "to_static": (
         "The forward compiled by paddle.jit.to_static (AST, full_graph): its "
@@ -377,9 +341,7 @@ def case_hooks_constant_and_removed():
         cases.train(cases.Build.of(r.model, r.opt), first_step=50, steps=1) for r in (off, on)
     )
     cases.assert_bitwise_equal(
-        (off.losses + off2.losses, off2.params),
-        (on.losses + on2.losses, on2.params),
-        "after False",
+        (off.losses + off2.losses, off2.params), (on.losses + on2.losses, on2.params), "after False"
     )
 
 
@@ -413,9 +375,8 @@ def case_gather_order_follows_forward():
     per_step = [launched[i : i + n] for i in range(0, n * STEPS, n)]
     for i, order in enumerate(per_step):
         assert order == first_use, (
-            f"step {i}: all-gathers launched in buffer order {order}, "
-            f"forward first uses {first_use} (Paddle's buffer order "
-            f"{list(range(len(buffers(on.opt))))})"
+            f"step {i}: all-gathers launched in buffer order {order}, forward first uses {first_use} (Paddle's buffer "
+            f"order {list(range(len(buffers(on.opt))))})"
         )
     assert same_on_ranks, "ranks launched different orders"
     dtypes = {str(ps[0].dtype) for ps in buffers(on.opt)}

@@ -42,12 +42,7 @@ PIPELINE = os.environ.get("AUTO_OVERLAP_TOPOLOGY", "sharding2") == "pp2_sharding
 STEPS = 3
 SETTING = "turned on by PADDLE_OVERLAY=overlap as"
 V1 = ("V1", "broadcast", "_set_broadcast_overlap", "optimizer._set_broadcast_overlap(True, layers=model)")
-V2 = (
-    "V2",
-    "all-gather",
-    "_set_all_gather_overlap_forward",
-    "optimizer._set_all_gather_overlap_forward(True, model)",
-)
+V2 = ("V2", "all-gather", "_set_all_gather_overlap_forward", "optimizer._set_all_gather_overlap_forward(True, model)")
 GRADIENT_NOTE = (
     " Note: sharding_configs.comm_overlap is on: that is the gradient overlap (the reduce of gradients "
     "during backward; PaddleFormers --stage1_overlap, PaddleNLP --sharding_parallel_config "
@@ -96,12 +91,8 @@ def line(opt, kind, text):
 
 def on_line(opt, kind, model):
     wrapper = f"{type(model).__name__}({type(model._sub_layers['_layers']).__name__})"
-    return line(
-        opt,
-        kind,
-        f"{kind[1]} overlap on with {wrapper}, {SETTING} {kind[3]} (the trainer's own call of {kind[2]} "
-        "replaces it).",
-    )
+    replaced = f"(the trainer's own call of {kind[2]} replaces it)."
+    return line(opt, kind, f"{kind[1]} overlap on with {wrapper}, {SETTING} {kind[3]} {replaced}")
 
 
 class Case:
@@ -344,14 +335,8 @@ def refusal_text(opt, model):
 
 
 def explicit(kind, state, note=""):
-    return lambda opt, model: [
-        line(
-            opt,
-            kind,
-            f"the trainer's own {kind[2]} call turned the {kind[1]} overlap {state}; PADDLE_OVERLAY=overlap "
-            f"leaves this optimizer to the trainer.{note}",
-        )
-    ]
+    text = f"the trainer's own {kind[2]} call turned the {kind[1]} overlap {state}; PADDLE_OVERLAY=overlap leaves"
+    return lambda opt, model: [line(opt, kind, f"{text} this optimizer to the trainer.{note}")]
 
 
 def explicit_on_expected(opt, model):

@@ -152,14 +152,7 @@ def head_wait_sabotaged(cap, keep_first=False):
                 hook_id = head.register_forward_pre_hook(wait_first)._hook_id
                 head._forward_pre_hooks.move_to_end(hook_id, last=False)
 
-        cases.train(
-            cases.TinyLM,
-            True,
-            enable=cases.v1(cap),
-            steps=3,
-            checker=checker,
-            after_step=sabotage,
-        )
+        cases.train(cases.TinyLM, True, enable=cases.v1(cap), steps=3, checker=checker, after_step=sabotage)
     return checker.violations
 
 
@@ -176,11 +169,8 @@ class Gate(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        self.scale = self.create_parameter(
-            [HIDDEN],
-            dtype="float64",
-            default_initializer=paddle.nn.initializer.Constant(1.0),
-        )
+        ones = paddle.nn.initializer.Constant(1.0)
+        self.scale = self.create_parameter([HIDDEN], dtype="float64", default_initializer=ones)
 
     def forward(self, x):
         return x * self.scale.astype("float32")
@@ -213,8 +203,7 @@ class OddSizesLM(cases.TinyLM):
             ("col", [HIDDEN, 1], 0.2),
         ):
             init = paddle.nn.initializer.Constant(value)
-            p = self.create_parameter(shape, default_initializer=init)
-            setattr(self, name, p)
+            setattr(self, name, self.create_parameter(shape, default_initializer=init))
 
     def forward(self, tokens):
         x = self.embed(tokens) * self.one * self.scalar
@@ -227,10 +216,7 @@ class OddSizesLM(cases.TinyLM):
 def decay_by_name(params):
     """AdamW decaying only the parameters named ``*w_0*``."""
     return paddle.optimizer.AdamW(
-        learning_rate=0.02,
-        parameters=params,
-        weight_decay=0.1,
-        apply_decay_param_fun=lambda name: "w_0" in name,
+        learning_rate=0.02, parameters=params, weight_decay=0.1, apply_decay_param_fun=lambda name: "w_0" in name
     )
 
 
@@ -326,11 +312,7 @@ def case_frozen_and_trainable_share_windows_under_weight_decay():
 
     initial = cases.seeded(frozen_inside_lm)
     values = [p.numpy().copy() for p in frozen(initial)]
-    _, on, opt = compare_buckets(
-        cases.Build(frozen_inside_lm, optimizer=decaying),
-        after_step=freeze_later,
-        steps=4,
-    )
+    _, on, opt = compare_buckets(cases.Build(frozen_inside_lm, optimizer=decaying), after_step=freeze_later, steps=4)
     for p, value in zip(frozen(on.raw), values):
         assert p.numpy().tobytes() == value.tobytes(), p.name
         assert bucket_of(opt, p) is None, p.name
@@ -436,13 +418,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
         with checker, cases.lost_overlap_warnings() as lost:
             # (train() ends with model.state_dict(): every unit waited by that read, so the next forward finds that
             # step's overlap lost)
-            on = cases.train(
-                cases.Build(optimizer=cases.sgd),
-                True,
-                enable=cases.v1(cap),
-                steps=2,
-                checker=checker,
-            )
+            on = cases.train(cases.Build(optimizer=cases.sgd), True, enable=cases.v1(cap), steps=2, checker=checker)
             model, opt, impl = on.model, on.opt, impl_of(on.opt)
             sent = checker.counts["launched"]
             assert sent == impl.stats["launched"] == 2 * len(impl.units) > 0
@@ -464,12 +440,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
         opt._set_broadcast_overlap(False)
         opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=cap)
         with ParamSyncWaitChecker() as checker:
-            run = cases.train(
-                cases.Build.of(model, opt),
-                steps=2,
-                first_step=3,
-                checker=checker,
-            )
+            run = cases.train(cases.Build.of(model, opt), steps=2, first_step=3, checker=checker)
         assert checker.violations == [], checker.violations[:5]
         assert checker.counts["launched"] > 0 and checker.num_unwaited() == 0
         for v in run.params.values():

@@ -91,14 +91,10 @@ def tied_head(emb, x):
 def pipeline_model(tied, blocks=2):
     """``blocks`` :class:`BlockPipe` s between the embedding and the head (``tied``: the embedding's weight,
     :func:`tied_head`), 2 stages."""
-    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
-
-    def shared(**kwargs):
-        attr = "embedding_weight"
-        return SharedLayerDesc("embed", EmbPipe, shared_weight_attr=attr, **kwargs)
+    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
 
     if tied:
-        first, last = shared(), shared(forward_func=tied_head)
+        first, last = pipeline_shared_desc(), pipeline_shared_desc(forward_func=tied_head)
     else:
         first = LayerDesc(EmbPipe)
         last = LayerDesc(paddle.nn.Linear, HIDDEN, VOCAB)
@@ -135,9 +131,13 @@ class FlatLM(cases.TinyLM):
         self.head = paddle.nn.Linear(hidden, VOCAB)
 
 
-def flat_model(**kwargs):
+def mp_seeded(cls, **kwargs):
+    """``cls(**kwargs)`` seeded per model-parallel rank."""
     paddle.seed(2026 + 100 * hcg().get_model_parallel_rank())
-    return FlatLM(**kwargs)
+    return cls(**kwargs)
+
+
+flat_model = functools.partial(mp_seeded, FlatLM)
 
 
 def v2_model():
@@ -184,13 +184,7 @@ def train(model, overlap=False, *, v2=False, **kwargs):
         build.around, build.optimizer = cases.sharding_v2, v2_adamw
         kwargs.setdefault("enable", cases.v2)
     update = cases.no_update if PP else None
-    return cases.train(
-        build,
-        overlap,
-        micro_step=micro_step,
-        update=update,
-        **{"steps": STEPS, **kwargs},
-    )
+    return cases.train(build, overlap, micro_step=micro_step, update=update, **{"steps": STEPS, **kwargs})
 
 
 def compare(model, **kwargs):
@@ -200,12 +194,8 @@ def compare(model, **kwargs):
     kwargs.setdefault("train", train)
     checker, on = cases.compare_on_off(model, replicas=group, **kwargs)
     impl = cases.overlap_impl(on.opt)
-    print(
-        f"rank {cases.rank()} stage {hcg().get_stage_id()}: checker "
-        f"{checker.counts} stats "
-        f"{impl.stats} read paths {dict(impl.read_paths)}",
-        flush=True,
-    )
+    counts = f"checker {checker.counts} stats {impl.stats} read paths {dict(impl.read_paths)}"
+    print(f"rank {cases.rank()} stage {hcg().get_stage_id()}: {counts}", flush=True)
     return checker, on
 
 
@@ -298,11 +288,7 @@ def case_v2_allgather_overlap_on_off():
     if cases.PADDLE_2 and TOPOLOGY == "dp2_sharding2":
         steps_done = []
         with cases.raises(IndexError, "list index out of range") as fault:
-            train(
-                v2_model,
-                v2=True,
-                after_step=lambda r: steps_done.append(r.step),
-            )
+            train(v2_model, v2=True, after_step=lambda r: steps_done.append(r.step))
         # Paddle's own fault at the first step (build_groups: vars[0]), not an IndexError of the product's
         assert "build_groups" in fault.traceback, fault.traceback
         assert "_hybrid_sync_grad" in fault.traceback, fault.traceback
@@ -312,19 +298,14 @@ def case_v2_allgather_overlap_on_off():
 
 
 # ----------------------------------------------------------------------
-# Paddle's own syncs after the update: HybridParallelOptimizer._step syncs
-# the parameters model parallelism replicates (mp_configs.sync_param, on in
-# mp2_sharding2) and, on Paddle 3.x, the pipeline's shared weights
-# (pp_configs.sync_param) across their groups, by broadcast or, with
-# sync_mode "average", all-reduce. Each case builds a model where a synced
-# parameter's sharding owner differs across that group (asserted before
-# training): there the sync reads a copy its own sharding sync must have
-# brought up to date first. The parameters those syncs read are planned
-# into the first units, waited right before each such sync
-# (waited_for_hybrid_sync, once per step each); every other unit is waited
-# first by a forward pre-hook (and, after the last step, by the final
-# read); the wait checker sees no blocking collective on a tensor whose
-# sync is in flight (compare_on_off).
+# Paddle's own syncs after the update: HybridParallelOptimizer._step syncs the parameters model parallelism replicates
+# (mp_configs.sync_param, on in mp2_sharding2) and, on Paddle 3.x, the pipeline's shared weights (pp_configs.sync_param)
+# across their groups, by broadcast or, with sync_mode "average", all-reduce. Each case builds a model where a synced
+# parameter's sharding owner differs across that group (asserted before training): there the sync reads a copy its own
+# sharding sync must have brought up to date first. The parameters those syncs read are planned into the first units,
+# waited right before each such sync (waited_for_hybrid_sync, once per step each); every other unit is waited first by a
+# forward pre-hook (and, after the last step, by the final read); the wait checker sees no blocking collective on a
+# tensor whose sync is in flight (compare_on_off).
 class OwnerShiftPipe(paddle.nn.Layer):
     """Owns one parameter [16, 64], larger than the embedding [32, 16]: on the last stage V1's partition (largest first)
     gives it to sharding rank 0 and the shared embedding to rank 1, on the first stage the embedding goes to rank 0."""
@@ -347,12 +328,7 @@ def owner_shift_pipeline():
     descs = [pipeline_shared_desc(), LayerDesc(BlockPipe)]
     descs += [LayerDesc(OwnerShiftPipe), tied()]
     paddle.seed(2026 + hcg().get_stage_id())
-    return PipelineLayer(
-        layers=descs,
-        topology=hcg().topology(),
-        loss_fn=cross_entropy,
-        seg_method="uniform",
-    )
+    return PipelineLayer(layers=descs, topology=hcg().topology(), loss_fn=cross_entropy, seg_method="uniform")
 
 
 def pipeline_shared_desc(**kwargs):
@@ -385,9 +361,7 @@ class UnevenShard(paddle.nn.Layer):
         return self.head(self.norm(x))
 
 
-def uneven_model(**kwargs):
-    paddle.seed(2026 + 100 * hcg().get_model_parallel_rank())
-    return UnevenShard(**kwargs)
+uneven_model = functools.partial(mp_seeded, UnevenShard)
 
 
 def sharding_owner_ranks(opt, params):
@@ -412,6 +386,12 @@ def mp_synced(opt, layer):
     return hybrid._params_synced_after_update(list(layer.parameters()))
 
 
+# compare_hybrid_synced's ``synced`` and ``group_of``: the pipeline's shared weights (pp_configs.sync_param), the
+# parameters mp_configs.sync_param syncs
+SHARED_SYNCED = (lambda run: shared_weights(run.raw), lambda p: p.color["broadcast_group"])
+MP_SYNCED = (lambda run: mp_synced(run.opt, run.raw), lambda p: hcg().get_model_parallel_group())
+
+
 def pp_strategy():
     return fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
 
@@ -429,14 +409,9 @@ def equality_pattern(run):
     params, h = list(run.raw.parameters()), hcg()
     crc = lambda ps: [zlib.crc32(p.numpy().tobytes()) for p in ps]  # noqa
     replicated = [p for p in params if not p.is_distributed]
-    pattern = [
-        cases.equal_in_group(crc(params), h.get_sharding_parallel_group()),
-        cases.equal_in_group(crc(replicated), h.get_model_parallel_group()),
-    ]
-    for p in shared_weights(run.raw):
-        group = p.color["broadcast_group"]
-        pattern.append(cases.equal_in_group(crc([p]), group))
-    return pattern
+    groups = (h.get_sharding_parallel_group(), h.get_model_parallel_group())
+    pattern = [cases.equal_in_group(crc(ps), g) for ps, g in zip((params, replicated), groups)]
+    return pattern + [cases.equal_in_group(crc([p]), p.color["broadcast_group"]) for p in shared_weights(run.raw)]
 
 
 def check_hybrid_synced_first(on, synced):
@@ -484,12 +459,7 @@ def case_pipeline_shared_weight_owners_differ():
         return
     for mode, bucket_mb in (("broadcast", 0.0), ("average", 0.002)):
         with cases.pp_configs(sync_param=True, sync_mode=mode):
-            compare_hybrid_synced(
-                owner_shift_pipeline,
-                lambda run: shared_weights(run.raw),
-                lambda p: p.color["broadcast_group"],
-                enable=cases.v1(bucket_mb),
-            )
+            compare_hybrid_synced(owner_shift_pipeline, *SHARED_SYNCED, enable=cases.v1(bucket_mb))
 
 
 def case_pipeline_v2_shared_weight():
@@ -500,12 +470,7 @@ def case_pipeline_v2_shared_weight():
         assert not hasattr(pp_strategy(), "sync_param")
         return
     with cases.pp_configs(sync_param=True):
-        on = compare_hybrid_synced(
-            owner_shift_pipeline,
-            lambda run: shared_weights(run.raw),
-            lambda p: p.color["broadcast_group"],
-            v2=True,
-        )
+        on = compare_hybrid_synced(owner_shift_pipeline, *SHARED_SYNCED, v2=True)
     inner = cases.sharding_optimizer(on.opt)
     (weight,) = shared_weights(on.raw)
     holding = [[id(q) for q in b._params] for b in inner._comm_buffer_list if any(q is weight for q in b._params)]
@@ -565,9 +530,7 @@ def paddle_moment_sync_owners_differ_hangs():
 
     def built(run):
         params = shared_weights(run.raw)
-        assert_owners_differ(
-            run.opt, params, params[0].color["broadcast_group"]
-        )
+        assert_owners_differ(run.opt, params, params[0].color["broadcast_group"])
         print(f"rank {cases.rank()}: owners checked, training", flush=True)
 
     with cases.pp_configs(sync_param=True, sync_moment=True):
@@ -580,12 +543,7 @@ def case_mp_synced_owner_differs():
     owner on each model-parallel rank; V1 per parameter and in 2 KB buckets."""
     for mode, bucket_mb in (("broadcast", 0.0), ("average", 0.002)):
         with cases.hybrid_configs("mp_configs", sync_mode=mode):
-            compare_hybrid_synced(
-                uneven_model,
-                lambda run: mp_synced(run.opt, run.raw),
-                lambda p: hcg().get_model_parallel_group(),
-                enable=cases.v1(bucket_mb),
-            )
+            compare_hybrid_synced(uneven_model, *MP_SYNCED, enable=cases.v1(bucket_mb))
 
 
 def trainers_insert_sync(self, sync_var, src, mp_group, sync_mode):
@@ -607,12 +565,7 @@ def case_mp_trainer_replaces_insert_sync():
         hybrid = run.opt
         hybrid._insert_sync = types.MethodType(trainers_insert_sync, hybrid)
 
-    compare_hybrid_synced(
-        uneven_model,
-        lambda run: mp_synced(run.opt, run.raw),
-        lambda p: hcg().get_model_parallel_group(),
-        built_also=replace,
-    )
+    compare_hybrid_synced(uneven_model, *MP_SYNCED, built_also=replace)
 
 
 def slices_in_buffers(opt, params):
@@ -639,26 +592,18 @@ def case_mp_v2_synced_params():
         layout = slices_in_buffers(run.opt, mp_synced(run.opt, run.raw))
         assert not cases.equal_in_group(layout, group), layout
 
-    on = compare_hybrid_synced(
-        functools.partial(uneven_model, width=512, wide=2, uneven=(300_000, 8)),
-        lambda run: mp_synced(run.opt, run.raw),
-        lambda p: group,
-        v2=True,
-        built_also=built,
-    )
+    uneven = functools.partial(uneven_model, width=512, wide=2, uneven=(300_000, 8))
+    on = compare_hybrid_synced(uneven, *MP_SYNCED, v2=True, built_also=built)
     impl = cases.overlap_impl(on.opt)
     assert any(not set(u.indices) & set(impl.lead) for u in impl.units)
 
 
 # ----------------------------------------------------------------------
-# pp2_sharding2 with the pipeline's gradient-communication overlap
-# (pp_configs.sharding_comm_overlap; it needs main_grad, Paddle refuses it
-# with tensor_fusion or comm_overlap: ..._buckets.py): the pipeline builds
-# comm buffers per chunk at the first train_batch (shim item 10) and reduces
-# them in backward, one collective each (V1: one per destination rank, 2;
-# V2: 1); parameter syncs, V1 default bucket_size_mb: one bucket of the
-# overlap's own storage per owner rank, 0: one per parameter; V2: one
-# all-gather per pipeline buffer (V2 takes them).
+# pp2_sharding2 with the pipeline's gradient-communication overlap (pp_configs.sharding_comm_overlap; it needs
+# main_grad, Paddle refuses it with tensor_fusion or comm_overlap: ..._buckets.py): the pipeline builds comm buffers per
+# chunk at the first train_batch (shim item 10) and reduces them in backward, one collective each (V1: one per
+# destination rank, 2; V2: 1); parameter syncs, V1 default bucket_size_mb: one bucket of the overlap's own storage per
+# owner rank, 0: one per parameter; V2: one all-gather per pipeline buffer (V2 takes them).
 def build_main_grad_pipeline(tied):
     raw = build_same(lambda: pipeline_model(tied))
     base = grad_comm.with_main_grad(raw, cases.adamw(raw.parameters()))
@@ -722,9 +667,7 @@ PIPELINE_COMM_OVERLAP = {
 
 # Cases of a launch of their own, run only when env BROADCAST_OVERLAP_CASES names them: Paddle's own failures, which end
 # the launch.
-PADDLE_FAILURES = {
-    "paddle_moment_sync_owners_differ_hangs": (paddle_moment_sync_owners_differ_hangs),
-}
+PADDLE_FAILURES = {"paddle_moment_sync_owners_differ_hangs": (paddle_moment_sync_owners_differ_hangs)}
 
 
 def launch_cases():

@@ -77,10 +77,7 @@ class BuiltOutOfOrderLM(paddle.nn.Layer):
 
     def __init__(self):
         super().__init__()
-        self.head, self.late = (
-            paddle.nn.Linear(HIDDEN, VOCAB),
-            cases.Block(),
-        )
+        self.head, self.late = (paddle.nn.Linear(HIDDEN, VOCAB), cases.Block())
         self.early, self.embed = cases.Block(), paddle.nn.Embedding(VOCAB, HIDDEN)
 
     def forward(self, tokens):
@@ -516,10 +513,7 @@ def case_weights_replaced_between_steps():
 
         with cases.lost_overlap_warnings() as lost:
             checker, on = compare_on_off(
-                cases.Build(wrap=with_custom_load),
-                enable=cases.v1(bucket_mb),
-                after_step=after_step,
-                steps=6,
+                cases.Build(wrap=with_custom_load), enable=cases.v1(bucket_mb), after_step=after_step, steps=6
             )
         # the snapshots and loads read every parameter before the next forward in 3 of the 5 decided steps (no warning:
         # fewer than 4)
@@ -608,12 +602,8 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     assert all(float(v.abs().sum()) == 0 for v in twin.state_dict().values())
     assert any(float(v.abs().sum()) > 0 for v in model.state_dict().values())
     # the copy keeps no reference to this overlap: its hooks are no-ops
-    twin_hooks = [
-        h
-        for l in twin.sublayers(include_self=True)
-        for hooks in (l._forward_pre_hooks, l._state_dict_hooks)
-        for h in hooks.values()
-    ]
+    layers = twin.sublayers(include_self=True)
+    twin_hooks = [h for l in layers for hooks in (l._forward_pre_hooks, l._state_dict_hooks) for h in hooks.values()]
     assert twin_hooks and all(h.__name__ == "_noop_hook" for h in twin_hooks)
 
     other = train(cases.TinyLM, True, steps=1)
@@ -674,14 +664,10 @@ def case_error_after_update_keeps_the_ranks_in_step():
             cases.assert_overlap_lost(lost, opt, "iteration")
         else:
             assert lost == [], lost
-        assert len(calls) == 1 and errors == [
-            "injected after the update"
-        ], errors
+        assert len(calls) == 1 and errors == ["injected after the update"], errors
         params = {k: v.numpy() for k, v in model.state_dict().items()}
         results.append((losses, cases.digests(params)))
-    assert (
-        results[0] == results[1]
-    ), "overlap on differs from off after the error"
+    assert results[0] == results[1], "overlap on differs from off after the error"
     assert cases.all_ranks_equal(results[1][1])
 
 

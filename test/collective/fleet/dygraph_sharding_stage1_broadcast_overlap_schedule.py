@@ -84,12 +84,7 @@ def train(overlap, after_step, split=one_list, prepare=None, checker=None):
         if prepare is not None:
             prepare(run)
 
-    return cases.train(
-        cases.Build.of(model, opt),
-        prepare=set_up,
-        after_step=after_step,
-        **kwargs,
-    )
+    return cases.train(cases.Build.of(model, opt), prepare=set_up, after_step=after_step, **kwargs)
 
 
 def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
@@ -149,12 +144,9 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     if checker:
         races = {k: n - before.get(k, 0) for k, n in checker.races().items()}
         races = {k: n for k, n in races.items() if n}
-    print(
-        f"rank {cases.rank()} {what}: sync units {units}, {len(on.extras)} values "
-        f"read, stats {impls[0].stats}, racing reads "
-        f"{sum(races.values()) if checker else '(race check off)'}",
-        flush=True,
-    )
+    racing = sum(races.values()) if checker else "(race check off)"
+    stats = f"sync units {units}, {len(on.extras)} values read, stats {impls[0].stats}, racing reads {racing}"
+    print(f"rank {cases.rank()} {what}: {stats}", flush=True)
     assert race or races == {}, f"reads of a parameter with a pending sync: {races}"
     return on, races
 
@@ -319,10 +311,4 @@ def launch_cases():
 
 
 if __name__ == "__main__":
-    sys.exit(
-        cases.run_cases(
-            launch_cases(),
-            init=SETUP_MODULE.init_fleet,
-            stop_at_first_failure=True,
-        )
-    )
+    sys.exit(cases.run_cases(launch_cases(), init=SETUP_MODULE.init_fleet, stop_at_first_failure=True))

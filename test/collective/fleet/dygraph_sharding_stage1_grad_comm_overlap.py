@@ -99,10 +99,7 @@ def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):
         inner.step = counted_step
 
     dist = paddle.distributed
-    with mock.patch.multiple(
-        dist,
-        **{n: counted(getattr(dist, n)) for n in ("reduce", "reduce_scatter")},
-    ):
+    with mock.patch.multiple(dist, **{n: counted(getattr(dist, n)) for n in ("reduce", "reduce_scatter")}):
         run = cases.train(
             cases.Build(made=build),
             overlap,
@@ -141,11 +138,10 @@ def compare(build, enable, grad_buffers, *, what="", **kwargs):
     # every step launched all its units at the step (no depth limit), none by the next forward's hooks or a read
     # (reported right after the step)
     assert on.launched == [units] * STEPS, on.launched
-    print(
-        f"rank {cases.rank()} {what or build.__name__} {kwargs.get('acc', 1)}"
-        f": units {units}, per step {on.launched}; gradient buffers {n},"
-        f" collectives per step (before the split, after) {on.grad}"
+    counts = (
+        f"units {units}, per step {on.launched}; gradient buffers {n}, collectives per step (before the split, after)"
     )
+    print(f"rank {cases.rank()} {what or build.__name__} {kwargs.get('acc', 1)}: {counts} {on.grad}")
     return on, checker, impl, buffers
 
 
@@ -166,10 +162,7 @@ def check_v1_fused(tensor_fusion, acc):
     for bucket_mb in (None, 2 * cases.KB, 0):
         with cases.sharding_configs(tensor_fusion=tensor_fusion, comm_overlap=True, accumulate_steps=acc):
             on, checker, impl, _ = compare(
-                build_v1,
-                cases.v1(bucket_mb),
-                lambda on: cases.sharding_optimizer(on.opt)._comm_buffers,
-                acc=acc,
+                build_v1, cases.v1(bucket_mb), lambda on: cases.sharding_optimizer(on.opt)._comm_buffers, acc=acc
             )
         inner = cases.sharding_optimizer(on.opt)
         assert inner.comm_overlap and bool(inner.tensor_fusion) == tensor_fusion
@@ -214,10 +207,7 @@ def case_v2_comm_overlap():
     for acc in (1, 2):
         with v2_settings(acc):
             on, checker, impl, buffers = compare(
-                build_v2,
-                cases.v2,
-                lambda on: cases.sharding_optimizer(on.opt)._comm_buffer_list,
-                acc=acc,
+                build_v2, cases.v2, lambda on: cases.sharding_optimizer(on.opt)._comm_buffer_list, acc=acc
             )
         cases.assert_v2(on.opt)
         assert cases.sharding_optimizer(on.opt).comm_overlap

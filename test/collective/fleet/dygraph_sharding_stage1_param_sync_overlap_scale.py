@@ -17,10 +17,7 @@ from paddle import nn
 from paddle.distributed import fleet
 
 TOPOLOGY = os.environ.get("PARAM_SYNC_SCALE_TOPOLOGY", "sharding8")
-DEGREES = {
-    "sharding8": dict(sharding_degree=8),
-    "pp2_sharding4": dict(pp_degree=2, sharding_degree=4),
-}
+DEGREES = {"sharding8": dict(sharding_degree=8), "pp2_sharding4": dict(pp_degree=2, sharding_degree=4)}
 STEPS = 3
 BATCH = 4  # (pipeline micro-batches of 2)
 # 4 KB buckets: the V1 model's order closes a window after each of its 8 KB linear weights and after the 64 KB
@@ -107,13 +104,7 @@ def compare_frozen(build, *, freeze, enable, data=batch, **kwargs):
         return loss
 
     checker, on = cases.compare_on_off(
-        build,
-        replicas=sharding_group(),
-        steps=STEPS,
-        built=built,
-        enable=enable,
-        micro_step=micro_step,
-        **kwargs,
+        build, replicas=sharding_group(), steps=STEPS, built=built, enable=enable, micro_step=micro_step, **kwargs
     )
     assert (on.layout, on.frozen) == (on.off.layout, on.off.frozen)
     final = cases.snapshot(on.raw)
@@ -248,9 +239,7 @@ def case_pipeline_tied_embedding_head_buckets():
         run.tied_equal = cases.equal_in_group(cases.digests(run.tied), group)
 
     checker, on = hybrid.compare(
-        lambda: hybrid.pipeline_model(tied=True, blocks=4),
-        enable=cases.v1(SMALL_BUCKET_MB / 8),
-        final=tied_equal,
+        lambda: hybrid.pipeline_model(tied=True, blocks=4), enable=cases.v1(SMALL_BUCKET_MB / 8), final=tied_equal
     )
     assert len(on.tied) == 1, sorted(on.params)
     assert on.tied_equal, "the tied weight differs between the two stages"

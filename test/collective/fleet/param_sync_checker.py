@@ -80,20 +80,17 @@ class ParamSyncWaitChecker:
             report = checker.step_report() # once per step
         assert checker.violations == []
 
-    ``counts`` holds running totals: ``launched`` async tasks, ``waited``,
-    ``checked`` parameter uses, ``writes`` of a broadcast parameter through
-    ``Tensor.set_value`` (how ``set_state_dict`` loads); ``violations`` lists
-    ``(where, parameter name)`` for each use of a parameter with a pending
-    task; ``outside_step`` each async broadcast (of any tensor) and each
-    all-gather of watched parameters issued, once :meth:`watch` ran, while
-    no ``step()``/``minimize()`` of a watched optimizer ran (the schedule's invariant: every sync starts inside the
-    step, hooks and reads only wait).
+    ``counts`` holds running totals: ``launched`` async tasks, ``waited``, ``checked`` parameter uses, ``writes`` of a
+    broadcast parameter through ``Tensor.set_value`` (how ``set_state_dict`` loads); ``violations`` lists ``(where,
+    parameter name)`` for each use of a parameter with a pending task; ``outside_step`` each async broadcast (of any
+    tensor) and each all-gather of watched parameters issued, once :meth:`watch` ran, while no ``step()``/``minimize()``
+    of a watched optimizer ran (the schedule's invariant: every sync starts inside the step, hooks and reads only wait).
     """
 
     def __init__(self):
         self._latest = {}  # id(tensor) -> (tensor, _RecordingTask)
         self._watched = {}  # id(parameter) -> parameter, from watch()
-        self._original_broadcast = None
+        self._patched = []  # (owner, attribute, original) of each function the checker wrapped
         self._handles = []
         self._hooked = []  # (layer, handle) of each checker pre-hook
         self._patched_optimizers = []
@@ -101,13 +98,7 @@ class ParamSyncWaitChecker:
         self._in_step = 0
         self.watching = False
         self.outside_step = []
-        self.counts = {
-            "launched": 0,
-            "waited": 0,
-            "checked": 0,
-            "writes": 0,
-            "gathers": 0,
-        }
+        self.counts = {"launched": 0, "waited": 0, "checked": 0, "writes": 0, "gathers": 0}
         self.violations = []
         # each recorded all-gather's task (``.params``: what it covers), in launch order
         self.gather_log = []
@@ -115,8 +106,8 @@ class ParamSyncWaitChecker:
 
     # -- broadcast instrumentation -------------------------------------
     def __enter__(self):
-        self._original_broadcast = paddle.distributed.broadcast
-        original = self._original_broadcast
+        original = paddle.distributed.broadcast
+        self._patched.append((paddle.distributed, "broadcast", original))
 
         def recording_broadcast(tensor, *args, **kwargs):
             sync_op = kwargs.get("sync_op", args[2] if len(args) > 2 else True)
@@ -137,7 +128,8 @@ class ParamSyncWaitChecker:
             return proxy
 
         paddle.distributed.broadcast = recording_broadcast
-        self._original_all_reduce = original_all_reduce = paddle.distributed.all_reduce
+        original_all_reduce = paddle.distributed.all_reduce
+        self._patched.append((paddle.distributed, "all_reduce", original_all_reduce))
 
         @functools.wraps(original_all_reduce)
         def checked_all_reduce(tensor, *args, **kwargs):
@@ -147,14 +139,13 @@ class ParamSyncWaitChecker:
 
         paddle.distributed.all_reduce = checked_all_reduce
         self._wrap_gathers()
-        self._wrapped_reads = []
         for module, name in READ_FUNCTIONS:
             original_fn = getattr(module, name)
-            self._wrapped_reads.append((module, name, original_fn))
+            self._patched.append((module, name, original_fn))
             setattr(module, name, self._checked_read(name, original_fn))
         # writes: set_state_dict loads through Tensor.set_value
         original_set_value = paddle.Tensor.set_value
-        self._wrapped_reads.append((paddle.Tensor, "set_value", original_set_value))
+        self._patched.append((paddle.Tensor, "set_value", original_set_value))
 
         @functools.wraps(original_set_value)
         def checked_set_value(tensor, *args, **kwargs):
@@ -171,7 +162,6 @@ class ParamSyncWaitChecker:
         buffers)."""
         from paddle.base import core
 
-        self._wrapped_gathers = []
         checker = self
 
         def tensors_of(args):
@@ -185,7 +175,7 @@ class ParamSyncWaitChecker:
             original = getattr(core.ProcessGroup, name, None)
             if original is None:
                 continue
-            self._wrapped_gathers.append((name, original))
+            self._patched.append((core.ProcessGroup, name, original))
 
             def recording_gather(group, *args, _original=original, **kwargs):
                 task = _original(group, *args, **kwargs)
@@ -238,16 +228,9 @@ class ParamSyncWaitChecker:
         return read
 
     def __exit__(self, *exc):
-        paddle.distributed.broadcast = self._original_broadcast
-        paddle.distributed.all_reduce = self._original_all_reduce
-        from paddle.base import core
-
-        for name, original in self._wrapped_gathers:
-            setattr(core.ProcessGroup, name, original)
-        self._wrapped_gathers = []
-        for module, name, original_fn in self._wrapped_reads:
-            setattr(module, name, original_fn)
-        self._wrapped_reads = []
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -1,34 +1,27 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""The case module of the per-rank scripts of the sharding stage 1
-parameter-sync overlap (V1 broadcasts and V2 all-gathers alike), imported
-everywhere as ``import sharding_cases as cases``. (The launcher that starts
-the ranks is elsewhere: ``tools/collective/collective_launch.py``.)
+"""The case module of the per-rank scripts of the sharding stage 1 parameter-sync overlap (V1 broadcasts and V2
+all-gathers alike), imported everywhere as ``import sharding_cases as cases``. (The launcher that starts the ranks is
+elsewhere: ``tools/collective/collective_launch.py``.)
 
-- Models: :class:`TinyLM` (embedding, :class:`Block` s, head; sized by its
-  arguments) and :class:`VariantLM` (the same with overridable parts);
-  deterministic per-rank data (:func:`batch`); seeded builds.
-- :func:`train`: the one training loop, returning a :class:`Run`; what it
-  trains is a :class:`Build`; every callback of it takes the ``Run`` alone
-  (``run.step``, ``run.micro``: where the loop is). :func:`compare_on_off`:
-  overlap off vs on bitwise (losses, values read between steps, final
-  parameters, ranks equal per group) under the wait checker
+- Models: :class:`TinyLM` (embedding, :class:`Block` s, head; sized by its arguments) and :class:`VariantLM` (the same
+  with overridable parts); deterministic per-rank data (:func:`batch`); seeded builds.
+- :func:`train`: the one training loop, returning a :class:`Run`; what it trains is a :class:`Build`; every callback of
+  it takes the ``Run`` alone (``run.step``, ``run.micro``: where the loop is). :func:`compare_on_off`: overlap off vs on
+  bitwise (losses, values read between steps, final parameters, ranks equal per group) under the wait checker
   (:mod:`param_sync_checker`), which every on run gets.
-- Public views of the owner (:func:`overlap_impl`, :func:`optimizer_parameters`,
-  :func:`bucket_units`, ...) and of fleet's set-up (:func:`init_fleet`,
-  :func:`sharding_configs`, :func:`sharding_v2`).
-- :func:`run_cases` / :func:`run_named`: the per-rank ``main``: fleet init,
-  the cases named in env ``BROADCAST_OVERLAP_CASES`` (all by default),
-  expected failures, a verdict agreed across the ranks, exit code non-zero
-  on any failure; ``dygraph_sharding_stage1_broadcast_overlap_groups.py``
-  runs several scripts' cases in one launch.
+- Public views of the owner (:func:`overlap_impl`, :func:`optimizer_parameters`, :func:`bucket_units`, ...) and of
+  fleet's set-up (:func:`init_fleet`, :func:`sharding_configs`, :func:`sharding_v2`).
+- :func:`run_cases` / :func:`run_named`: the per-rank ``main``: fleet init, the cases named in env
+  ``BROADCAST_OVERLAP_CASES`` (all by default), expected failures, a verdict agreed across the ranks, exit code non-zero
+  on any failure; ``dygraph_sharding_stage1_broadcast_overlap_groups.py`` runs several scripts' cases in one launch.
 
-The collective-sequence recorder (``tools/collective/collective_recorder.py``)
-needs nothing here: the launcher installs it in every rank of every launch
-and checks its records after each launch.
+The collective-sequence recorder (``tools/collective/collective_recorder.py``) needs nothing here: the launcher installs
+it in every rank of every launch and checks its records after each launch.
 """
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -74,7 +67,7 @@ class Block(paddle.nn.Layer):
 
 class TinyLM(paddle.nn.Layer):
     """Embedding -> blocks -> head: [B, S] int64 tokens -> [B, S, vocab] float32 logits; the one model family of the
-    scripts, sized by its arguments."""
+    scripts, sized by its arguments; subclasses override its steps (``embedded``, ``run_block``, ``logits``)."""
 
     def __init__(self, num_blocks=2, vocab=VOCAB, hidden=HIDDEN):
         super().__init__()
@@ -83,10 +76,16 @@ class TinyLM(paddle.nn.Layer):
         self.head = paddle.nn.Linear(hidden, vocab)
 
     def forward(self, tokens):
-        x = self.embed(tokens)
-        for block in self.blocks:
-            x = block(x)
+        x = self.embedded(tokens)
+        for i in range(len(self.blocks)):
+            x = self.run_block(i, x)
         return self.logits(x)
+
+    def embedded(self, tokens):
+        return self.embed(tokens)
+
+    def run_block(self, i, x):
+        return self.blocks[i](x)
 
     def logits(self, x):
         return self.head(x)
@@ -241,8 +240,7 @@ def train(
     values read between steps (kept in ``run.extras``). At the end ``final(run)`` (e.g. one more forward), then
     ``run.params`` from ``model.state_dict()``."""
     build = build if isinstance(build, Build) else Build(build)
-    run = Run(checker=checker, acc_steps=acc_steps, losses=[], extras=[])
-    run.reports = []
+    run = Run(checker=checker, acc_steps=acc_steps, losses=[], extras=[], reports=[])
     if build.made is not None:
         run.model, run.opt = build.made()
         run.raw = getattr(run.model, "_layers", run.model)
@@ -250,10 +248,7 @@ def train(
         run.raw = build.init(build.model)
         if build.wrap is not None:
             run.raw = build.wrap(run.raw)
-        if build.parameters is None:
-            params = run.raw.parameters()
-        else:
-            params = build.parameters(run.raw)
+        params = run.raw.parameters() if build.parameters is None else build.parameters(run.raw)
         with build.around():
             run.opt = fleet.distributed_optimizer(build.optimizer(params))
             run.model = fleet.distributed_model(run.raw)
@@ -395,8 +390,7 @@ def total_forward_pre_hooks(model):
 def overlap_hook_ids(layer, checker):
     """Ids of ``layer``'s forward pre-hooks that are not ``checker``'s (the overlap's, on layers without hooks of their
     own)."""
-    hooks = layer._forward_pre_hooks
-    return [h for h in hooks if not checker.owns_hook(layer, h)]
+    return [h for h in layer._forward_pre_hooks if not checker.owns_hook(layer, h)]
 
 
 @contextlib.contextmanager
@@ -506,8 +500,7 @@ def assert_runs_equal(off, on, what):
     assert len(off.extras) == len(on.extras), what
     for i, (a, b) in enumerate(zip(off.extras, on.extras)):
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), (
-            f"{what}: value {i} read between steps differs from overlap "
-            f"off (max abs diff "
+            f"{what}: value {i} read between steps differs from overlap off (max abs diff "
             f"{np.abs(a.astype('float64') - b.astype('float64')).max()})"
         )
     assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), what)
@@ -524,9 +517,8 @@ def equal_in_group(values, group=None):
     return all(g.numpy().tolist() == list(values) for g in gathered)
 
 
-def all_ranks_equal(values):
-    """True when the int list ``values`` is the same on every rank."""
-    return equal_in_group(values)
+# True when the int list ``values`` is the same on every rank
+all_ranks_equal = equal_in_group
 
 
 @contextlib.contextmanager
@@ -546,14 +538,9 @@ def hybrid_configs(section, optional=(), **fields):
             setattr(config, k, v)
 
 
-def sharding_configs(optional=(), **fields):
-    """:func:`hybrid_configs` of ``sharding_configs``."""
-    return hybrid_configs("sharding_configs", optional, **fields)
-
-
-def pp_configs(**fields):
-    """:func:`hybrid_configs` of ``pp_configs``."""
-    return hybrid_configs("pp_configs", **fields)
+# :func:`hybrid_configs` of ``sharding_configs`` and of ``pp_configs``
+sharding_configs = functools.partial(hybrid_configs, "sharding_configs")
+pp_configs = functools.partial(hybrid_configs, "pp_configs")
 
 
 @contextlib.contextmanager
@@ -566,14 +553,7 @@ def sharding_v2(buffer_mb=V2_BUFFER_MB):
             yield
 
 
-def init_fleet(
-    degrees=None,
-    *,
-    split_param=False,
-    buffer_mb=None,
-    mp_sync_param=False,
-    micro_batch=2,
-):
+def init_fleet(degrees=None, *, split_param=False, buffer_mb=None, mp_sync_param=False, micro_batch=2):
     """fleet.init, the one of every script: ``degrees`` (``dp_degree``, ``mp_degree``, ``pp_degree``, ``sharding_degree``;
     default every rank in one sharding group); a pipeline of 2 micro-batches of ``micro_batch`` without batched p2p
     (gloo has none on the calc stream: 3.x setting, 2.6 always batches, see hybrid_parallel_cpu_shim);
@@ -591,10 +571,7 @@ def init_fleet(
         pp_configs = strategy.strategy.hybrid_configs.pp_configs
         if hasattr(pp_configs, "use_batch_p2p_comm"):
             configs["pp_configs"] = {"use_batch_p2p_comm": False}
-        strategy.pipeline_configs = {
-            "accumulate_steps": 2,
-            "micro_batch_size": micro_batch,
-        }
+        strategy.pipeline_configs = {"accumulate_steps": 2, "micro_batch_size": micro_batch}
     if mp_sync_param:
         configs["mp_configs"] = {"sync_param": True}
     strategy.hybrid_configs = configs
@@ -621,17 +598,11 @@ class VariantLM(TinyLM):
     def build(self):
         pass
 
-    def forward(self, tokens):
-        x = self.front(self.embed(tokens))
-        for i in range(len(self.blocks)):
-            x = self.run_block(i, x)
-        return self.logits(x)
+    def embedded(self, tokens):
+        return self.front(self.embed(tokens))
 
     def front(self, x):
         return x
-
-    def run_block(self, i, x):
-        return self.blocks[i](x)
 
 
 def assert_order_agreed(run):
@@ -673,14 +644,9 @@ def overlap_warnings(text):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def order_warnings():
-    """``overlap_warnings`` of the order warning (ORDER_WARNING)."""
-    return overlap_warnings(ORDER_WARNING)
-
-
-def lost_overlap_warnings():
-    """``overlap_warnings`` of the lost-overlap warning (LOST_OVERLAP_WARNING)."""
-    return overlap_warnings(LOST_OVERLAP_WARNING)
+# ``overlap_warnings`` of the order warning and of the lost-overlap warning
+order_warnings = functools.partial(overlap_warnings, ORDER_WARNING)
+lost_overlap_warnings = functools.partial(overlap_warnings, LOST_OVERLAP_WARNING)
 
 
 def lost_steps_of(opt):
@@ -742,10 +708,7 @@ def run_cases(cases, init=None, notices=(), stop_at_first_failure=False):
             print(f"stopped: {name} failed, not run: {names[ran:]}", flush=True)
             break
     # (XFAIL counts as passed: as expected)
-    print(
-        f"{ran - len(failed)} passed, {len(failed)} failed" + (f": {failed}" if failed else ""),
-        flush=True,
-    )
+    print(f"{ran - len(failed)} passed, {len(failed)} failed" + (f": {failed}" if failed else ""), flush=True)
     return 1 if failed else 0
 
 
@@ -792,10 +755,8 @@ def run_named(cases, names, prefix="", expected=None, notices=()):
             verdict = "XFAIL" if n_matched == n_failed else "FAIL"
         note = f" expected /{pattern}/" if pattern is not None else ""
         first = error.splitlines()[0][:400] if error else ""
-        print(
-            f"CASE {prefix}{name} {verdict} (rank {rank()}, " f"{time.monotonic() - start:.1f} s){note} {first}",
-            flush=True,
-        )
+        took = f"{time.monotonic() - start:.1f} s"
+        print(f"CASE {prefix}{name} {verdict} (rank {rank()}, {took}){note} {first}", flush=True)
         if error and verdict != "XFAIL":
             print(error, flush=True)
         if verdict in ("FAIL", "XPASS"):
