@@ -9,6 +9,8 @@ Two ways, chosen by the environment:
   launch settings) and nothing is launched; ``python stand_in_launch.py`` then launches every recorded
   script of one setting in one 2-rank launch (:mod:`chained_scripts`: the scripts one after the other in
   each rank's process), so a PR's drivers cost one Paddle start-up per rank instead of one per driver;
+  with ``$PATCHED_TREE_PROBE_MODULES`` each such launch also records what its ranks imported
+  (``{"probe": [rank 0's, rank 1's]}``, :func:`chained_scripts.probe`);
 - otherwise each call launches its script at once.
 
 Either way every script is recorded, one JSON line in ``$PATCHED_TREE_RECORD`` (when set): the driver's
@@ -28,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CPU_SITE = os.path.join(ROOT, "tools", "collective", "cpu_site")
 RECORD_ENV = "PATCHED_TREE_RECORD"
 COLLECT_ENV = "PATCHED_TREE_COLLECT"
+PROBE_ENV = "PATCHED_TREE_PROBE_MODULES"  # chained_scripts.probe's modules: recorded as {"probe": per rank}
 CHAIN = os.path.join(HERE, "chained_scripts.py")
 
 
@@ -59,7 +62,7 @@ def _record(entries):
     if record:
         with open(record, "a") as f:
             f.writelines(json.dumps(e) + "\n" for e in entries)
-    failed = [e for e in entries if not all(e["passed"])]
+    failed = [e for e in entries if "passed" in e and not all(e["passed"])]
     if failed:
         raise AssertionError("ran no case on every rank (passed per rank): "
                              + ", ".join(f"{e['script']}: {e['passed']}" for e in failed))
@@ -98,6 +101,9 @@ def run_collected(collect):
         env = _launch_env(group[0]["allocator_strategy"], group[0]["need_envs"])
         env[f"{COLLECT_ENV}_SCRIPTS"] = os.pathsep.join(call["script"] for call in group)
         result = launch_collective(CHAIN, nproc=2, env=env)
+        probes = [re.findall(r"^=== probe (.*)$", log, re.M) for log in result.rank_logs]
+        if os.environ.get(PROBE_ENV):
+            _record([{"probe": [json.loads(p[-1]) if p else None for p in probes]}])
         parts = [segments(log) for log in result.rank_logs]
         _record([{"test": call["test"], "script": os.path.basename(call["script"]),
                   "passed": passed_counts([p.get(os.path.basename(call["script"]), "") for p in parts])}

@@ -8,9 +8,9 @@ For the running Paddle's version (the runner runs this once per version) this te
    emits it, no generator), tagged ``v<version>``;
 2. the committed series (``patches/<version>/``, 3.3.1): applies it PR by PR with ``git am``; after PR k:
    the commit changes python/ files, appends its rows to ``testslist.csv`` and adds new files only, its
-   tree is the generated state k, Paddle imports the patched modules from a site folder built from the
-   tree (links to the installed package, patched copies, and a ``paddle_overlay`` stub that fails on
-   import) with no ``_origin_`` method anywhere, and the drivers PR k adds (after the last PR: every
+   tree is the generated state k, the ranks import Paddle and the patched modules from a site folder built
+   from the tree (links to the installed package, patched copies, and a ``paddle_overlay`` stub that fails
+   on import) with no ``_origin_`` method anywhere (``chained_scripts.probe``), and the drivers PR k adds (after the last PR: every
    driver) run as Paddle's CI runs them (``python -m unittest`` in the tree's test folder,
    ``PYTHONPATH=../..``): through the release's test base, which collects their per-rank scripts, then
    launched in one chained launch on 2 CPU ranks (``stand_in_launch.run_collected``), every script's
@@ -41,24 +41,6 @@ STUB = '''raise ImportError(
     "the overlay is in the Paddle sources"
 )
 '''
-PROBE = r"""
-import importlib, json, sys
-import paddle
-from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
-    dygraph_sharding_optimizer as dso, hybrid_parallel_optimizer as hpo,
-)
-from paddle.jit.dy2static import program_translator as pt
-files = {name: importlib.import_module(name).__file__ for name in sys.argv[1:]}
-classes = (dso.DygraphShardingOptimizer, dso.DygraphShardingOptimizerV2,
-           hpo.HybridParallelOptimizer, pt.StaticFunction)
-print(json.dumps({
-    "version": paddle.__version__,
-    "paddle": paddle.__file__,
-    "files": files,
-    "origin": sorted(f"{c.__name__}.{a}" for c in classes for a in vars(c) if a.startswith("_origin_")),
-    "overlay": "paddle_overlay" in sys.modules,
-}))
-"""
 
 
 def git_status(tree):
@@ -116,22 +98,23 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
             f.write(STUB)
         return site
 
-    def check_imports(self, site, what, modules):
-        env = dict(os.environ, PYTHONPATH=site)
-        env.pop("PADDLE_OVERLAY", None)
-        out = subprocess.run([sys.executable, "-c", PROBE, *modules], env=env, cwd=site,
-                             capture_output=True, text=True, timeout=300)
-        self.assertEqual(out.returncode, 0, f"{what} does not import:\n{out.stderr}")
-        info = json.loads(out.stdout.strip().splitlines()[-1])
-        self.assertEqual(info["version"], self.version)
-        self.assertEqual(info["paddle"], os.path.join(site, "paddle", "__init__.py"))
-        for name, path in info["files"].items():
-            self.assertEqual(path, os.path.join(site, *name.split(".")) + ".py", name)
-            self.assertFalse(os.path.islink(path), f"{path} must be a patched copy")
-        self.assertEqual(info["origin"], [], f"{what}: methods renamed _origin_* in the patched classes")
-        self.assertFalse(info["overlay"])
+    def check_imports(self, site, what, launches):
+        """Every rank of every launch imported Paddle from ``site``, the patched modules as copies in it, no
+        ``_origin_`` method and no paddle_overlay (``chained_scripts.probe``, recorded in ``launches``)."""
+        probes = [r["probe"] for r in launches if "probe" in r]
+        self.assertTrue(probes, f"{what}: no launch recorded what its ranks imported")
+        for ranks in probes:
+            for info in ranks:
+                self.assertIsNotNone(info, f"{what}: a rank printed no probe line")
+                self.assertEqual(info["version"], self.version)
+                self.assertEqual(info["paddle"], os.path.join(site, "paddle", "__init__.py"))
+                for name, path in info["files"].items():
+                    self.assertEqual(path, os.path.join(site, *name.split(".")) + ".py", name)
+                    self.assertFalse(os.path.islink(path), f"{path} must be a patched copy")
+                self.assertEqual(info["origin"], [], f"{what}: methods renamed _origin_* in the patched classes")
+                self.assertFalse(info["overlay"])
 
-    def run_drivers(self, tree, site, what, k):
+    def run_drivers(self, tree, site, what, k, modules):
         """Run the drivers :func:`drivers_at` ``k`` names as Paddle's CI does, in one ``python -m unittest`` in
         the tree's test folder, the stand-in test base collecting their per-rank scripts; then those scripts
         in one chained 2-rank launch (``stand_in_launch.run_collected``): each launched and passing cases on
@@ -148,7 +131,7 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         # stand-in test base launches with (test/patch, tools/collective), never this project's test/
         path = [os.path.join(tree, "test"), site, HERE, os.path.join(ROOT, "tools", "collective")]
         env.update(PYTHONPATH=os.pathsep.join(path), PATCHED_TREE_RECORD=record, PATCHED_TREE_COLLECT=collect,
-                   PADDLE_OVERLAY_RUN_DIR=os.path.join(self.work, "runs"))
+                   PATCHED_TREE_PROBE_MODULES=os.pathsep.join(modules), PADDLE_OVERLAY_RUN_DIR=os.path.join(self.work, "runs"))
         proc = subprocess.run([sys.executable, "-m", "unittest", "-v", *drivers], cwd=os.path.join(tree, FLEET),
                               env=env, capture_output=True, text=True, timeout=600)
         output = proc.stdout + proc.stderr
@@ -161,8 +144,9 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, f"{what}: the drivers' scripts fail:\n{(proc.stdout + proc.stderr)[-6000:]}")
         with open(record) as f:
             launches = [json.loads(line) for line in f]
-        self.assertEqual(sorted({r["script"] for r in launches}), scripts, f"{what}: the per-rank scripts launched")
-        for launch in launches:
+        ran = [r for r in launches if "script" in r]
+        self.assertEqual(sorted({r["script"] for r in ran}), scripts, f"{what}: the per-rank scripts launched")
+        for launch in ran:
             self.assertTrue(all(launch["passed"]), f"{what}: {launch}")
         return launches
 
@@ -197,8 +181,9 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
             for row in new_rows:  # a PR registers the drivers it adds
                 self.assertIn(f"A\t{FLEET}/{row.split(',')[0]}.py", changed)
             site = self.build_site(tree, f"site-pr{k + 1}")
-            self.check_imports(site, what, [module_of(rel) for rel in state if rel.startswith(make_patch.TREE_PY)])
-            self.run_drivers(tree, site, what, k)
+            launches = self.run_drivers(tree, site, what, k,
+                                        [module_of(rel) for rel in state if rel.startswith(make_patch.TREE_PY)])
+            self.check_imports(site, what, launches)
         self.assertEqual(make_patch.git(tree, "log", "-1", "--format=%s").strip(), titles[-1])
 
     def test_single_patch_applies_with_plain_git_apply_and_its_tests_pass(self):
@@ -219,8 +204,9 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         for rel in checkout_tree.UPSTREAM_FILES[:2]:
             self.assertEqual(snapshot[rel], self.before[rel], rel)
         site = self.build_site(plain, "site-single")
-        self.check_imports(site, "the single patch", [module_of(r) for r in final if r.startswith(make_patch.TREE_PY)])
-        self.run_drivers(plain, site, "the single patch", len(make_patch.PR_KEYS) - 1)
+        launches = self.run_drivers(plain, site, "the single patch", len(make_patch.PR_KEYS) - 1,
+                                    [module_of(r) for r in final if r.startswith(make_patch.TREE_PY)])
+        self.check_imports(site, "the single patch", launches)
 
     def test_apply_patch_sh_applies_and_registers_every_row_once(self):
         patch = make_patch.series_dir(self.version) if self.series else self.patch
