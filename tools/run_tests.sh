@@ -113,9 +113,9 @@ scale='^test_dygraph_sharding_stage1_param_sync_overlap_scale$'  # 8 ranks, newe
 carried=$(python3 -c 'import sys; sys.path.insert(0, "tools"); import patch_series
 print("|".join(sorted(p.rsplit("/", 1)[1][:-3] for pr in patch_series.PRS for p in pr["files"] if "/test_" in p)))')
 # the oldest release's overlay rows: what every release must show with the overlay applied (V1 through the
-# catalogue and the hybrid topologies, V2's release-specific edits, the race checker's operator entry
-# points); docs/harness.md, "Which rows run where"
-oldest='^test_dygraph_sharding_stage1_(broadcast_overlap_catalogue|broadcast_overlap_hybrid|v2_allgather_overlap)$|^test_race_check_launch$'
+# catalogue and the hybrid topologies, V2's release-specific edits, the hooks PADDLE_OVERLAY=overlap
+# installs, the race checker's operator entry points); docs/harness.md, "Which rows run where"
+oldest='^test_dygraph_sharding_stage1_(broadcast_overlap_catalogue|broadcast_overlap_hybrid|v2_allgather_overlap|auto_overlap)$|^test_race_check_launch$'
 cov=(--nproc 4 --coverage)
 start "venv $NEWEST" "$REPORTS/venv-$NEWEST.log" bash tools/run_collective_tests.sh --paddle "$NEWEST" --venv-only
 venv_newest=$!
