@@ -2,16 +2,18 @@
 """Per-rank script: case groups of several per-rank scripts in one launch (Paddle's start-up costs seconds per rank and
 launch).
 
-Env ``BROADCAST_OVERLAP_GROUPS``: a JSON list of ``[script, cases]`` run in that order after one ``fleet.init`` (every
-script's ``init_fleet``, default ``sharding_cases.init_fleet``, must be the same): ``script`` a per-rank script of this
-folder, imported; ``cases`` a comma list of the cases a launch of it runs (``cases.launch_cases``), ``""`` for all. Each
-case prints ``CASE <script>/<case> PASS|FAIL``; the exit code is non-zero if any case failed or a group names an unknown
-script or case (then nothing runs)."""
+Env ``BROADCAST_OVERLAP_GROUPS``: a JSON list of ``[script, cases(, env)]`` run in that order after one ``fleet.init``
+(every script's ``init_fleet``, default ``sharding_cases.init_fleet``, must be the same): ``script`` a per-rank script
+of this folder, imported (``env``: a copy of its own imported with these variables set); ``cases`` a comma list of the
+cases a launch of it runs (``cases.launch_cases``), ``""`` for all. Each case prints ``CASE <script>[env]/<case>
+PASS|FAIL``; the exit code is non-zero if any case failed or a group names an unknown script or case (then nothing
+runs)."""
 
-import importlib
+import importlib.util
 import json
 import os
 import sys
+import unittest.mock
 
 import sharding_cases as cases
 
@@ -20,11 +22,12 @@ def load_groups(text):
     """[(label, {case: function}, names)] of the groups in ``text``, and the fleet init they share; raises ValueError on a
     bad group."""
     groups, inits = [], set()
-    for script, wanted in json.loads(text):
+    for script, wanted, *env in json.loads(text):
         if not script.endswith(".py"):
             raise ValueError(f"{script!r} is not a per-rank script")
         label = script[: -len(".py")]
-        module = importlib.import_module(label)
+        module = importlib.import_module(label) if not env else imported_with(label, env[0])
+        label += "".join(f"[{k}={v}]" for k, v in dict(*env).items())
         inits.add(getattr(module, "init_fleet", cases.init_fleet))
         found = cases.launch_cases(module)
         names = [n for n in wanted.split(",") if n] or list(found)
@@ -33,8 +36,17 @@ def load_groups(text):
             raise ValueError(f"{script}: unknown cases {unknown}; known: {sorted(found)}")
         groups.append((label, found, names))
     if len(inits) != 1:
-        raise ValueError(f"the groups need {len(inits)} different fleet set-ups: " "one launch each")
+        raise ValueError(f"the groups need {len(inits)} different fleet set-ups: one launch each")
     return groups, inits.pop()
+
+
+def imported_with(name, env):
+    """A copy of its own of the module ``name``, imported with the environment variables ``env`` set."""
+    spec = importlib.util.find_spec(name)
+    module = importlib.util.module_from_spec(spec)
+    with unittest.mock.patch.dict(os.environ, env):
+        spec.loader.exec_module(module)
+    return module
 
 
 def main():

@@ -6,10 +6,11 @@ Right after every ``optimizer.step()`` some ranks do what the others do not (sav
 start after ``step()`` would be started by the reading ranks alone (a hang or mixed data; the launcher checks after the
 launch that the ranks' collectives form one schedule). Each case is :func:`compare`.
 
-Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with 2 KB buckets), ``v2`` (2 ranks, the all-gather
-script's V2 set-up), and on 4 ranks with the hybrid script's set-up (``BROADCAST_OVERLAP_TOPOLOGY`` the topology) V1
-``dp2_sharding2`` and ``pp2_sharding2`` (one broadcast per parameter) and V2 ``v2_dp2_sharding2`` (1 MB comm buffers).
-``BROADCAST_OVERLAP_CASES`` picks cases (default: the set-up's); the first case that fails ends the launch."""
+Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with 2 KB buckets; a group of the catalogue's
+launch), ``v2`` (2 ranks, the all-gather script's V2 set-up), and on 4 ranks with the hybrid script's set-up (a group of
+its launch of the topology ``BROADCAST_OVERLAP_TOPOLOGY``) V1 ``dp2_sharding2`` and ``pp2_sharding2`` (one broadcast
+per parameter) and V2 ``v2_dp2_sharding2`` (1 MB comm buffers). ``BROADCAST_OVERLAP_CASES`` picks cases (default: the
+set-up's); the first case that fails ends the launch. Each case asserts its topology and the race checker on."""
 
 import contextlib
 import os
@@ -23,37 +24,25 @@ import paddle
 from paddle.distributed import fleet
 
 SETUP = os.environ.get("SCHEDULE_SETUP", "v1")
-SETUP_MODULE = cases  # the module whose init_fleet sets the launch up
 V2 = SETUP.startswith("v2")  # "v2" (2 ranks) or "v2_dp2_sharding2" (4)
+init_fleet = cases.init_fleet  # the set-up's fleet.init (groups of one launch must have the same)
 if SETUP in ("dp2_sharding2", "pp2_sharding2", "v2_dp2_sharding2"):
     import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid
 
-    SETUP_MODULE = hybrid
+    init_fleet = hybrid.init_fleet
 if SETUP == "v2":
     import dygraph_sharding_stage1_allgather_overlap as allgather
 
-    SETUP_MODULE = allgather
-
-
-def race_checker():
-    """paddle_overlay's race checker when the launch turned it on (env PADDLE_OVERLAY_CHECK, read where the overlay was
-    applied), else None."""
-    if os.environ.get("PADDLE_OVERLAY_CHECK", "0") in ("", "0"):
-        return None
-    checker = sys.modules.get("paddle_overlay.race_check")
-    assert checker is not None and checker.is_enabled(), "race check off"
-    return checker
+    init_fleet = allgather.init_fleet
+# fleet's (dp, pp, mp, sharding) degrees in the set-up's topology
+DEGREES = {"dp2_sharding2": [2, 1, 1, 2], "pp2_sharding2": [1, 2, 1, 2]}.get(SETUP.replace("v2_", ""), [1, 1, 1, 2])
 
 
 def build_model():
     if SETUP in ("v1", "v2"):
-        cls = allgather.LM if SETUP == "v2" else cases.TinyLM
-        return cases.seeded(cls)
-    if SETUP == "dp2_sharding2":
-        return hybrid.build_same(hybrid.flat_model)
-    if SETUP == "v2_dp2_sharding2":  # 4 comm buffers of 1 MB
-        return hybrid.build_same(hybrid.v2_model)
-    return hybrid.build_same(lambda: hybrid.pipeline_model(tied=False))
+        return cases.seeded(allgather.LM if V2 else cases.TinyLM)
+    models = {"dp2_sharding2": hybrid.flat_model, "v2_dp2_sharding2": hybrid.v2_model}  # V2: 4 comm buffers of 1 MB
+    return hybrid.build_same(models.get(SETUP, lambda: hybrid.pipeline_model(tied=False)))
 
 
 def one_list(raw):
@@ -75,9 +64,8 @@ def train(overlap, after_step, split=one_list, prepare=None, checker=None):
     for opt in opts if checker is not None else ():
         checker.watch(model, opt)
     opt = opts[0] if len(opts) == 1 else cases.Optimizers(opts)
-    kwargs = {}
-    if SETUP == "pp2_sharding2":  # train_batch runs the optimizer
-        kwargs = dict(micro_step=hybrid.train_batch, update=cases.no_update)
+    # pp2_sharding2: train_batch runs the optimizer
+    kwargs = dict(micro_step=hybrid.train_batch, update=cases.no_update) if SETUP == "pp2_sharding2" else {}
 
     def set_up(run):
         run.opts, run.held = opts, [p for ps in split(raw) for p in ps]
@@ -94,8 +82,12 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     short runs), on no other rank. The schedule of the on run: every sync started inside a step (the wait checker's
     ``outside_step``), every unit of each owner pending right after each step (before ``after_step``), each launched
     once per step, as often on every rank of the sharding group."""
-    checker = race_checker()
-    before = checker.races() if checker else {}
+    checker = sys.modules.get("paddle_overlay.race_check")  # on: the launch's PADDLE_OVERLAY_CHECK, read at start-up
+    assert checker is not None and checker.is_enabled(), "race check off"
+    before = checker.races()
+    hcg = fleet.get_hybrid_communicate_group()
+    degrees = [getattr(hcg, f"get_{k}_parallel_world_size")() for k in ("data", "pipe", "model", "sharding")]
+    assert degrees == DEGREES, f"{SETUP}: fleet's (dp, pp, mp, sharding) degrees {degrees}, not {DEGREES}"
     pending = []
 
     def checked_after_step(run):
@@ -112,7 +104,6 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     impls = [cases.overlap_impl(opt) for opt in on.opts]
     units = [len(impl.units) for impl in impls]
     launched = [impl.stats["launched"] for impl in impls]
-    hcg = fleet.get_hybrid_communicate_group()
     # pp2: the sharding group; V2 in dp2: the sharding group too (Paddle's V2 leaves the data-parallel replicas unequal,
     # off and on alike)
     by_group = SETUP in ("pp2_sharding2", "v2_dp2_sharding2")
@@ -140,12 +131,9 @@ def compare(after_step, split=one_list, prepare=None, lost=None, race=False):
     else:  # every owner's steps, each followed by a training forward
         for opt in on.opts:
             cases.assert_overlap_lost(said, opt, lost, steps - 1)
-    races = {}
-    if checker:
-        races = {k: n - before.get(k, 0) for k, n in checker.races().items()}
-        races = {k: n for k, n in races.items() if n}
-    racing = sum(races.values()) if checker else "(race check off)"
-    stats = f"sync units {units}, {len(on.extras)} values read, stats {impls[0].stats}, racing reads {racing}"
+    races = {k: n - before.get(k, 0) for k, n in checker.races().items()}
+    races = {k: n for k, n in races.items() if n}
+    stats = f"sync units {units}, {len(on.extras)} values read, {impls[0].stats}, racing reads {sum(races.values())}"
     print(f"rank {cases.rank()} {what}: {stats}", flush=True)
     assert race or races == {}, f"reads of a parameter with a pending sync: {races}"
     return on, races
@@ -273,8 +261,6 @@ def case_ema_of_the_optimizers_parameters():
         return [e.numpy() for e in run.ema]
 
     on, races = compare(after_step, prepare=prepare, race=True)
-    if race_checker() is None:
-        return
     names = {p.name for p in on.held}
     named = {name for name, _, _ in races}
     assert named <= names, f"racing reads beside the EMA's: {races}"
@@ -305,10 +291,9 @@ def case_pipeline_of_sharding_rank0_eval_batch_then_barrier():
 def launch_cases():
     found = cases.cases_of(globals())
     names = list(found)  # the pipeline case last
-    pick = {"dp2_sharding2": names[:2], "pp2_sharding2": names[-1:]}
-    pick["v2_dp2_sharding2"] = names[:2]
+    pick = {"dp2_sharding2": names[:2], "pp2_sharding2": names[-1:], "v2_dp2_sharding2": names[:2]}
     return {n: found[n] for n in pick.get(SETUP, names[:-1])}
 
 
 if __name__ == "__main__":
-    sys.exit(cases.run_cases(launch_cases(), init=SETUP_MODULE.init_fleet, stop_at_first_failure=True))
+    sys.exit(cases.run_cases(launch_cases(), init=init_fleet, stop_at_first_failure=True))

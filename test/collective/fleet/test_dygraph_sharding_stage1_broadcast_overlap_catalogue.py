@@ -21,11 +21,12 @@ MODELS = "dygraph_sharding_stage1_broadcast_overlap_models.py"
 BUCKETS = "dygraph_sharding_stage1_broadcast_overlap_buckets.py"
 READS = "dygraph_sharding_stage1_broadcast_overlap_reads.py"
 GRAD_COMM = "dygraph_sharding_stage1_grad_comm_overlap.py"
+SCHEDULE = "dygraph_sharding_stage1_broadcast_overlap_schedule.py"
 # the patch script's bf16 case as far as a CPU allows (O1 runs in float32)
 BF16_CPU = "dygraph_sharding_stage1_broadcast_overlap_bf16_cpu.py"
 # runs several scripts' case groups in one launch (env
 # BROADCAST_OVERLAP_GROUPS: [script, cases ("" = every case of the
-# script's launch)])
+# script's launch), env the script is imported with])
 GROUPS = "dygraph_sharding_stage1_broadcast_overlap_groups.py"
 
 # Every group of 2 ranks with sharding degree 2 in one launch: Paddle
@@ -49,6 +50,13 @@ SHARDING2_GROUPS = [
     # own refusal); collectives per step counted
     [GRAD_COMM, ""],
     [BF16_CPU, ""],
+    # one rank saves, evaluates, reads parameters or runs a compiled
+    # program between steps while the others go on to a collective, V1
+    # with 2 KB buckets (the schedule script's set-up v1: this fleet.init;
+    # V2's, the all-gather script's fleet.init, has a launch of its own in
+    # test_dygraph_sharding_stage1_broadcast_overlap_schedule); its cases
+    # assert the race checker on, so the whole launch runs under it
+    [SCHEDULE, "", {"SCHEDULE_SETUP": "v1"}],
 ]
 
 
@@ -56,12 +64,14 @@ class TestDygraphShardingStage1BroadcastOverlapCatalogue(TestMultipleGpus):
     # One launch on 2 ranks running every group of cases (start-up costs
     # seconds): broadcast overlap on vs off bitwise equal, waits checked by
     # instrumentation, hooks, orders and misuse, buckets, with Paddle's
-    # gradient-communication overlap.
+    # gradient-communication overlap, ranks whose control flow between
+    # steps differs; under paddle_overlay's race checker.
     def test_sharding2_groups(self):
         self.run_mnist_2gpu(
             GROUPS,
             need_envs={
-                "BROADCAST_OVERLAP_GROUPS": json.dumps(SHARDING2_GROUPS)
+                "BROADCAST_OVERLAP_GROUPS": json.dumps(SHARDING2_GROUPS),
+                "PADDLE_OVERLAY_CHECK": "1",
             },
         )
 
