@@ -32,11 +32,18 @@ status=0
 recap=()
 declare -A step_name=() step_log=() step_start=() step_rc=()
 
-# start NAME LOG COMMAND...: run COMMAND in the background, its output into LOG.
+# start NAME LOG COMMAND...: run COMMAND in the background, its output into LOG, the CPU time it and its
+# children used (bash's times) into LOG.cpu.
 start() {
   echo "::: started $1 (log: $2): ${*:3}"
-  "${@:3}" >"$2" 2>&1 &
+  { local rc=0; "${@:3}" >"$2" 2>&1 || rc=$?; times >"$2.cpu"; exit $rc; } &
   step_name[$!]=$1 step_log[$!]=$2 step_start[$!]=$SECONDS
+}
+
+# cpu_seconds FILE: user + sys seconds of a step and its children (the two lines of bash's times in FILE).
+cpu_seconds() {
+  awk '{ for (i = 1; i <= NF; i++) { split($i, p, "m"); sub("s", "", p[2]); t += p[1] * 60 + p[2] } }
+       END { printf "%.0f", t }' "$1" 2>/dev/null || echo "?"
 }
 
 # finish [PID]: wait for step PID (default: every step), printing each ended step's result and log
@@ -58,7 +65,7 @@ finish() {
       echo "  pytest's failure section:"
       sed -n '/^=* FAILURES =*$/,/^=* short test summary/p' "${step_log[$pid]}" | head -n 200 | sed 's/^/    /'
     fi
-    recap+=("${step_name[$pid]}|$result|$((SECONDS - step_start[$pid]))s|${step_log[$pid]}")
+    recap+=("${step_name[$pid]}|$result|$((SECONDS - step_start[$pid]))s|$(cpu_seconds "${step_log[$pid]}.cpu")s|${step_log[$pid]}")
     unset "step_name[$pid]" "step_log[$pid]" "step_start[$pid]"
   done
   if (($# == 1)); then return "${step_rc[$1]:-0}"; fi
@@ -147,6 +154,6 @@ if [[ -x "$py" ]]; then
 fi
 
 echo -e "\n::: recap (total ${SECONDS}s, exit $status)"
-printf '%s\n' "step|result|time|log" "----|------|----|---" "${recap[@]}" | column -t -s '|'
+printf '%s\n' "step|result|time|CPU|log" "----|------|----|---|---" "${recap[@]}" | column -t -s '|'
 if [[ -f "$REPORTS/coverage/coverage-report.txt" ]]; then echo "coverage report: $REPORTS/coverage/coverage-report.txt"; fi
 exit $status
