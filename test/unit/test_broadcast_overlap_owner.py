@@ -258,6 +258,22 @@ def test_disagreeing_parameter_lists_raise_naming_the_rank():
         owner2.launch()
 
 
+def test_every_rank_launches_in_the_first_ranks_order_not_its_own_recording():
+    # This rank (1) records first.* then second.* (positions 2, 3, 0, 1 of the
+    # parameter list); the group's first rank sends another permutation: the
+    # broadcasts follow the order received, so every rank issues the same
+    # collectives in the same order even where their first forwards differed.
+    model = Net()
+    received = [1, 0, 3, 2]
+    owner, comm = make_owner(model, messages=[[4], received])
+    model(X)
+    owner.launch()
+    events = comm.take()
+    assert events[:2] == [("agree", [4]), ("agree", received)]
+    names = ["second.weight", "second.bias", "first.weight", "first.bias"]
+    assert [e for e in events if e[0] == "broadcast"] == [("broadcast", names[i], 0) for i in received]
+
+
 def test_hooks_and_guards_constant_then_all_removed_on_close():
     model = Net()
     owner, comm = make_owner(model)

@@ -132,6 +132,31 @@ def test_hybrid_sync_waits_for_its_parameter_only():
     assert owner.num_pending == 7
 
 
+def test_paddles_insert_sync_waits_for_the_parameter_before_it_sends(monkeypatch):
+    """The edit of ``HybridParallelOptimizer._insert_sync`` as applied: a
+    parameter still pending (not in the lead) is waited, then Paddle's own
+    body broadcasts it over the model-parallel group."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer import (
+        hybrid_parallel_optimizer as hpo,
+    )
+
+    model = Chain()
+    owner, comm = make_owner(model)
+    weight = model.b.weight  # a reference, as the optimizer's list holds (an attribute read waits)
+    agreed_launch(owner, comm, model)
+    sent = []
+    monkeypatch.setattr(
+        paddle.distributed, "broadcast",
+        lambda tensor, src, group, sync_op: sent.append((comm.name_of(tensor), src, group, sync_op))
+        or comm.events.append(("mp broadcast", comm.name_of(tensor))),
+    )
+    optimizer = object.__new__(hpo.HybridParallelOptimizer)  # only the method is used
+    optimizer._insert_sync(weight, 3, "mp group", "broadcast")
+    assert comm.take() == [("wait", "b.weight"), ("mp broadcast", "b.weight")]
+    assert sent == [("b.weight", 3, "mp group", True)]
+    assert owner.stats["waited_for_hybrid_sync"] == 1 and owner.num_pending == 7
+
+
 def test_v2_plan_follows_rebuilt_buffers():
     model = Chain()
     buffers = chain_buffers(model)
