@@ -105,9 +105,14 @@ def run_collected(collect):
         if os.environ.get(PROBE_ENV):
             _record([{"probe": [json.loads(p[-1]) if p else None for p in probes]}])
         parts = [segments(log) for log in result.rank_logs]
-        _record([{"test": call["test"], "script": os.path.basename(call["script"]),
-                  "passed": passed_counts([p.get(os.path.basename(call["script"]), "") for p in parts])}
-                 for call in group])
+        entries = []
+        for call in group:
+            logs = [p.get(os.path.basename(call["script"]), "") for p in parts]
+            called = [re.findall(r"^=== cases called (.*)$", log, re.M) for log in logs]
+            entries.append({"test": call["test"], "script": os.path.basename(call["script"]),
+                            "passed": passed_counts(logs),
+                            "called": [c[-1].split(",") if c and c[-1] else [] for c in called]})
+        _record(entries)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ For the running Paddle's version (the runner runs this once per version) this te
 Not part of the patch: this checks the patch itself.
 """
 
+import ast
 import json
 import os
 import re
@@ -148,6 +149,12 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         self.assertEqual(sorted({r["script"] for r in ran}), scripts, f"{what}: the per-rank scripts launched")
         for launch in ran:
             self.assertTrue(all(launch["passed"]), f"{what}: {launch}")
+            # every case the script defines ran on every rank (bf16: GPU only, its driver skips it here)
+            with open(os.path.join(tree, FLEET, launch["script"])) as f:
+                defined = {n.name for n in ast.parse(f.read()).body
+                           if isinstance(n, ast.FunctionDef) and n.name.startswith("case_")} - {"case_bf16"}
+            for rank, called in enumerate(launch["called"]):
+                self.assertEqual(defined - set(called), set(), f"{what}: {launch['script']} rank {rank}: cases not run")
         return launches
 
     def test_series_applies_pr_by_pr_and_the_tests_pass_after_each(self):
