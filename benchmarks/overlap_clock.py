@@ -11,7 +11,7 @@ schedule on one in-order stream without contention exposes less) and the modelle
 numbers on any machine.
 
     python benchmarks/overlap_clock.py                       # ~5 min on 2 cores
-    python benchmarks/overlap_clock.py --plot docs/img/overlap_clock.png
+    python benchmarks/overlap_clock.py --plot /tmp/overlap_clock.png   # docs/img/overlap_clock.png is this figure
     python benchmarks/overlap_clock.py --standins            # the stand-ins replayed, model vs measured
 """
 
@@ -24,8 +24,11 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "test", "collective", "fleet"))
+ROOT = os.path.dirname(HERE)
+# this folder, the cases module (test/collective/fleet) and the test-only CPU shim it imports
+# (tools/collective, its one home): for this process and the ranks it launches, which run this file
+PATHS = (HERE, os.path.join(ROOT, "test", "collective", "fleet"), os.path.join(ROOT, "tools", "collective"))
+sys.path[:0] = [p for p in PATHS if p not in sys.path]
 
 import bench_common  # noqa: E402,F401  (one math thread per rank, before paddle)
 import paddle_overlay  # noqa: E402
@@ -205,6 +208,11 @@ def main():
     args = ap.parse_args()
     if args.steps < 3:
         ap.error("--steps must be >= 3 (step 1 records the order; the last two are compared)")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (asked before minutes of measuring, not after)
+        except ImportError:
+            ap.error("--plot needs matplotlib: pip install .[bench] (or leave --plot out)")
     paddle_overlay.apply()
     if args.rank_run:
         return rank_main(args)

@@ -994,11 +994,18 @@ def format_files(files, formatter):
     """``files`` ({tree path: text}) with every ``.py`` file formatted as ``formatter`` (``ruff``: ruff's
     import sorting and formatter with Paddle 3.x's settings; ``black``: ruff's import sorting and black
     with Paddle 2.6's), the others as they are. The same texts are formatted once per process."""
-    python = {rel: text for rel, text in files.items() if rel.endswith(".py")}
-    if not python:
-        return dict(files)
-    out = dict(files)
-    out.update(_formatted(formatter, tuple(sorted(python.items()))))
+    return format_many([files], formatter)[0]
+
+
+def format_many(file_sets, formatter):
+    """:func:`format_files` of each of ``file_sets`` (a list of {tree path: text}), in one run of each tool."""
+    python = {f"{k}/{rel}": text for k, files in enumerate(file_sets) for rel, text in files.items()
+              if rel.endswith(".py")}
+    formatted = _formatted(formatter, tuple(sorted(python.items()))) if python else {}
+    out = [dict(files) for files in file_sets]
+    for key, text in formatted.items():
+        k, rel = key.split("/", 1)
+        out[int(k)][rel] = text
     return out
 
 
@@ -1030,10 +1037,10 @@ def _formatted(formatter, python):
 # --------------------------------------------------------------------------- the files of each PR
 
 
-def patched_files(tree, upto=None, report=None, formatter=None):
+def patched_files(tree, upto=None, report=None, formatter=None, formatted=True):
     """{path in ``tree``: new text} of every file the patch changes or adds as of PR ``upto`` (default: the
-    last), formatted with ``formatter`` (default: the tree's, :func:`formatter_for`); ``report`` (a list)
-    gets what was deleted as superseded. PatchError when a file to edit is missing or one to add exists
+    last), formatted with ``formatter`` (default: the tree's, :func:`formatter_for`; ``formatted=False``: not
+    formatted, for :func:`format_many`); ``report`` (a list) gets what was deleted as superseded. PatchError when a file to edit is missing or one to add exists
     already."""
     upto = len(PR_KEYS) - 1 if upto is None else upto
     for path in [overlay_path(m) for m, _ in SPLICED] + [overlay_path(m) for m in NEW_MODULES] + [
@@ -1098,7 +1105,7 @@ def patched_files(tree, upto=None, report=None, formatter=None):
         text = _read(listed)
         out[TREE_TESTSLIST] = text + ("" if text.endswith("\n") or not text else "\n") + "".join(
             r + "\n" for r in rows)
-    return format_files(out, formatter or formatter_for(tree))
+    return format_files(out, formatter or formatter_for(tree)) if formatted else out
 
 
 @functools.lru_cache(maxsize=256)
@@ -1175,10 +1182,10 @@ def _states(tree, formatter=None):
     states, deleted, before = [], [], set()
     for k in range(len(PR_KEYS)):
         report = []
-        states.append(patched_files(tree, k, report, formatter))
+        states.append(patched_files(tree, k, report, formatted=False))
         deleted.append([d for d in report if d not in before])
         before |= set(report)
-    return states, deleted
+    return format_many(states, formatter), deleted
 
 
 def make_patch(tree, description, version="<version>", formatter=None):

@@ -154,9 +154,9 @@ def test_every_pr_of_the_series_is_formatted_by_its_releases_formatter(version, 
     above, the edited modules' upstream lines are untouched by it)."""
     tree = wheel_tree(version, tmp_path)
     formatter = make_patch.FORMATTERS[version]
-    for k in range(len(make_patch.PR_KEYS)):
-        state = make_patch.patched_files(tree, k)
-        assert make_patch.format_files(state, formatter) == state, k
+    states = [make_patch.patched_files(tree, k) for k in range(len(make_patch.PR_KEYS))]
+    for k, (state, again) in enumerate(zip(states, make_patch.format_many(states, formatter))):
+        assert again == state, k
     assert sorted(make_patch.FORMATTERS) == ["2.6.2", "3.3.1"]
 
 
