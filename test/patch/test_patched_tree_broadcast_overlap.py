@@ -10,11 +10,12 @@ For the running Paddle's version (the runner runs this once per version) this te
    the commit changes python/ files, appends its rows to ``testslist.csv`` and adds new files only, its
    tree is the generated state k, the ranks import Paddle and the patched modules from a site folder built
    from the tree (links to the installed package, patched copies, and a ``paddle_overlay`` stub that fails
-   on import) with no ``_origin_`` method anywhere (``chained_scripts.probe``), and the drivers PR k adds (after the last PR: every
-   driver) run as Paddle's CI runs them (``python -m unittest`` in the tree's test folder,
+   on import) with no ``_origin_`` method anywhere (``chained_scripts.probe``), and the drivers of PRs 1..k
+   run as Paddle's CI runs them (``python -m unittest`` in the tree's test folder,
    ``PYTHONPATH=../..``): through the release's test base, which collects their per-rank scripts, then
    launched in one chained launch on 2 CPU ranks (``stand_in_launch.run_collected``), every script's
-   closing ``N passed`` line with N > 0 on every rank (a driver that ran nothing fails). The test-only
+   closing ``N passed`` line with N > 0 and every ``case_*`` function it defines run, on every rank (a
+   driver that ran nothing, or a case dropped from a script, fails). The test-only
    CPU shim is not part of the patch: the stand-in gives it to CPU ranks from outside;
 3. the committed single patch (``patches/paddle-v<version>-...patch``, 2.6.2): plain ``git apply``, the
    generated final state, and every driver passes the same way;
@@ -53,13 +54,10 @@ def module_of(rel):
     return rel[len("python/") : -len(".py")].replace("/", ".")
 
 
-def drivers_at(k, last=None):
-    """The drivers (test names) PR k+1 adds, and the per-rank scripts they name; every driver of PRs 1..k+1
-    when k is ``last`` (default: the series' last PR) or PR k+1 adds none."""
-    last = len(make_patch.PR_KEYS) - 1 if last is None else last
+def drivers_at(k):
+    """The drivers (test names) of PRs 1..k+1, and the per-rank scripts they name."""
     files = make_patch.test_files_at(k)
-    new = [n for n in files if n.startswith("test_") and (k == 0 or n not in make_patch.test_files_at(k - 1))]
-    drivers = sorted(n[:-3] for n in (files if k == last or not new else new) if n.startswith("test_"))
+    drivers = sorted(n[:-3] for n in files if n.startswith("test_"))
     scripts = set()
     for name in drivers:
         text = make_patch._read(os.path.join(make_patch.TEST_DIR, name + ".py"))
@@ -116,7 +114,7 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
                 self.assertFalse(info["overlay"])
 
     def run_drivers(self, tree, site, what, k, modules):
-        """Run the drivers :func:`drivers_at` ``k`` names as Paddle's CI does, in one ``python -m unittest`` in
+        """Run the drivers of PRs 1..k+1 as Paddle's CI does, in one ``python -m unittest`` in
         the tree's test folder, the stand-in test base collecting their per-rank scripts; then those scripts
         in one chained 2-rank launch (``stand_in_launch.run_collected``): each launched and passing cases on
         both ranks."""
