@@ -181,13 +181,21 @@ def pins(version):
 
 def ensure_venv(version, rebuild=False):
     """Python of ``.venv-test/paddle-VERSION``, made first if missing or stale (nothing is kept
-    of a build that failed or was interrupted). Raises SystemExit(1) when pip fails."""
+    of a build that failed or was interrupted). Stale: other pins, another ``pyproject.toml``, or built for
+    another checkout (its editable install would import that checkout's ``paddle_overlay``, e.g. a venv
+    linked from another worktree). Raises SystemExit(1) when pip fails or when a linked venv is stale."""
     venv = os.path.join(ROOT, ".venv-test", f"paddle-{version}")
     py, stamp = os.path.join(venv, "bin", "python"), os.path.join(venv, ".paddle-overlay-stamp")
-    want = f"{' '.join(pins(version))} | {hashlib.sha256(_read(os.path.join(ROOT, 'pyproject.toml')).encode()).hexdigest()[:16]}"
+    want = (f"{' '.join(pins(version))} | "
+            f"{hashlib.sha256(_read(os.path.join(ROOT, 'pyproject.toml')).encode()).hexdigest()[:16]} | {ROOT}")
     if not rebuild and os.access(py, os.X_OK) and os.path.isfile(stamp) and _read(stamp) == want:
         print(f"venv: reusing {venv}", file=sys.stderr)
         return py
+    linked = [p for p in (os.path.dirname(venv), venv) if os.path.islink(p)]
+    if linked and os.path.isfile(stamp):  # rebuilding would replace the other checkout's venv
+        sys.exit(f"error: {linked[0]} links to {os.path.realpath(linked[0])}, whose venv was built for another "
+                 f"checkout or other pins (its stamp: {_read(stamp)!r}; this checkout: {ROOT}): its editable "
+                 "install would test that checkout's paddle_overlay. Remove the link; each checkout makes its own.")
     tmp = os.path.join(ROOT, ".venv-test", f".paddle-{version}.partial-{os.getpid()}")
     print(f"venv: building {venv} (in {tmp}): {' '.join(pins(version))} and -e {ROOT}[test]", file=sys.stderr)
     try:  # built aside, moved into place when pip succeeded (its scripts name tmp: run `python -m`)

@@ -89,7 +89,7 @@ merge_coverage() {
 # ranks on 2 cores).
 examples_then_the_rest() {
   local rc=0
-  export PORT_RANGE=58000:64000
+  export PORT_RANGE=24500:26999
   bash tools/run_collective_tests.sh --paddle "$NEWEST" --exclude "$fleet|$harness|$patched" "${cov[@]}" \
     --run-dir "$REPORTS/runs-examples" --junit-xml "$REPORTS/junit-examples-$NEWEST.xml" || rc=$?
   bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$patched" --run-dir "$REPORTS/runs-patched" \
@@ -109,7 +109,10 @@ unit_tests() {
   return $rc
 }
 
-# Disjoint PORT_RANGEs (Paddle's launcher; default 35100:64000): side-by-side launches never share a port.
+# Disjoint PORT_RANGEs (Paddle's launcher picks its master port there; default 35100:64000): side-by-side
+# launches never share a port; and all below Linux's ephemeral range (32768-60999 by default), from which every
+# connection of the side-by-side ranks takes its local port (one took a launch's chosen port before it was
+# bound: "Bind network on IP_ANY:48078 failed").
 fleet='^test_dygraph_sharding_stage1_'
 harness='^test_collective_launch_fault_injection$'
 patched='^test_patched_tree_broadcast_overlap$'
@@ -127,22 +130,22 @@ venv_newest=$!
 start "venv $OLDEST" "$REPORTS/venv-$OLDEST.log" bash tools/run_collective_tests.sh --paddle "$OLDEST" --venv-only
 venv_oldest=$!
 if finish "$venv_newest"; then
-  start "collective $NEWEST" "$REPORTS/collective-$NEWEST.log" env PORT_RANGE=35100:44999 \
+  start "collective $NEWEST" "$REPORTS/collective-$NEWEST.log" env PORT_RANGE=20000:22999 \
     bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$fleet" --exclude "^($carried)\$" "${cov[@]}" --run-dir "$REPORTS/runs" \
     --junit-xml "$REPORTS/junit-collective-$NEWEST.xml"
   # the fault injection mostly waits (hangs, slow starts: wall time, little CPU), so a step of its own;
   # its ranks never apply the overlay: no coverage
-  start "fault injection $NEWEST" "$REPORTS/harness-$NEWEST.log" env PORT_RANGE=55000:57999 \
+  start "fault injection $NEWEST" "$REPORTS/harness-$NEWEST.log" env PORT_RANGE=23000:24499 \
     bash tools/run_collective_tests.sh --paddle "$NEWEST" -k "$harness" --run-dir "$REPORTS/runs-harness" \
     --junit-xml "$REPORTS/junit-harness-$NEWEST.xml"
   start "examples, patched tree, 8 ranks $NEWEST" "$REPORTS/examples-$NEWEST.log" examples_then_the_rest
   start "unit tests" "$REPORTS/unit.log" unit_tests
 fi
 if finish "$venv_oldest"; then
-  start "collective $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=45000:49999 \
+  start "collective $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=27000:29499 \
     bash tools/run_collective_tests.sh --paddle "$OLDEST" -k "$oldest" \
     --nproc 4 --run-dir "$REPORTS/runs" --junit-xml "$REPORTS/junit-collective-$OLDEST.xml"
-  start "patched tree $OLDEST" "$REPORTS/patched-$OLDEST.log" env PORT_RANGE=50000:54999 \
+  start "patched tree $OLDEST" "$REPORTS/patched-$OLDEST.log" env PORT_RANGE=29500:31999 \
     bash tools/run_collective_tests.sh --paddle "$OLDEST" -k "$patched" --run-dir "$REPORTS/runs-patched" \
     --junit-xml "$REPORTS/junit-patched-$OLDEST.xml"
 fi

@@ -16,6 +16,7 @@ reached, ends both nodes' process trees (every process carrying this test's mark
 import glob
 import math
 import os
+import random
 import re
 import shlex
 import signal
@@ -52,9 +53,18 @@ def is_node():
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now: from ``$PORT_RANGE`` (``LOW:HIGH``, as Paddle's launcher reads it; the suite sets
+    ranges below the ephemeral ports, which the ranks' own connections take) when set, else any."""
+    low, _, high = os.environ.get("PORT_RANGE", "").partition(":")
+    candidates = random.sample(range(int(low), int(high) + 1), 50) if high else [0]
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port in PORT_RANGE={os.environ['PORT_RANGE']}")
 
 
 def end_trees(marker, spare=(), grace=5.0):
