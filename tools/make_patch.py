@@ -1040,8 +1040,8 @@ def _formatted(formatter, python):
 def patched_files(tree, upto=None, report=None, formatter=None, formatted=True):
     """{path in ``tree``: new text} of every file the patch changes or adds as of PR ``upto`` (default: the
     last), formatted with ``formatter`` (default: the tree's, :func:`formatter_for`; ``formatted=False``: not
-    formatted, for :func:`format_many`); ``report`` (a list) gets what was deleted as superseded. PatchError when a file to edit is missing or one to add exists
-    already."""
+    formatted, for :func:`format_many`); ``report`` (a list) gets what was deleted as superseded. PatchError
+    when a file to edit is missing or one to add exists already."""
     upto = len(PR_KEYS) - 1 if upto is None else upto
     for path in [overlay_path(m) for m, _ in SPLICED] + [overlay_path(m) for m in NEW_MODULES] + [
             os.path.join(TEST_DIR, n) for n in TEST_FILES]:
@@ -1115,16 +1115,16 @@ def _spliced(*args):
     return text, tuple(deleted)
 
 
-_DELETED = {}
-
-
 def _superseded_deleted(text, deletions, class_name, rel):
-    # delete_superseded(), memoized the same way (``deletions`` is a dict: keyed by its repr)
-    key = (text, repr(deletions), class_name, rel)
-    if key not in _DELETED:
-        new, deleted = delete_superseded(text, deletions, class_name, rel)
-        _DELETED[key] = new, tuple(deleted)
-    return _DELETED[key]
+    # delete_superseded(), memoized the same way (``deletions``, a dict of "*" or entry lists, made hashable)
+    frozen = tuple((member, what if what == "*" else tuple(what)) for member, what in deletions.items())
+    return _superseded_deleted_frozen(text, frozen, class_name, rel)
+
+
+@functools.lru_cache(maxsize=256)
+def _superseded_deleted_frozen(text, frozen, class_name, rel):
+    text, deleted = delete_superseded(text, dict(frozen), class_name, rel)
+    return text, tuple(deleted)
 
 
 def banned_in(patch):

@@ -117,9 +117,9 @@ fleet='^test_dygraph_sharding_stage1_'
 harness='^test_collective_launch_fault_injection$'
 patched='^test_patched_tree_broadcast_overlap$'
 scale='^test_dygraph_sharding_stage1_param_sync_overlap_scale$'  # 8 ranks, newest release only, no coverage
-# the series' drivers (tools/patch_series.py) run in the patched tree of both releases, so not as overlay rows
-carried=$(python3 -c 'import sys; sys.path.insert(0, "tools"); import patch_series
-print("|".join(sorted(p.rsplit("/", 1)[1][:-3] for pr in patch_series.PRS for p in pr["files"] if "/test_" in p)))')
+# the series' drivers (make_patch.TEST_FILES) run in the patched tree of both releases, so not as overlay rows
+carried=$(python3 -c 'import sys; sys.path.insert(0, "tools"); import make_patch
+print("|".join(sorted(n[:-3] for n in make_patch.TEST_FILES if n.startswith("test_"))))')
 # the oldest release's overlay rows: what every release must show with the overlay applied (V1 through the
 # catalogue and the hybrid topologies, V2's release-specific edits, the hooks PADDLE_OVERLAY=overlap
 # installs, the race checker's operator entry points); docs/harness.md, "Which rows run where"

@@ -56,7 +56,8 @@ def free_port():
     """A port free now: from ``$PORT_RANGE`` (``LOW:HIGH``, as Paddle's launcher reads it; the suite sets
     ranges below the ephemeral ports, which the ranks' own connections take) when set, else any."""
     low, _, high = os.environ.get("PORT_RANGE", "").partition(":")
-    candidates = random.sample(range(int(low), int(high) + 1), 50) if high else [0]
+    ports = range(int(low), int(high) + 1) if high else range(0)
+    candidates = random.sample(ports, min(50, len(ports))) if high else [0]
     for port in candidates:
         with socket.socket() as s:
             try:

@@ -101,8 +101,8 @@ def run_collected(collect):
         env = _launch_env(group[0]["allocator_strategy"], group[0]["need_envs"])
         env[f"{COLLECT_ENV}_SCRIPTS"] = os.pathsep.join(call["script"] for call in group)
         result = launch_collective(CHAIN, nproc=2, env=env)
-        probes = [re.findall(r"^=== probe (.*)$", log, re.M) for log in result.rank_logs]
         if os.environ.get(PROBE_ENV):
+            probes = [re.findall(r"^=== probe (.*)$", log, re.M) for log in result.rank_logs]
             _record([{"probe": [json.loads(p[-1]) if p else None for p in probes]}])
         parts = [segments(log) for log in result.rank_logs]
         entries = []

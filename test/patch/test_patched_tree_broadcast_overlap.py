@@ -143,9 +143,9 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, f"{what}: the drivers' scripts fail:\n{(proc.stdout + proc.stderr)[-6000:]}")
         with open(record) as f:
             launches = [json.loads(line) for line in f]
-        ran = [r for r in launches if "script" in r]
-        self.assertEqual(sorted({r["script"] for r in ran}), scripts, f"{what}: the per-rank scripts launched")
-        for launch in ran:
+        script_runs = [r for r in launches if "script" in r]
+        self.assertEqual(sorted({r["script"] for r in script_runs}), scripts, f"{what}: the per-rank scripts launched")
+        for launch in script_runs:
             self.assertTrue(all(launch["passed"]), f"{what}: {launch}")
             # every case the script defines ran on every rank (bf16: GPU only, its driver skips it here)
             with open(os.path.join(tree, FLEET, launch["script"])) as f:
