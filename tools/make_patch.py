@@ -225,7 +225,14 @@ def text_at(text, path, upto):
 
 def source_at(path, upto):
     """The text of a source file (absolute path) as of PR ``upto``, or None before its first PR."""
-    return text_at(_read(path), os.path.relpath(path, ROOT), upto)
+    return _checkout_text_at(_read(path), os.path.relpath(path, ROOT), upto)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checkout_text_at(text, path, upto):
+    # text_at of this checkout's files, memoized (a pure function of its arguments and of the manifest, which
+    # is fixed within a process): the states of the series ask for each file many times
+    return text_at(text, path, upto)
 # --------------------------------------------------------------------------- release flags
 
 def _has_prepend(tree):
@@ -999,13 +1006,18 @@ def format_files(files, formatter):
 
 def format_many(file_sets, formatter):
     """:func:`format_files` of each of ``file_sets`` (a list of {tree path: text}), in one run of each tool."""
-    python = {f"{k}/{rel}": text for k, files in enumerate(file_sets) for rel, text in files.items()
-              if rel.endswith(".py")}
+    first = {}  # (path, text) -> the first set that has it: a file the same in several states is formatted once
+    for k, files in enumerate(file_sets):
+        for rel, text in files.items():
+            if rel.endswith(".py"):
+                first.setdefault((rel, text), k)
+    python = {f"{k}/{rel}": text for (rel, text), k in first.items()}
     formatted = _formatted(formatter, tuple(sorted(python.items()))) if python else {}
     out = [dict(files) for files in file_sets]
-    for key, text in formatted.items():
-        k, rel = key.split("/", 1)
-        out[int(k)][rel] = text
+    for files in out:
+        for rel, text in files.items():
+            if rel.endswith(".py"):
+                files[rel] = formatted[f"{first[rel, text]}/{rel}"]
     return out
 
 

@@ -958,24 +958,22 @@ def test_upstream_call_form_of_set_broadcast_overlap_still_fits(version, tmp_pat
         assert len(fn.args.args) - len(fn.args.defaults) <= 2, class_name
 
 
-def test_cli_writes_the_series_and_the_patch(tmp_path):
+def test_cli_writes_the_series_and_the_patch(tmp_path, capsys):
+    """``main`` in this process (the generation memoized above is reused); the script itself once, on a refusal."""
     wheel_package("2.6.2")
     venv = os.path.join(ROOT, ".venv-test", "paddle-2.6.2")
     tool = os.path.join(ROOT, "tools", "make_patch.py")
     out = tmp_path / "p.patch"
-    proc = subprocess.run([sys.executable, tool, "--from-wheel", venv, "--version", "2.6.2", "--out", str(out)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    assert make_patch.main(["--from-wheel", venv, "--version", "2.6.2", "--out", str(out)]) == 0
     assert out.read_text(encoding="utf-8") == make_patch._read(make_patch.patch_path("2.6.2"))
-    proc = subprocess.run([sys.executable, tool, "--from-wheel", venv, "--series", str(tmp_path / "s"),
-                           "--author", "Jane Doe <jane@example.com>"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    argv = ["--from-wheel", venv, "--series", str(tmp_path / "s"), "--author", "Jane Doe <jane@example.com>"]
+    assert make_patch.main(argv) == 0
     names = sorted(os.listdir(tmp_path / "s"))
     assert len(names) == len(make_patch.PR_KEYS) - 1  # 2.6 has no upstream overlap: no cleanup PR
     assert all("From: Jane Doe <jane@example.com>" in (tmp_path / "s" / n).read_text() for n in names)
-    bad = subprocess.run([sys.executable, tool, "--from-wheel", venv, "--version", "3.3.1"], capture_output=True,
-                         text=True)
-    assert bad.returncode == 2 and "is Paddle 2.6.2, not 3.3.1" in bad.stderr
+    capsys.readouterr()
+    assert make_patch.main(["--from-wheel", venv, "--version", "3.3.1"]) == 2
+    assert "is Paddle 2.6.2, not 3.3.1" in capsys.readouterr().err
     bad = subprocess.run([sys.executable, tool, "--from-wheel", venv, "--author", "nobody"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "--author" in bad.stderr
