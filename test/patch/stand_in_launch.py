@@ -7,7 +7,8 @@ Two ways, chosen by the environment:
 
 - ``$PATCHED_TREE_COLLECT`` set (a file): the driver's call is recorded there (its test, the script, the
   launch settings) and nothing is launched; ``python stand_in_launch.py`` then launches every recorded
-  script of one setting in one 2-rank launch (:mod:`chained_scripts`: the scripts one after the other in
+  script of one setting in one 2-rank launch (``python stand_in_launch.py DRIVER...`` runs the drivers
+  that record them first, in the same process: one Paddle import for both) (:mod:`chained_scripts`: the scripts one after the other in
   each rank's process), so a PR's drivers cost one Paddle start-up per rank instead of one per driver;
   with ``$PATCHED_TREE_PROBE_MODULES`` each such launch also records what its ranks imported
   (``{"probe": [rank 0's, rank 1's]}``, :func:`chained_scripts.probe`);
@@ -22,6 +23,7 @@ import json
 import os
 import re
 import sys
+import unittest
 
 from collective_launch import launch_collective
 
@@ -32,6 +34,7 @@ RECORD_ENV = "PATCHED_TREE_RECORD"
 COLLECT_ENV = "PATCHED_TREE_COLLECT"
 PROBE_ENV = "PATCHED_TREE_PROBE_MODULES"  # chained_scripts.probe's modules: recorded as {"probe": per rank}
 CHAIN = os.path.join(HERE, "chained_scripts.py")
+DRIVERS_FAILED = 3  # collect_and_launch's exit code when a driver failed
 
 
 def _script(test_case, target_file_name):
@@ -115,5 +118,17 @@ def run_collected(collect):
         _record(entries)
 
 
-if __name__ == "__main__":
+def collect_and_launch(drivers):
+    """``python -m unittest -v DRIVER...`` in this process with ``$PATCHED_TREE_COLLECT`` set (the drivers'
+    calls recorded, nothing launched), then :func:`run_collected`: one Paddle import for both. Exit code 0,
+    :data:`DRIVERS_FAILED` when a driver failed (nothing launched), 1 when a launch failed."""
+    sys.path.insert(0, os.getcwd())  # as `python -m` puts it first: the drivers are imported from there
+    program = unittest.main(module=None, argv=["python -m unittest", "-v", *drivers], exit=False)
+    if not program.result.wasSuccessful():
+        return DRIVERS_FAILED
     run_collected(os.environ[COLLECT_ENV])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(collect_and_launch(sys.argv[1:]) if len(sys.argv) > 1 else run_collected(os.environ[COLLECT_ENV]))

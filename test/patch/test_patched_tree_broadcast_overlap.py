@@ -13,7 +13,8 @@ For the running Paddle's version (the runner runs this once per version) this te
    on import) with no ``_origin_`` method anywhere (``chained_scripts.probe``), and the drivers of PRs 1..k
    run as Paddle's CI runs them (``python -m unittest`` in the tree's test folder,
    ``PYTHONPATH=../..``): through the release's test base, which collects their per-rank scripts, then
-   launched in one chained launch on 2 CPU ranks (``stand_in_launch.run_collected``), every script's
+   launched, in the same process, in one chained launch on 2 CPU ranks
+   (``stand_in_launch.collect_and_launch``), every script's
    closing ``N passed`` line with N > 0 and every ``case_*`` function it defines run, on every rank (a
    driver that ran nothing, or a case dropped from a script, fails). The test-only
    CPU shim is not part of the patch: the stand-in gives it to CPU ranks from outside;
@@ -36,6 +37,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 import checkout_tree  # test/patch, on pytest's pythonpath (pyproject.toml)
+import stand_in_launch
 from checkout_tree import FLEET, make_patch
 
 STUB = '''raise ImportError(
@@ -114,10 +116,10 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
                 self.assertFalse(info["overlay"])
 
     def run_drivers(self, tree, site, what, k, modules):
-        """Run the drivers of PRs 1..k+1 as Paddle's CI does, in one ``python -m unittest`` in
-        the tree's test folder, the stand-in test base collecting their per-rank scripts; then those scripts
-        in one chained 2-rank launch (``stand_in_launch.run_collected``): each launched and passing cases on
-        both ranks."""
+        """Run the drivers of PRs 1..k+1 as Paddle's CI does (``python -m unittest``) in the tree's test
+        folder, the stand-in test base collecting their per-rank scripts; then, in the same process, those
+        scripts in one chained 2-rank launch (``stand_in_launch.collect_and_launch``): each launched and
+        passing cases on both ranks."""
         drivers, scripts = drivers_at(k)
         name = what.replace(" ", "-")
         record = os.path.join(self.work, f"launches-{name}.jsonl")
@@ -131,16 +133,15 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         path = [os.path.join(tree, "test"), site, HERE, os.path.join(ROOT, "tools", "collective")]
         env.update(PYTHONPATH=os.pathsep.join(path), PATCHED_TREE_RECORD=record, PATCHED_TREE_COLLECT=collect,
                    PATCHED_TREE_PROBE_MODULES=os.pathsep.join(modules), PADDLE_OVERLAY_RUN_DIR=os.path.join(self.work, "runs"))
-        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", *drivers], cwd=os.path.join(tree, FLEET),
-                              env=env, capture_output=True, text=True, timeout=600)
+        # the drivers as `python -m unittest -v` runs them, then their collected scripts, in one process
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "stand_in_launch.py"), *drivers],
+                              cwd=os.path.join(tree, FLEET), env=env, capture_output=True, text=True, timeout=1200)
         output = proc.stdout + proc.stderr
-        self.assertEqual(proc.returncode, 0, f"{what}: the drivers fail:\n{output[-6000:]}")
+        self.assertNotEqual(proc.returncode, stand_in_launch.DRIVERS_FAILED, f"{what}: the drivers fail:\n{output[-6000:]}")
         ran = re.search(r"^Ran (\d+) tests?", output, re.M)
         skipped = re.search(r"^OK \(skipped=(\d+)\)", output, re.M)
         self.assertTrue(ran and int(ran.group(1)) - int(skipped.group(1) if skipped else 0) >= len(drivers), output)
-        proc = subprocess.run([sys.executable, os.path.join(HERE, "stand_in_launch.py")], cwd=os.path.join(tree, FLEET),
-                              env=env, capture_output=True, text=True, timeout=1200)
-        self.assertEqual(proc.returncode, 0, f"{what}: the drivers' scripts fail:\n{(proc.stdout + proc.stderr)[-6000:]}")
+        self.assertEqual(proc.returncode, 0, f"{what}: the drivers' scripts fail:\n{output[-6000:]}")
         with open(record) as f:
             launches = [json.loads(line) for line in f]
         script_runs = [r for r in launches if "script" in r]
