@@ -24,7 +24,7 @@ from paddle import nn
 IMPL = os.environ.get("ALLGATHER_OVERLAP_IMPL", "product")
 
 # Paddle's notices for what these cases do on purpose (see run_cases):
-PADDLE_NOTICES = (
+NOTICES = (
     # bf16 weights trained by SGD without multi_precision (no CPU bf16 AdamW)
     r"^Accumulating with FP16/BF16 in optimizer",
     # paddle.jit.to_static (PIR) reads .place (Value on 3.2, Tensor on 3.3)
@@ -514,5 +514,5 @@ def case_bad_arguments_refused_before_any_change():
 
 if __name__ == "__main__":
     # the product must not warn; Paddle's own overlap may
-    allowed = PADDLE_NOTICES if IMPL == "product" else (".",)
+    allowed = NOTICES if IMPL == "product" else (".",)
     sys.exit(cases.run_cases(cases.cases_of(globals()), init_fleet, allowed))

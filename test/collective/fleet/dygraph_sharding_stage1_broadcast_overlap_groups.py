@@ -19,8 +19,8 @@ import sharding_cases as cases
 
 
 def load_groups(text):
-    """[(label, {case: function}, names)] of the groups in ``text``, and the fleet init they share; raises ValueError on a
-    bad group."""
+    """[(label, {case: function}, names, notices)] of the groups in ``text``, and the fleet init they share; raises
+    ValueError on a bad group. ``notices``: the script's ``NOTICES``, regexes of warnings its cases may raise."""
     groups, inits = [], set()
     for script, wanted, *env in json.loads(text):
         if not script.endswith(".py"):
@@ -34,7 +34,7 @@ def load_groups(text):
         unknown = [n for n in names if n not in found]
         if unknown:
             raise ValueError(f"{script}: unknown cases {unknown}; known: {sorted(found)}")
-        groups.append((label, found, names))
+        groups.append((label, found, names, getattr(module, "NOTICES", ())))
     if len(inits) != 1:
         raise ValueError(f"the groups need {len(inits)} different fleet set-ups: one launch each")
     return groups, inits.pop()
@@ -57,10 +57,10 @@ def main():
         return 2
     init()
     failed, total = [], 0
-    for label, found, names in groups:
+    for label, found, names, notices in groups:
         print(f"GROUP {label}: {len(names)} case(s)", flush=True)
         total += len(names)
-        failed += cases.run_named(found, names, f"{label}/")
+        failed += cases.run_named(found, names, f"{label}/", notices=notices)
     print(f"{total - len(failed)} passed, {len(failed)} failed: {failed}")
     return 1 if failed else 0
 

@@ -37,7 +37,10 @@ def results(folder):
     return found
 
 
-class TestDygraphShardingStage1AutoOverlap(unittest.TestCase):
+class AutoOverlapLaunches(unittest.TestCase):
+    """Both launches of a topology and their comparison (this row's and the
+    pipeline row's, test_dygraph_sharding_stage1_auto_overlap_pipeline)."""
+
     def launch_both(self, topology, nproc):
         """Both launches of ``topology``; returns {setting: results}."""
         out = {}
@@ -70,14 +73,13 @@ class TestDygraphShardingStage1AutoOverlap(unittest.TestCase):
                 self.assertTrue(on[name], name)
                 print(f"{name}: {on[name]}")
 
+
+
+class TestDygraphShardingStage1AutoOverlap(AutoOverlapLaunches):
     def test_two_ranks(self):
         # V1 and V2 scripts (model or optimizer first), an ERNIE-style HybridParallelOptimizer
         # subclass built directly, a PaddleFormers-style _wrap_model, the refused and off cases
         self.check(self.launch_both("sharding2", 2), 2)
-
-    def test_pipeline_four_ranks(self):
-        # pp2 x sharding2: fleet.distributed_model's PipelineParallel, train_batch
-        self.check(self.launch_both("pp2_sharding2", 4), 4)
 
 
 if __name__ == "__main__":
