@@ -93,14 +93,10 @@ examples_patched_tree_8_ranks() {
     --nproc 8 --run-dir "$REPORTS/runs-examples" --junit-xml "$REPORTS/junit-examples-$NEWEST.xml"
 }
 
-# test/unit with coverage (tools/coveragerc follows what it starts); test/tools and benchmarks,
-# which run none of paddle_overlay, without.
+# test/unit with coverage (tools/coveragerc follows what it starts)
 unit_tests() {
-  local rc=0
   COVERAGE_FILE="$PWD/$REPORTS/unit/coverage/.coverage" "$py" -m coverage run --rcfile=tools/coveragerc \
-    -m pytest -q -rfEs -p no:cacheprovider --junit-xml "$REPORTS/junit-unit.xml" test/unit || rc=$?
-  "$py" -m pytest -q -rfEs -p no:cacheprovider --junit-xml "$REPORTS/junit-tools.xml" test/tools benchmarks || rc=$?
-  return $rc
+    -m pytest -q -rfEs -p no:cacheprovider --junit-xml "$REPORTS/junit-unit.xml" test/unit
 }
 
 # Disjoint PORT_RANGEs (Paddle's launcher picks its master port there; default 35100:64000): side-by-side
@@ -134,6 +130,9 @@ if finish "$venv_newest"; then
     --junit-xml "$REPORTS/junit-harness-$NEWEST.xml"
   start "examples, patched tree, 8 ranks $NEWEST" "$REPORTS/examples-$NEWEST.log" examples_patched_tree_8_ranks
   start "unit tests" "$REPORTS/unit.log" unit_tests
+  # test/tools and benchmarks run none of paddle_overlay: without coverage, a step of their own
+  start "tools tests" "$REPORTS/tools.log" "$py" -m pytest -q -rfEs -p no:cacheprovider \
+    --junit-xml "$REPORTS/junit-tools.xml" test/tools benchmarks
 fi
 if finish "$venv_oldest"; then
   start "collective $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=27000:29499 \
