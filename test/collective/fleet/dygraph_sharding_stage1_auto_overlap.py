@@ -2,14 +2,15 @@
 """Per-rank script: ``PADDLE_OVERLAY=overlap`` on training code that never calls the overlap's switch
 (``paddle_overlay/auto_overlap.py``; overlay only, never in the patches).
 
-The driver (``test_dygraph_sharding_stage1_auto_overlap.py``) launches this same script twice per topology: with
-``PADDLE_OVERLAY=1`` (the overlay applied, nothing turns the overlap on: every case's baseline, which asserts that no
-overlap owner exists and that nothing printed an overlap line) and with ``PADDLE_OVERLAY=overlap``. Each case writes its
-losses and final parameters (``<case>.rank<r>.npz``) and the overlap lines it printed (``<case>.rank<r>.lines.json``)
-under env ``AUTO_OVERLAP_RESULTS``; the driver requires every case bitwise equal across the two launches.
+Launched with ``PADDLE_OVERLAY=overlap`` (the driver: ``test_dygraph_sharding_stage1_auto_overlap.py``). Each case
+runs its training twice in this process, from the same weights and data: first with the overlay as
+``PADDLE_OVERLAY=1`` applies it (``paddle_overlay.remove()``, then ``apply()`` without the setting: nothing turns the
+overlap on; the baseline, which asserts that no overlap owner exists and that nothing printed an overlap line), then
+as ``PADDLE_OVERLAY=overlap`` applies it (``remove()``, ``apply()`` with the setting); the two runs' losses and final
+parameters must be bitwise equal.
 
-With ``overlap`` each case also checks, on each rank: the exact line printed for its optimizer; where the overlap is on,
-the owner's switch, the agreed order equal to the order the first forward used the parameters, its units waited by
+With the setting each case also checks, on each rank: the exact line printed for its optimizer; where the overlap is
+on, the owner's switch, the agreed order equal to the order the first forward used the parameters, its units waited by
 forward pre-hooks (``waited_in_forward`` > 0, none out of order; a lost-overlap warning fails the case) and the wait
 checker's verdict (no read of a pending sync, every sync started inside ``step()``); where it is off, that no owner
 exists.
@@ -19,12 +20,13 @@ Env ``AUTO_OVERLAP_TOPOLOGY``: ``sharding2`` (2 ranks; default) or ``pp2_shardin
 import contextlib
 import io
 import itertools
-import json
 import os
 import sys
+import unittest.mock
 
 import hybrid_parallel_cpu_shim
 import numpy as np
+import paddle_overlay
 import sharding_cases as cases
 from param_sync_checker import ParamSyncWaitChecker
 
@@ -36,8 +38,7 @@ from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding
 )
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import HybridParallelOptimizer
 
-AUTO = os.environ["PADDLE_OVERLAY"] == "overlap"
-RESULTS = os.environ["AUTO_OVERLAP_RESULTS"]
+AUTO = False  # whether the overlay is applied with PADDLE_OVERLAY=overlap's setting now (applied_as)
 PIPELINE = os.environ.get("AUTO_OVERLAP_TOPOLOGY", "sharding2") == "pp2_sharding2"
 STEPS = 3
 SETTING = "turned on by PADDLE_OVERLAY=overlap as"
@@ -48,8 +49,29 @@ GRADIENT_NOTE = (
     "during backward; PaddleFormers --stage1_overlap, PaddleNLP --sharding_parallel_config "
     "enable_stage1_overlap), not this parameter sync."
 )
-BUILT = itertools.count(1)  # sharding stage 1 optimizers this process built: the lines' "#n"
+BUILT = itertools.count(1)  # sharding stage 1 optimizers built since the overlay was applied: the lines' "#n"
 SERIAL = {}  # id(sharding optimizer) -> its "#n"
+
+
+@contextlib.contextmanager
+def applied_as(setting):
+    """The overlay applied as ``PADDLE_OVERLAY=<setting>`` applies it at start-up (``1``: without auto_overlap,
+    ``overlap``: with it): ``paddle_overlay.remove()``, then ``apply()`` with the variable set. The optimizers built
+    under it count their "#n" from 1, as the product's lines do (``remove()`` forgets its records); those trained
+    under it (the list it yields) have their overlap turned off at its end."""
+    global AUTO, BUILT
+    paddle_overlay.remove()
+    with unittest.mock.patch.dict(os.environ, {"PADDLE_OVERLAY": setting}):
+        paddle_overlay.apply()
+    AUTO, BUILT = setting == "overlap", itertools.count(1)
+    built = []  # the optimizers trained under it
+    yield built
+    for opt in built:  # remove() refuses while an overlap is on (a pipeline keeps its optimizer alive)
+        if cases.overlap_impl(opt) is not None:
+            if isinstance(cases.sharding_optimizer(opt), DygraphShardingOptimizerV2):
+                opt._set_all_gather_overlap_forward(False)
+            else:
+                opt._set_broadcast_overlap(False)
 
 
 # ----------------------------------------------------------------------
@@ -105,13 +127,27 @@ class Case:
         self.train_step = train_step or lm_step
         self.baseline_on = baseline_on
 
-    def __call__(self, name):
+    def __call__(self):
+        """The baseline, then the setting; bitwise-equal losses and final parameters."""
+        with applied_as("1") as built:
+            base = self.run(built)
+        with applied_as("overlap") as built:
+            on = self.run(built)
+        assert sorted(base) == sorted(on), (sorted(base), sorted(on))
+        for key, a in base.items():
+            b = on[key]
+            assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), key
+
+    def run(self, built):
+        """One training run with the overlay as it is applied now, its optimizer appended to ``built``; returns
+        {"losses" or "param/<name>": array}."""
         printed = io.StringIO()
         with contextlib.ExitStack() as stack:
             stack.enter_context(contextlib.redirect_stderr(Tee(printed)))
             checker = stack.enter_context(ParamSyncWaitChecker()) if AUTO and self.on else None
             raw, model, opt = self.build()
             SERIAL[id(cases.sharding_optimizer(opt))] = next(BUILT)
+            built.append(opt)
             if checker is not None:
                 checker.watch(model, opt)
             losses = [self.train_step(model, opt, step) for step in range(STEPS)]
@@ -119,14 +155,14 @@ class Case:
             stats = None if impl is None else dict(impl.stats)  # before the final read waits
             params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
         lines = [l for l in printed.getvalue().splitlines() if l.startswith("paddle_overlay: rank")]
-        save(name, losses, params, lines)
+        results = {"losses": np.stack(losses), **{"param/" + k: v for k, v in params.items()}}
         if not AUTO:
             assert (impl is not None) == self.baseline_on and lines == [], (impl, lines)
-            return
+            return results
         assert lines == self.expect(opt, model), f"\n{lines}\n!=\n{self.expect(opt, model)}"
         if not self.on:
             assert impl is None, impl
-            return
+            return results
         assert impl.order == raw.first_use.order(cases.optimizer_parameters(opt)), impl.order
         # every unit of every step but the last waited by the forward pre-hook that needs it
         waited = sum(v for k, v in stats.items() if k.startswith("waited_") and k != "waited_out_of_order")
@@ -135,7 +171,8 @@ class Case:
         assert checker.violations == [] and checker.outside_step == [], (checker.violations, checker.outside_step)
         assert checker.counts["launched"] > 0, checker.counts
         units = len(impl.units)
-        print(f"rank {cases.rank()} {name}: stats {stats}, units {units}, checker {checker.counts}", flush=True)
+        print(f"rank {cases.rank()}: {lines}, stats {stats}, units {units}, checker {checker.counts}", flush=True)
+        return results
 
 
 class Tee(io.TextIOBase):
@@ -150,13 +187,6 @@ class Tee(io.TextIOBase):
 
     def flush(self):
         self.real.flush()
-
-
-def save(name, losses, params, lines):
-    base = os.path.join(RESULTS, f"{name}.rank{cases.rank()}")
-    np.savez(base + ".npz", losses=np.stack(losses), **{"param/" + k: v for k, v in params.items()})
-    with open(base + ".lines.json", "w") as f:
-        json.dump(lines, f)
 
 
 def lm_step(model, opt, step):
@@ -378,5 +408,4 @@ NOTICES = (r"^Current global rank \d+ is not in group ",)
 
 if __name__ == "__main__":
     chosen = PIPELINE_CASES if PIPELINE else CASES
-    named = {name: (lambda n=name: chosen[n](n)) for name in chosen}
-    sys.exit(cases.run_cases(named, init=init, notices=NOTICES))
+    sys.exit(cases.run_cases(chosen, init=init, notices=NOTICES))
