@@ -134,13 +134,10 @@ if finish "$venv_newest"; then
   start "tools tests" "$REPORTS/tools.log" "$py" -m pytest -q -rfEs -p no:cacheprovider \
     --junit-xml "$REPORTS/junit-tools.xml" test/tools benchmarks
 fi
-if finish "$venv_oldest"; then
-  start "collective $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=27000:29499 \
-    bash tools/run_collective_tests.sh --paddle "$OLDEST" -k "$oldest" \
+if finish "$venv_oldest"; then  # its overlay rows and its patched tree (the single patch), one session
+  start "collective, patched tree $OLDEST" "$REPORTS/collective-$OLDEST.log" env PORT_RANGE=27000:31999 \
+    bash tools/run_collective_tests.sh --paddle "$OLDEST" -k "$oldest|$patched" \
     --nproc 4 --run-dir "$REPORTS/runs" --junit-xml "$REPORTS/junit-collective-$OLDEST.xml"
-  start "patched tree $OLDEST" "$REPORTS/patched-$OLDEST.log" env PORT_RANGE=29500:31999 \
-    bash tools/run_collective_tests.sh --paddle "$OLDEST" -k "$patched" --run-dir "$REPORTS/runs-patched" \
-    --junit-xml "$REPORTS/junit-patched-$OLDEST.xml"
 fi
 finish
 if [[ -x "$py" ]]; then
