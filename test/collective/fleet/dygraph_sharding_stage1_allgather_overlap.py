@@ -369,7 +369,7 @@ def case_gather_order_follows_forward():
     checker, on = compare(MixedLM, optimizer=cases.sgd, prepare=record_first_use)
     where = buffer_of(on.opt)
     launched = [min(where[p.name] for p in t.params) for t in checker.gather_log]
-    same_on_ranks = cases.all_ranks_equal([len(launched), zlib.crc32(repr(launched).encode())])
+    same_on_ranks = cases.equal_in_group([len(launched), zlib.crc32(repr(launched).encode())])
     n = len(first_use)
     # one gather per buffer per step (the last step's may be cut short by the final forward): check each full step
     per_step = [launched[i : i + n] for i in range(0, n * STEPS, n)]

@@ -114,7 +114,7 @@ def assert_launched_per_bucket(checker, opt):
     launched = checker.counts["launched"]
     assert launched == STEPS * len(specs), (launched, len(specs))
     layout = [v for s in specs for v in (s.src, s.length, *s.offsets, *s.numels)]
-    assert cases.all_ranks_equal(layout), layout
+    assert cases.equal_in_group(layout), layout
     return specs
 
 
@@ -367,7 +367,7 @@ def case_checkpoint_across_bucket_modes():
         assert bucket_of(opt, handed[0]) is not None
         assert_views_of_buffers(opt)
         stats = [impl.stats["launched"], len(impl.units)]
-        assert cases.all_ranks_equal(stats), stats
+        assert cases.equal_in_group(stats), stats
     assert shapes[2 * KB] == shapes[None]
 
 
@@ -406,7 +406,7 @@ def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
             p, fresh = replaced[0]
             assert p.data_ptr() != fresh.data_ptr()
         stats = [impl.stats["launched"], len(buckets(opt))]
-        assert cases.all_ranks_equal(stats), stats
+        assert cases.equal_in_group(stats), stats
         assert stats[0] == STEPS * len(impl.units), impl.stats
 
 
@@ -436,7 +436,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
         assert impl.stats["launched"] == 2 * len(impl.units), impl.stats
         assert impl.num_pending == 0
         # every rank refused it: the next collective still pairs up
-        assert cases.all_ranks_equal([1])
+        assert cases.equal_in_group([1])
         opt._set_broadcast_overlap(False)
         opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=cap)
         with ParamSyncWaitChecker() as checker:
@@ -445,7 +445,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
         assert checker.counts["launched"] > 0 and checker.num_unwaited() == 0
         for v in run.params.values():
             assert v.dtype == np.float64 and np.isfinite(v).all(), v.dtype
-        assert cases.all_ranks_equal(cases.digests(run.params))
+        assert cases.equal_in_group(cases.digests(run.params))
         assert {s.dtype for s in buckets(opt)} <= {"float64"}
         assert_views_of_buffers(opt)
         opt._set_broadcast_overlap(False)

@@ -517,10 +517,6 @@ def equal_in_group(values, group=None):
     return all(g.numpy().tolist() == list(values) for g in gathered)
 
 
-# True when the int list ``values`` is the same on every rank
-all_ranks_equal = equal_in_group
-
-
 @contextlib.contextmanager
 def hybrid_configs(section, optional=(), **fields):
     """Fields of fleet's ``strategy.hybrid_configs[section]`` (``"sharding_configs"``, ``"pp_configs"``) set for the block
@@ -608,7 +604,7 @@ class VariantLM(TinyLM):
 def assert_order_agreed(run):
     """The overlap of ``run`` (a :class:`Run`) agreed on one order, the same on every rank."""
     impl = overlap_impl(run.opt)
-    assert impl.order is not None and all_ranks_equal(impl.order)
+    assert impl.order is not None and equal_in_group(impl.order)
 
 
 # Warnings any case may raise without asserting on them: Paddle's own notices about its set-up, none about what the
