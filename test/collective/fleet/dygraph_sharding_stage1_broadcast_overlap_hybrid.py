@@ -88,9 +88,9 @@ def tied_head(emb, x):
     return paddle.matmul(x, emb.embedding_weight, transpose_y=True)
 
 
-def pipeline_model(tied, blocks=2):
-    """``blocks`` :class:`BlockPipe` s between the embedding and the head (``tied``: the embedding's weight,
-    :func:`tied_head`), 2 stages."""
+def pipeline_model(tied, blocks=2, last_block=BlockPipe):
+    """``blocks`` blocks, :class:`BlockPipe` s but the last, a ``last_block``, between the embedding and the head
+    (``tied``: the embedding's weight, :func:`tied_head`), 2 stages of as many layers (Paddle's "uniform" segments)."""
     from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
 
     if tied:
@@ -98,7 +98,7 @@ def pipeline_model(tied, blocks=2):
     else:
         first = LayerDesc(EmbPipe)
         last = LayerDesc(paddle.nn.Linear, HIDDEN, VOCAB)
-    descs = [first] + [LayerDesc(BlockPipe) for _ in range(blocks)] + [last]
+    descs = [first] + [LayerDesc(cls) for cls in [BlockPipe] * (blocks - 1) + [last_block]] + [last]
     paddle.seed(2026 + hcg().get_stage_id())
     return PipelineLayer(layers=descs, topology=hcg().topology(), loss_fn=cross_entropy)
 
@@ -322,13 +322,7 @@ class OwnerShiftPipe(paddle.nn.Layer):
 def owner_shift_pipeline():
     """Embedding (shared, ``SharedLayerDesc``) and a block on stage 0; :class:`OwnerShiftPipe` and the tied head on stage
     1."""
-    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
-
-    tied = functools.partial(pipeline_shared_desc, forward_func=tied_head)
-    descs = [pipeline_shared_desc(), LayerDesc(BlockPipe)]
-    descs += [LayerDesc(OwnerShiftPipe), tied()]
-    paddle.seed(2026 + hcg().get_stage_id())
-    return PipelineLayer(layers=descs, topology=hcg().topology(), loss_fn=cross_entropy, seg_method="uniform")
+    return pipeline_model(tied=True, last_block=OwnerShiftPipe)
 
 
 def pipeline_shared_desc(**kwargs):

@@ -14,7 +14,6 @@ import sharding_cases as cases
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
-from paddle.distributed import fleet
 
 TOPOLOGY = os.environ.get("PARAM_SYNC_SCALE_TOPOLOGY", "sharding8")
 DEGREES = {"sharding8": dict(sharding_degree=8), "pp2_sharding4": dict(pp_degree=2, sharding_degree=4)}
@@ -31,6 +30,7 @@ def init_fleet():
     world = paddle.distributed.get_world_size()
     assert world == 8, f"this script runs on 8 ranks, got {world}"
     cases.init_fleet(DEGREES[TOPOLOGY], micro_batch=BATCH // 2)
+    print(f"param sync scale: Paddle {paddle.__version__}, {TOPOLOGY}, {world} ranks", flush=True)
 
 
 def names_of(raw):
@@ -38,7 +38,7 @@ def names_of(raw):
 
 
 def sharding_group():
-    return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
+    return hybrid.hcg().get_sharding_parallel_group()
 
 
 # ----------------------------------------------------------------------
@@ -230,7 +230,7 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
 def case_pipeline_tied_embedding_head_buckets():
     """pp2 x sharding4 (4 blocks: every sharding rank owns parameters), V1 buckets, a tied embedding/head: the tied weight
     equal on both stages; the last stage's head waited on the attribute."""
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = hybrid.hcg()
 
     def tied_equal(run):  # collectives before compare_on_off's assertions
         params = cases.snapshot(run.model)
@@ -261,11 +261,7 @@ def case_pipeline_shared_weight_owners_differ_synced():
         assert not hasattr(hybrid.pp_strategy(), "sync_param")
         return
     with cases.pp_configs(sync_param=True):
-        hybrid.compare_hybrid_synced(
-            hybrid.owner_shift_pipeline,
-            lambda run: hybrid.shared_weights(run.raw),
-            lambda p: p.color["broadcast_group"],
-        )
+        hybrid.compare_hybrid_synced(hybrid.owner_shift_pipeline, *hybrid.SHARED_SYNCED)
 
 
 # ----------------------------------------------------------------------
@@ -276,13 +272,5 @@ def launch_cases():
     return {k: v for k, v in found.items() if k.startswith("pipeline") == pipeline}
 
 
-def init():
-    init_fleet()
-    print(
-        f"param sync scale: Paddle {paddle.__version__}, {TOPOLOGY}, " f"{paddle.distributed.get_world_size()} ranks",
-        flush=True,
-    )
-
-
 if __name__ == "__main__":
-    sys.exit(cases.run_cases(launch_cases(), init))
+    sys.exit(cases.run_cases(launch_cases(), init_fleet))
