@@ -199,7 +199,7 @@ class ParamSyncWaitChecker:
         if self.watching and not self._in_step:
             self.outside_step.append(what)
 
-    def _checked_read(self, name, fn, *args, **kwargs):
+    def _checked_read(self, name, fn, /, *args, **kwargs):
         tensors = [a for a in list(args) + list(kwargs.values()) if id(a) in self._latest]
         if tensors:
             self.check(tensors, f"read:{name}")
