@@ -12,7 +12,6 @@ Env ``ALLGATHER_OVERLAP_IMPL``: ``product`` (default; the overlay or a patched P
 import functools
 import os
 import sys
-import tempfile
 import zlib
 
 import sharding_cases as cases
@@ -423,28 +422,18 @@ def case_color_groups():
 
 # ----------------------------------------------------------------------
 # cases: checkpoints, the schedule, arguments
-def saving(folder):
+def save_and_reload(run):
     """after_step: paddle.save(state_dict()) right after step(), loaded into a fresh model (rank 0 alone saving: the
     schedule script)."""
-    counter = [0]
-
-    def after_step(run):
-        counter[0] += 1
-        path = os.path.join(folder, f"model_{counter[0]}.pdparams")
-        paddle.save(run.raw.state_dict(), path)
-        fresh = LM()
-        fresh.set_state_dict(paddle.load(path))
-        return list(cases.snapshot(fresh).values())
-
-    return after_step
+    fresh = LM()
+    fresh.set_state_dict(cases.reloaded(run.raw.state_dict()))
+    return list(cases.snapshot(fresh).values())
 
 
 def case_save_right_after_step_and_reload():
     """paddle.save(model.state_dict()) right after step(), with no synchronize, and reload into a fresh model: equal to
     overlap off."""
-    prefix = f"allgather_overlap_r{cases.rank()}_"
-    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
-        compare(LM, after_step=saving(folder), lost="iteration")
+    compare(LM, after_step=save_and_reload, lost="iteration")
 
 
 def rebuild_after_step(clear, launched_current):

@@ -233,10 +233,7 @@ def case_pipeline_eval_batch_and_save_after_step():
     def after_step(run):
         tokens, labels = data(100 + run.step)
         loss = run.model.eval_batch([tokens, labels], compute_loss=True)
-        path = f"/tmp/overlap_hybrid_{os.getpid()}_{run.step}.pdparams"
-        paddle.save(run.model.state_dict(), path)
-        saved.append(paddle.load(path))
-        os.remove(path)
+        saved.append(cases.reloaded(run.model.state_dict()))
         return [loss.numpy() if loss is not None else np.zeros([1])]
 
     compare(lambda: pipeline_model(tied=True), after_step=after_step)

@@ -445,16 +445,19 @@ def assert_slices_of_fused(opt, units):
         assert inside(spans, last), (unit.label, last)
 
 
-def save_and_load_fresh(model, opt, build=TinyLM):
-    """``model``'s layer and ``opt``'s state saved (paddle.save, per rank, no synchronize first) and loaded into a fresh
-    ``build()`` and fleet AdamW as a new process would (this process names the fresh parameters differently: the state's
-    keys renamed). Returns (fleet model, fleet optimizer, both overlap off; the loaded model state)."""
+def reloaded(state):
+    """``state`` saved with ``paddle.save`` (per rank, no synchronize first) and loaded back with ``paddle.load``."""
     with tempfile.TemporaryDirectory() as tmp:
-        mpath = os.path.join(tmp, f"m{rank()}.pdparams")
-        opath = os.path.join(tmp, f"o{rank()}.pdopt")
-        paddle.save(model._layers.state_dict(), mpath)
-        paddle.save(opt.state_dict(), opath)
-        model_state, opt_state = paddle.load(mpath), paddle.load(opath)
+        path = os.path.join(tmp, f"state_rank{rank()}.pdparams")
+        paddle.save(state, path)
+        return paddle.load(path)
+
+
+def save_and_load_fresh(model, opt, build=TinyLM):
+    """``model``'s layer and ``opt``'s state saved and loaded (:func:`reloaded`) into a fresh ``build()`` and fleet AdamW
+    as a new process would (this process names the fresh parameters differently: the state's keys renamed). Returns
+    (fleet model, fleet optimizer, both overlap off; the loaded model state)."""
+    model_state, opt_state = reloaded(model._layers.state_dict()), reloaded(opt.state_dict())
     paddle.distributed.barrier()
     names = {k: p.name for k, p in model._layers.named_parameters()}
     fresh = build()
