@@ -67,17 +67,11 @@ def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):
     ``FusedCommBuffer._comm_grads`` calls; ``reduce_scatter``: the CPU shim's item 7) before and after the split: the
     end of the last backward or, with ``train_batch`` (a pipeline's micro-step, which runs the update), the start of the
     sharding optimizer's ``step()``; ``run.launched``: per step, the parameter syncs the checker saw."""
-    calls, marks = [0], []
-
-    def counted(original):
-        def call(*args, **kwargs):
-            calls[0] += 1
-            return original(*args, **kwargs)
-
-        return call
+    dist, marks = paddle.distributed, []
+    spies = {n: mock.Mock(wraps=getattr(dist, n)) for n in ("reduce", "reduce_scatter")}
 
     def mark(*_):
-        marks.append(calls[0])
+        marks.append(sum(spy.call_count for spy in spies.values()))
 
     def micro_step(run):
         if run.micro == 0:
@@ -98,8 +92,7 @@ def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):
 
         inner.step = counted_step
 
-    dist = paddle.distributed
-    with mock.patch.multiple(dist, **{n: counted(getattr(dist, n)) for n in ("reduce", "reduce_scatter")}):
+    with mock.patch.multiple(dist, **spies):
         run = cases.train(
             cases.Build(made=build),
             overlap,
