@@ -3,6 +3,7 @@
 breaking. Each case runs ``compare_on_off`` with buckets (the checker maps a bucket's broadcast to the parameters in its
 buffer) and checks the owner's bucket units (``buckets``); caps of a few KB give these tiny models several windows."""
 
+import functools
 import math
 import sys
 import types
@@ -215,9 +216,7 @@ class OddSizesLM(cases.TinyLM):
 
 def decay_by_name(params):
     """AdamW decaying only the parameters named ``*w_0*``."""
-    return paddle.optimizer.AdamW(
-        learning_rate=0.02, parameters=params, weight_decay=0.1, apply_decay_param_fun=lambda name: "w_0" in name
-    )
+    return cases.adamw(params, learning_rate=0.02, weight_decay=0.1, apply_decay_param_fun=lambda name: "w_0" in name)
 
 
 def head_learning_rate_3():
@@ -297,9 +296,7 @@ def case_tied_parameter_one_slot():
 def case_frozen_and_trainable_share_windows_under_weight_decay():
     """Frozen parameters get no slot and stay bit-identical under weight decay; one frozen after planning keeps its slot
     and stays so too."""
-
-    def decaying(params):
-        return paddle.optimizer.AdamW(learning_rate=0.05, parameters=params, weight_decay=0.5)
+    decaying = functools.partial(cases.adamw, learning_rate=0.05, weight_decay=0.5)
 
     def frozen(model):
         return model.blocks[0].up.weight, model.blocks[1].norm.weight

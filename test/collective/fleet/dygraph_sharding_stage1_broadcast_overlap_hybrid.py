@@ -171,17 +171,13 @@ def micro_step(run):
     return loss
 
 
-def v2_adamw(parameters):
-    return paddle.optimizer.AdamW(learning_rate=0.001, parameters=parameters, weight_decay=0.01)
-
-
 def train(model, overlap=False, *, v2=False, **kwargs):
     """``cases.train`` of ``model()`` in this topology: its data, the pipeline's ``train_batch`` (which runs the update),
     off and on from the same initial weights (:func:`build_same`); ``v2``: sharding stage 1 V2 (``cases.sharding_v2``),
     its overlap on as PaddleFormers does."""
     build = cases.Build(model, init=build_same)
     if v2:
-        build.around, build.optimizer = cases.sharding_v2, v2_adamw
+        build.around, build.optimizer = cases.sharding_v2, functools.partial(cases.adamw, learning_rate=0.001)
         kwargs.setdefault("enable", cases.v2)
     update = cases.no_update if PP else None
     return cases.train(build, overlap, micro_step=micro_step, update=update, **{"steps": STEPS, **kwargs})

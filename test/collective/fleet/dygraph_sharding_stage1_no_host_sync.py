@@ -31,9 +31,7 @@ Mode = collections.namedtuple("Mode", "v2 bucket_mb tensor_fusion")
 
 
 def make_optimizer(parameters):
-    return paddle.optimizer.AdamW(
-        learning_rate=0.01, parameters=parameters, weight_decay=0.01, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0)
-    )
+    return cases.adamw(parameters, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
 
 
 def enable(mode):

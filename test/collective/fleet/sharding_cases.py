@@ -143,8 +143,9 @@ def step_aware_micro_step(run):
     return default_micro_step(run)
 
 
-def adamw(parameters):
-    return paddle.optimizer.AdamW(learning_rate=0.01, parameters=parameters, weight_decay=0.01)
+def adamw(parameters, **settings):
+    """AdamW of learning rate 0.01 and weight decay 0.01 (``settings``: other values, or more of AdamW's arguments)."""
+    return paddle.optimizer.AdamW(parameters=parameters, **{"learning_rate": 0.01, "weight_decay": 0.01, **settings})
 
 
 def sgd(parameters):
