@@ -176,11 +176,10 @@ def train(cls=LM, overlap=False, *, raw_layers=False, parameters=None, optimizer
 
     def on(run):
         run.opt._set_all_gather_overlap_forward(True, run.raw if raw_layers else run.model)
-        if IMPL == "product":
-            assert cases.overlap_impl(run.opt) is not None, (
-                "the product is not applied to V2: _set_all_gather_overlap_"
-                "forward left no overlap owner (Paddle's own method ran)"
-            )
+        assert IMPL != "product" or cases.overlap_impl(run.opt) is not None, (
+            "the product is not applied to V2: _set_all_gather_overlap_forward left no overlap owner (Paddle's own "
+            "method ran)"
+        )
 
     build = cases.Build(cls, parameters=parameters, optimizer=optimizer)
     build.around = cases.sharding_v2
@@ -233,30 +232,28 @@ COMPARES = {
         dict(after_step=lambda run: cases.snapshot(run.raw).values(), lost="iteration"),
     ),
     "layer_parameter_not_in_optimizer": (
-        "Item 5: a layer of ``layers`` whose parameters the optimizer does " "not hold.",
+        "Item 5: a layer of ``layers`` whose parameters the optimizer does not hold.",
         dict(cls=functools.partial(LM, adapter=True), parameters=not_held),
     ),
     "root_owned_parameter": (
-        "Item 6: a parameter owned by the root layer, read before any "
-        "sublayer runs; ``layers`` is the user's model.",
+        "Item 6: a parameter owned by the root layer, read before any sublayer runs; ``layers`` is the user's model.",
         dict(cls=RootParamLM, raw_layers=True),
     ),
     "root_owned_parameter_wrapped_layers": (
-        "Item 6 with fleet's wrapper as ``layers`` (as PaddleFormers passes " "it): the model is a sublayer.",
+        "Item 6 with fleet's wrapper as ``layers`` (as PaddleFormers passes it): the model is a sublayer.",
         dict(cls=RootParamLM),
     ),
     "tied_embedding_head": ("Tied embedding and head.", dict(cls=functools.partial(LM, tied=True))),
     "eval_between_steps": ("An eval forward under no_grad between steps.", dict(after_step=evaluate)),
     "gradient_accumulation": ("Two micro-batches per step.", dict(acc_steps=2)),
     "to_static": (
-        "The forward compiled by paddle.jit.to_static (AST, full_graph): its "
-        "programs read the parameters without the sublayers' Python hooks: "
-        "the program's call waits (the product's waited_in_program).",
+        "The forward compiled by paddle.jit.to_static (AST, full_graph): its programs read the parameters without the "
+        "sublayers' Python hooks: the program's call waits (the product's waited_in_program).",
         dict(prepare=compile_forward, waits=("waited_in_program",)),
     ),
     "forward_with_own_collective": (
-        "A block all-reduces over another group object in its forward while "
-        "all-gathers may be in flight: one collective order on every rank.",
+        "A block all-reduces over another group object in its forward while all-gathers may be in flight: one "
+        "collective order on every rank.",
         dict(cls=functools.partial(LM, collective=True)),
     ),
 }
@@ -310,7 +307,6 @@ def case_freeze_parameters_after_first_step():
             for p in groups[first]:
                 p.stop_gradient = True
             groups[(first + 1) % len(groups)][0].stop_gradient = True
-        return []
 
     compare(LM, after_step=freeze)
 
@@ -322,7 +318,6 @@ def case_hooks_constant_and_removed():
 
     def count(run):
         counts.append(cases.total_forward_pre_hooks(run.raw))
-        return []
 
     base = cases.total_forward_pre_hooks(LM())
     off = train(LM, steps=6)
@@ -332,8 +327,8 @@ def case_hooks_constant_and_removed():
     on.opt._set_all_gather_overlap_forward(False, on.model)
     after = cases.total_forward_pre_hooks(on.raw)
     assert after == base, (
-        f"_set_all_gather_overlap_forward(False) left {after - base} "
-        f"forward pre-hooks ({counts[0]} while on, {base} without)"
+        f"_set_all_gather_overlap_forward(False) left {after - base} forward pre-hooks ({counts[0]} while on, {base} "
+        "without)"
     )
     assert IMPL != "product" or cases.overlap_impl(on.opt) is None
     off2, on2 = (  # one more step without overlap

@@ -184,11 +184,8 @@ class MixedDtypeLM(cases.TinyLM):
         super().__init__()
         self.gates = paddle.nn.LayerList([Gate() for _ in self.blocks])
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block, gate in zip(self.blocks, self.gates):
-            x = gate(block(x))
-        return self.head(x)
+    def run_block(self, i, x):
+        return self.gates[i](self.blocks[i](x))
 
 
 class OddSizesLM(cases.TinyLM):
@@ -206,12 +203,9 @@ class OddSizesLM(cases.TinyLM):
             init = paddle.nn.initializer.Constant(value)
             setattr(self, name, self.create_parameter(shape, default_initializer=init))
 
-    def forward(self, tokens):
+    def embedded(self, tokens):
         x = self.embed(tokens) * self.one * self.scalar
-        x = x + paddle.matmul(x, self.col) * self.odd.sum()
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+        return x + paddle.matmul(x, self.col) * self.odd.sum()
 
 
 def decay_by_name(params):
