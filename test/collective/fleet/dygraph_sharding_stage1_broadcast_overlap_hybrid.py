@@ -259,15 +259,11 @@ def compare_v2(**hooks):
     leaves the data-parallel replicas unequal, off and on alike: its first step all-reduces no data-parallel gradient).
     Returns the on run."""
 
-    def run(model, overlap, **kwargs):
-        r = train(model, overlap, v2=True, **kwargs)
-        if MP:  # the collective on every rank before any assertion
-            replicated = [p for p in r.raw.parameters() if not p.is_distributed]
-            digests = [zlib.crc32(p.numpy().tobytes()) for p in replicated]
-            r.replicated_equal = cases.equal_in_group(digests)
-        return r
+    def replicated_equal(run):  # the collective on every rank before any assertion
+        replicated = [p for p in run.raw.parameters() if not p.is_distributed]
+        run.replicated_equal = cases.equal_in_group([zlib.crc32(p.numpy().tobytes()) for p in replicated])
 
-    checker, on = compare(v2_model, train=run, **hooks)
+    checker, on = compare(v2_model, v2=True, final=replicated_equal if MP else None, **hooks)
     assert checker.counts["gathers"] > 0, checker.counts
     assert not MP or on.replicated_equal, "replicated parameters differ"
     cases.assert_v2(on.opt)

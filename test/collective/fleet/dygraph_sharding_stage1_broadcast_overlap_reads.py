@@ -42,8 +42,7 @@ def compare_reads(read=None, strict=False, reader=None):
     def run(build, overlap, checker=None, **kwargs):
         return train_reading(reader(checker), build, overlap, checker=checker, **kwargs)
 
-    enable = cases.v1(strict=strict)
-    checker, on = cases.compare_on_off(OneLinear, train=run, enable=enable)
+    checker, on = cases.compare_on_off(OneLinear, train=run, enable=cases.v1(strict=strict))
     assert len(on.extras) == 3, len(on.extras)
     assert checker.counts["checked"] > 0, checker.counts
     return cases.overlap_impl(on.opt)

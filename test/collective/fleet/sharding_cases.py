@@ -33,6 +33,7 @@ import types
 import warnings
 import zlib
 from collections import OrderedDict
+from unittest import mock
 
 import hybrid_parallel_cpu_shim
 import numpy as np
@@ -126,8 +127,7 @@ def snapshot(layer):
 
 def lm_loss(model, step, micro=0):
     tokens, labels = batch(step, micro)
-    logits = model(tokens)
-    return paddle.nn.functional.cross_entropy(logits, labels).mean()
+    return paddle.nn.functional.cross_entropy(model(tokens), labels).mean()
 
 
 def default_micro_step(run):
@@ -311,17 +311,11 @@ def overlap_module(name="param_sync_overlap"):
     return importlib.import_module(f"{defined_in.rpartition('.')[0]}.{name}")
 
 
-@contextlib.contextmanager
 def read_guard_removed():
     """Negative controls: inside the block a layer's ``_parameters`` lookups (``[]``, ``get``) are plain ``OrderedDict``
     ones, so attribute reads of a parameter no longer wait for its sync."""
     guarded = overlap_module("read_interception").GuardedParameters
-    saved = (guarded.__getitem__, guarded.get)
-    guarded.__getitem__, guarded.get = OrderedDict.__getitem__, OrderedDict.get
-    try:
-        yield
-    finally:
-        guarded.__getitem__, guarded.get = saved
+    return mock.patch.multiple(guarded, __getitem__=OrderedDict.__getitem__, get=OrderedDict.get)
 
 
 def overlap_impl(opt):
