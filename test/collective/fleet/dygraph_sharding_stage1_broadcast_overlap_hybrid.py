@@ -161,14 +161,17 @@ def build_same(build):
     return model
 
 
-def micro_step(run):
-    """This topology's micro-step: the pipeline's ``train_batch``, else a forward and backward of this topology's data."""
-    if PP:
-        return train_batch(run)
+def backward(run, data=data):
+    """A forward and backward of ``data(step)``'s tokens and labels (default this topology's)."""
     tokens, labels = data(run.step)
     loss = cross_entropy(run.model(tokens), labels)
     loss.backward()
     return loss
+
+
+def micro_step(run):
+    """This topology's micro-step: the pipeline's ``train_batch``, else :func:`backward`."""
+    return train_batch(run) if PP else backward(run)
 
 
 def train(model, overlap=False, *, v2=False, **kwargs):

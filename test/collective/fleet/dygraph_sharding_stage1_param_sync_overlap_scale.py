@@ -5,6 +5,7 @@ Env ``PARAM_SYNC_SCALE_TOPOLOGY`` (``fleet.init`` runs once per process): ``shar
 ``pp2_sharding4`` (the pipeline case). Every case is ``cases.compare_on_off`` (bitwise equal off and on, the waits
 checked), the final parameters equal on every rank of the sharding group, then the case's own checks."""
 
+import functools
 import os
 import sys
 
@@ -12,7 +13,6 @@ import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid
 import sharding_cases as cases
 
 import paddle
-import paddle.nn.functional as F
 from paddle import nn
 
 TOPOLOGY = os.environ.get("PARAM_SYNC_SCALE_TOPOLOGY", "sharding8")
@@ -97,12 +97,7 @@ def compare_frozen(build, *, freeze, enable, data=batch, **kwargs):
         run.layout, run.frozen = freeze(run.raw, cases.sharding_optimizer(run.opt))
         run.initial = cases.snapshot(run.raw)
 
-    def micro_step(run):
-        tokens, labels = data(run.step)
-        loss = F.cross_entropy(run.model(tokens), labels).mean()
-        loss.backward()
-        return loss
-
+    micro_step = functools.partial(hybrid.backward, data=data)
     checker, on = cases.compare_on_off(
         build, replicas=sharding_group(), steps=STEPS, built=built, enable=enable, micro_step=micro_step, **kwargs
     )

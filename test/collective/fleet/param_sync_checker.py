@@ -235,7 +235,7 @@ class ParamSyncWaitChecker:
         original = inner._apply_optimize
 
         def checked_apply_optimize(*args, **kwargs):
-            self.check_all("update")
+            self.check([t for t, _ in self._latest.values()], "update")  # every tensor ever synced asynchronously
             return original(*args, **kwargs)
 
         inner.__dict__["_apply_optimize"] = checked_apply_optimize
@@ -280,10 +280,6 @@ class ParamSyncWaitChecker:
             entry = self._latest.get(id(p))
             if entry is not None and not entry[1].waited:
                 self.violations.append((where, p.name))
-
-    def check_all(self, where):
-        """Check every parameter that was ever broadcast asynchronously."""
-        self.check([t for t, _ in self._latest.values()], where)
 
     def synced_ids(self):
         """``{id(tensor)}`` of every tensor (parameter or bucket member) a recorded broadcast or all-gather has written."""
