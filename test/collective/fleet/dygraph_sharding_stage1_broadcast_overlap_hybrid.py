@@ -230,8 +230,7 @@ def case_pipeline_eval_batch_and_save_after_step():
     saved = []
 
     def after_step(run):
-        tokens, labels = data(100 + run.step)
-        loss = run.model.eval_batch([tokens, labels], compute_loss=True)
+        loss = run.model.eval_batch(list(data(100 + run.step)), compute_loss=True)
         saved.append(cases.reloaded(run.model.state_dict()))
         return [loss.numpy() if loss is not None else np.zeros([1])]
 
@@ -546,8 +545,7 @@ def case_mp_trainer_replaces_insert_sync():
     waited before the update returns, so the replacement too sends and receives the values of overlap off."""
 
     def replace(run):
-        hybrid = run.opt
-        hybrid._insert_sync = types.MethodType(trainers_insert_sync, hybrid)
+        run.opt._insert_sync = types.MethodType(trainers_insert_sync, run.opt)
 
     compare_hybrid_synced(uneven_model, *MP_SYNCED, built_also=replace)
 
@@ -560,8 +558,7 @@ def slices_in_buffers(opt, params):
         for buffer in inner._comm_buffer_list:
             storage = buffer.param_storage
             if any(q is p for q in buffer._params):
-                offset = (p.data_ptr() - storage.data_ptr()) // 4
-                found += [offset, int(storage._numel())]
+                found += [(p.data_ptr() - storage.data_ptr()) // 4, int(storage._numel())]
     return found
 
 
@@ -591,10 +588,8 @@ def case_mp_v2_synced_params():
 def build_main_grad_pipeline(tied):
     raw = build_same(lambda: pipeline_model(tied))
     base = grad_comm.with_main_grad(raw, cases.adamw(raw.parameters()))
-    with hybrid_parallel_cpu_shim.cpu_tensor_fusion():  # item 6
-        with hybrid_parallel_cpu_shim.cpu_sharding_v2():  # item 8
-            model = fleet.distributed_model(raw)
-            return model, fleet.distributed_optimizer(base)
+    with hybrid_parallel_cpu_shim.cpu_tensor_fusion(), hybrid_parallel_cpu_shim.cpu_sharding_v2():  # items 6, 8
+        return fleet.distributed_model(raw), fleet.distributed_optimizer(base)
 
 
 def pipeline_buffers(on):
@@ -607,20 +602,17 @@ def check_comm_overlap(v2, tied):
     ``pp_configs.sharding_comm_overlap`` on (Paddle reads it and ``split_param`` when it builds the pipeline and the
     optimizer)."""
     for bucket_mb in (None,) if v2 else (None, 0):
-        enable = cases.v2 if v2 else cases.v1(bucket_mb)
-        pp = cases.pp_configs(sharding_comm_overlap=True)
-        with pp, cases.sharding_configs(split_param=v2):
+        with cases.pp_configs(sharding_comm_overlap=True), cases.sharding_configs(split_param=v2):
             on, checker, impl, buffers = grad_comm.compare(
                 functools.partial(build_main_grad_pipeline, tied),
-                enable,
+                cases.v2 if v2 else cases.v1(bucket_mb),
                 pipeline_buffers,
                 what=f"V{1 + v2} tied={tied} stage {hcg().get_stage_id()}",
                 replicas=hcg().get_sharding_parallel_group(),
                 train_batch=train_batch,
             )
         inner = cases.sharding_optimizer(on.opt)
-        name = "DygraphShardingOptimizer" + ("V2" if v2 else "")
-        assert type(inner).__name__ == name, inner
+        assert type(inner).__name__ == "DygraphShardingOptimizer" + ("V2" if v2 else ""), inner
         units = len(impl.units)
         if v2:  # V2 adopted the pipeline's buffers: one all-gather each
             assert [id(b) for b in inner._comm_buffer_list] == list(map(id, buffers))

@@ -54,11 +54,8 @@ def build_v2():
     """WideLM and V2 with :func:`with_main_grad`."""
     raw = cases.seeded(cases.WideLM)
     base = with_main_grad(raw, cases.adamw(raw.parameters()))
-    # items 8, 9
-    with hybrid_parallel_cpu_shim.cpu_sharding_v2(cases.V2_BUFFER_MB):
-        model = fleet.distributed_model(raw)
-        opt = fleet.distributed_optimizer(base)
-    return model, opt
+    with hybrid_parallel_cpu_shim.cpu_sharding_v2(cases.V2_BUFFER_MB):  # items 8, 9
+        return fleet.distributed_model(raw), fleet.distributed_optimizer(base)
 
 
 def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):

@@ -210,8 +210,7 @@ def case_counter_sees_every_name():
 def check_mode(name, *mode):
     """The checks of the module docstring for ``Mode(*mode)``; returns ``(off, on, the owner's number of units)``."""
     mode = Mode(*mode)
-    off = train(mode, overlap=False)
-    on = train(mode, overlap=True)
+    off, on = (train(mode, overlap) for overlap in (False, True))
     same_on_ranks = cases.equal_in_group(cases.digests(on.params))
     cases.assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), name)
     assert same_on_ranks, f"{name}: final parameters differ across ranks"
