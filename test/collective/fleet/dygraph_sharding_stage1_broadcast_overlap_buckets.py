@@ -391,8 +391,7 @@ def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
 
         _, _, opt = compare_buckets(after_step=replace)
         impl = impl_of(opt)
-        rebound = impl.stats["rebound"]
-        assert rebound == int(cases.rank() in ranks), (ranks, impl.stats)
+        assert impl.stats["rebound"] == int(cases.rank() in ranks), (ranks, impl.stats)
         if replaced:  # back in its slot: no longer the fresh memory
             p, fresh = replaced[0]
             assert p.data_ptr() != fresh.data_ptr()

@@ -143,8 +143,7 @@ def check_order_ends(build, first, last=None):
     params = cases.optimizer_parameters(info.opt)  # (checks index_of)
     head, tail = params[impl.order[0]], params[impl.order[-1]]
     assert head is operator.attrgetter(first)(inner), head.name
-    ends = last is None or any(tail is p for p in getattr(inner, last).parameters())
-    assert ends, tail.name
+    assert last is None or any(tail is p for p in getattr(inner, last).parameters()), tail.name
 
 
 def case_root_owned_parameter():
@@ -484,8 +483,7 @@ def case_weights_replaced_between_steps():
             return model
 
         def after_step(run):
-            model, checker, step = run.model, run.checker, run.step
-            inner = run.raw
+            model, checker, step, inner = run.model, run.checker, run.step, run.raw
             targets = {"fleet": model, "inner": inner, "block": inner.blocks[1]}
             if step == 0:  # state_dict() waits: safe to copy
                 for name, layer in targets.items():
@@ -564,8 +562,7 @@ def case_two_optimizers_share_one_model():
             opts[i]._set_broadcast_overlap(False)
         if overlap:
             assert cases.total_forward_pre_hooks(model) == base
-            layers = model.sublayers(include_self=True)
-            assert not any("set_state_dict" in vars(l) for l in layers)
+            assert not any("set_state_dict" in vars(l) for l in model.sublayers(include_self=True))
         return done.losses, done.params
 
     off = run(False)
@@ -616,8 +613,7 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     third = fleet.distributed_optimizer(cases.adamw(other_model.parameters()))
     third._set_broadcast_overlap(False)
     assert cases.total_forward_pre_hooks(other_model) == 0
-    up = other_model._layers.blocks[0].up
-    assert type(up._parameters).__name__ == "OrderedDict"  # unguarded
+    assert type(other_model._layers.blocks[0].up._parameters).__name__ == "OrderedDict"  # unguarded
     registry = cases.overlap_module("sync_registry")
     assert registry.open_owners() == [cases.overlap_impl(opt)]
 

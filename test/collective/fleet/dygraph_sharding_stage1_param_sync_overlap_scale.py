@@ -190,8 +190,7 @@ def padding_per_rank(run):
             real += max(0, min(stop, begin + shard) - max(start, begin))
         pads.append(shard - real)
     gathered = []
-    mine = paddle.to_tensor(pads, dtype="int64")
-    paddle.distributed.all_gather(gathered, mine, group=group)
+    paddle.distributed.all_gather(gathered, paddle.to_tensor(pads, dtype="int64"), group=group)
     run.padding = [g.numpy().tolist() for g in gathered]
 
 
@@ -228,10 +227,8 @@ def case_pipeline_tied_embedding_head_buckets():
     hcg = hybrid.hcg()
 
     def tied_equal(run):  # collectives before compare_on_off's assertions
-        params = cases.snapshot(run.model)
-        run.tied = {k: v for k, v in params.items() if k.endswith("embedding_weight")}
-        group = hcg.get_pipe_parallel_group()
-        run.tied_equal = cases.equal_in_group(cases.digests(run.tied), group)
+        run.tied = {k: v for k, v in cases.snapshot(run.model).items() if k.endswith("embedding_weight")}
+        run.tied_equal = cases.equal_in_group(cases.digests(run.tied), hcg.get_pipe_parallel_group())
 
     checker, on = hybrid.compare(
         lambda: hybrid.pipeline_model(tied=True, blocks=4), enable=cases.v1(SMALL_BUCKET_MB / 8), final=tied_equal

@@ -368,8 +368,7 @@ def assert_v2(opt, buffers=3):
 
 def slot_offsets(unit):
     """Element offsets of a bucket unit's ``params`` in its buffer."""
-    size = unit.tensor.element_size()
-    start = unit.tensor.data_ptr()
+    size, start = unit.tensor.element_size(), unit.tensor.data_ptr()
     offsets = []
     for p in unit.params:
         delta = p.data_ptr() - start
