@@ -83,10 +83,9 @@ class ParamSyncWaitChecker:
     def __init__(self):
         self._latest = {}  # id(tensor) -> (tensor, _RecordingTask)
         self._watched = {}  # id(parameter) -> parameter, from watch()
-        self._patched = []  # (owner, attribute, original) of each function the checker wrapped
+        self._patched = []  # (owner, attribute, original or None: set on an instance) of each function it wrapped
         self._handles = []
         self._hooked = []  # (layer, handle) of each checker pre-hook
-        self._patched_methods = []  # (optimizer, method name) of each method the checker set on an instance
         self._in_step = 0
         self.watching = False
         self.outside_step = []
@@ -97,10 +96,11 @@ class ParamSyncWaitChecker:
         self._last_report = dict(self.counts, violations=0)
 
     # -- broadcast instrumentation -------------------------------------
-    def _wrap(self, owner, name, wrapper):
-        """``owner.name`` replaced by ``wrapper(original, *args, **kwargs)`` until the checker exits."""
+    def _wrap(self, owner, name, wrapper, instance=False):
+        """``owner.name`` replaced by ``wrapper(original, *args, **kwargs)`` until the checker exits (``instance``: a
+        method of the object ``owner``, set on the object, then removed)."""
         original = getattr(owner, name)
-        self._patched.append((owner, name, original))
+        self._patched.append((owner, name, None if instance else original))
 
         @functools.wraps(original)
         def wrapped(*args, **kwargs):
@@ -207,15 +207,15 @@ class ParamSyncWaitChecker:
 
     def __exit__(self, *exc):
         for owner, name, original in reversed(self._patched):
-            setattr(owner, name, original)
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
         self._patched.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         self._hooked.clear()
-        for opt, name in self._patched_methods:
-            del opt.__dict__[name]
-        self._patched_methods.clear()
         return False
 
     # -- points of use --------------------------------------------------
@@ -232,25 +232,19 @@ class ParamSyncWaitChecker:
         inner = optimizer
         while "_inner_opt" in vars(inner):
             inner = vars(inner)["_inner_opt"]
-        original = inner._apply_optimize
 
-        def checked_apply_optimize(*args, **kwargs):
+        def checked_apply_optimize(original, *args, **kwargs):
             self.check([t for t, _ in self._latest.values()], "update")  # every tensor ever synced asynchronously
             return original(*args, **kwargs)
 
-        inner.__dict__["_apply_optimize"] = checked_apply_optimize
-        self._patched_methods.append((inner, "_apply_optimize"))
+        def in_step(method, *args, **kwargs):
+            with self.as_step():
+                return method(*args, **kwargs)
+
+        self._wrap(inner, "_apply_optimize", checked_apply_optimize, instance=True)
         for name in ("step", "minimize"):  # where every sync must start
-            if name in vars(optimizer):
-                continue
-            method = getattr(optimizer, name)
-
-            def in_step(*args, _method=method, **kwargs):
-                with self.as_step():
-                    return _method(*args, **kwargs)
-
-            optimizer.__dict__[name] = in_step
-            self._patched_methods.append((optimizer, name))
+            if name not in vars(optimizer):
+                self._wrap(optimizer, name, in_step, instance=True)
         self.watching = True
 
     def owns_hook(self, layer, hook_id):
