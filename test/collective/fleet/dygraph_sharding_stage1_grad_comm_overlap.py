@@ -114,8 +114,7 @@ def compare(build, enable, grad_buffers, *, what="", **kwargs):
     ``bucket_size_mb``: one per fused buffer, 2 KB: one per slice of those, 0: one per parameter; V2: one all-gather per
     comm buffer) launched once, inside ``step()`` (its count and the checker's). Returns ``(on, checker, impl,
     buffers)``."""
-    kwargs.setdefault("replicas", "world")
-    checker, on = cases.compare_on_off(build, train=train, enable=enable, **kwargs)
+    checker, on = cases.compare_on_off(build, train=train, enable=enable, **{"replicas": "world", **kwargs})
     buffers = grad_buffers(on)
     n = len(buffers)
     assert n >= 1, n

@@ -94,8 +94,7 @@ def train(mode, overlap):
             micro_step=micro_step,
             after_step=after_step,
         )
-        run.steps = counter.regions["step"]
-        run.fwd_bwd = counter.regions["fwd_bwd"]
+        run.steps, run.fwd_bwd = counter.regions["step"], counter.regions["fwd_bwd"]
         run.owner, run.pending = cases.overlap_impl(run.opt), pending
     assert len(run.steps) == STEPS, len(run.steps)
     return run

@@ -277,8 +277,7 @@ def train(
             run.reports.append(checker.step_report())
             print(f"rank {rank()} step {step} wait check: {run.reports[-1]}")
         if after_step is not None:
-            values = after_step(run) or ()
-            run.extras += [np.array(v).copy() for v in values]
+            run.extras += [np.array(v).copy() for v in after_step(run) or ()]
     if final is not None:
         final(run)
     run.params = snapshot(run.model)
@@ -508,9 +507,8 @@ def equal_in_group(values, group=None):
     must call it)."""
     if group is not None and group.nranks < 2:
         return True
-    mine = paddle.to_tensor(values, dtype="int64")
     gathered = []
-    paddle.distributed.all_gather(gathered, mine, group=group)
+    paddle.distributed.all_gather(gathered, paddle.to_tensor(values, dtype="int64"), group=group)
     return all(g.numpy().tolist() == list(values) for g in gathered)
 
 
@@ -540,8 +538,7 @@ pp_configs = functools.partial(hybrid_configs, "pp_configs")
 def sharding_v2(buffer_mb=V2_BUFFER_MB):
     """V2 for the optimizer built in the block: ``split_param`` on and, on Paddle 3.x, ``comm_buffer_size_MB`` (both
     restored on exit); the CPU shim's items 8 and 9 (a no-op on GPUs)."""
-    optional = ("comm_buffer_size_MB",)
-    with sharding_configs(optional, split_param=True, comm_buffer_size_MB=buffer_mb):
+    with sharding_configs(("comm_buffer_size_MB",), split_param=True, comm_buffer_size_MB=buffer_mb):
         with hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb):
             yield
 
