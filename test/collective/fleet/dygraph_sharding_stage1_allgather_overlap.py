@@ -54,7 +54,6 @@ class LM(cases.TinyLM):
 
     def __init__(self, tied=False, adapter=False, collective=False):
         super().__init__(num_blocks=3, vocab=VOCAB, hidden=HIDDEN)
-        self.tied = tied
         if tied:
             del self.head
         if adapter:
@@ -67,9 +66,9 @@ class LM(cases.TinyLM):
         return x + self.adapter(x) if "adapter" in self._sub_layers else x
 
     def logits(self, x):
-        if self.tied:
-            return paddle.matmul(x, self.embed.weight, transpose_y=True)
-        return self.head(x)
+        if "head" in self._sub_layers:
+            return self.head(x)
+        return paddle.matmul(x, self.embed.weight, transpose_y=True)
 
 
 class RootParamLM(LM):
@@ -91,8 +90,7 @@ class Tables(nn.Layer):
     def __init__(self, n=6):
         super().__init__()
         for i in range(n):
-            table = self.create_parameter([1024, HIDDEN])
-            self.add_parameter(f"table_{i}", table)
+            self.add_parameter(f"table_{i}", self.create_parameter([1024, HIDDEN]))
 
     def forward(self, tokens):
         return sum(F.embedding(tokens, t) for t in self.parameters())
@@ -104,7 +102,6 @@ class EncodeLM(LM):
 
     def __init__(self):
         nn.Layer.__init__(self)
-        self.tied = False
         self.encoder = Tables()  # first in parameters()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
         self.blocks = nn.LayerList([cases.Block(HIDDEN) for _ in range(3)])
@@ -122,8 +119,7 @@ class BF16Linear(nn.Linear):
         self.to(dtype="bfloat16")
 
     def forward(self, x):
-        w, b = self.weight.astype("float32"), self.bias.astype("float32")
-        return F.linear(x, w, b)
+        return F.linear(x, self.weight.astype("float32"), self.bias.astype("float32"))
 
 
 class MixedLM(LM):
@@ -393,8 +389,7 @@ def case_layer_spanning_two_buffers():
         split = [lin for lin, w, b in linears if where[w] != where[b]]
         assert split, "no Linear spans two buffers in this layout"
         layer = split[-1]  # two buffers of its 4 read: not a lost overlap
-        x = probe[:, : layer.weight.shape[0]]
-        return [F.linear(x, layer.weight, layer.bias).numpy()]
+        return [F.linear(probe[:, : layer.weight.shape[0]], layer.weight, layer.bias).numpy()]
 
     compare(LM, prepare=find_linears, after_step=read_split_layer)
 
@@ -402,8 +397,7 @@ def case_layer_spanning_two_buffers():
 def case_color_groups():
     """``param.color`` groups (Paddle 3.x builds each colour's buffers apart, on the colour's group, as MoE experts do; 2.6
     ignores it)."""
-    world = paddle.distributed.get_world_size()
-    group = paddle.distributed.new_group(list(range(world)))
+    group = paddle.distributed.new_group(list(range(paddle.distributed.get_world_size())))
 
     def colored(raw):
         for p in raw.blocks[1].parameters():
