@@ -51,8 +51,7 @@ def bucket_of(opt, param):
 def owner_rank(opt, param):
     """Global rank owning ``param`` (Paddle's V1 ``_rank2params``)."""
     hcg = fleet.get_hybrid_communicate_group()
-    owners = cases.sharding_optimizer(opt)._rank2params.items()
-    (r,) = [r for r, ps in owners if any(p is param for p in ps)]
+    (r,) = [r for r, ps in cases.sharding_optimizer(opt)._rank2params.items() if any(p is param for p in ps)]
     return hcg.get_sharding_parallel_group().ranks[r]
 
 
@@ -125,8 +124,7 @@ def check_per_parameter():
     checker, on = cases.compare_on_off(enable=cases.v1(0))
     params = cases.optimizer_parameters(on.opt)
     cases.assert_per_parameter(on.opt)
-    n = sum(1 for p in params if not p.stop_gradient)
-    assert checker.counts["launched"] == STEPS * n
+    assert checker.counts["launched"] == STEPS * sum(not p.stop_gradient for p in params)
 
 
 def head_wait_sabotaged(cap, keep_first=False):
@@ -200,8 +198,7 @@ class OddSizesLM(cases.TinyLM):
             ("odd", [7], 0.1),
             ("col", [HIDDEN, 1], 0.2),
         ):
-            init = paddle.nn.initializer.Constant(value)
-            setattr(self, name, self.create_parameter(shape, default_initializer=init))
+            setattr(self, name, self.create_parameter(shape, default_initializer=paddle.nn.initializer.Constant(value)))
 
     def embedded(self, tokens):
         x = self.embed(tokens) * self.one * self.scalar
@@ -274,8 +271,7 @@ def case_tied_parameter_one_slot():
     inner, specs, impl = on.raw, buckets(opt), impl_of(opt)
     tied = inner.mix_a.weight
     assert tied is inner.mix_b.weight
-    params = cases.optimizer_parameters(opt)
-    (i,) = [i for i, p in enumerate(params) if p is tied]
+    (i,) = [i for i, p in enumerate(cases.optimizer_parameters(opt)) if p is tied]
     # one slot: in one bucket, once
     assert [j for s in specs for j in s.indices if j == i] == [i]
     spec = specs[bucket_of(opt, tied)]
@@ -325,8 +321,7 @@ def case_checkpoint_across_bucket_modes():
 
         def loads(run):
             if run.step == cut:  # by copy, right after a launch
-                state = run.raw.state_dict().items()
-                run.raw.set_state_dict({k: v.clone() for k, v in state})
+                run.raw.set_state_dict({k: v.clone() for k, v in run.raw.state_dict().items()})
             if run.step == cut + 1:  # by handing a new tensor
                 handed.append(new_memory(run.model)[0])
 
@@ -414,14 +409,12 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
             assert sent == impl.stats["launched"] == 2 * len(impl.units) > 0
             model._layers.to(dtype="float64")
             cases.lm_loss(model, 2).backward()
-            texts = ("_set_broadcast_overlap(False)", "float32", "float64")
-            with cases.raises(ValueError, *texts) as refused:
+            with cases.raises(ValueError, "_set_broadcast_overlap(False)", "float32", "float64") as refused:
                 opt.step()
             opt.clear_grad()
             assert checker.counts["launched"] == sent, checker.counts
         cases.assert_overlap_lost(lost, opt, "iteration")
-        params = cases.optimizer_parameters(opt)
-        named = [p.name for p in params if f" {p.name} " in refused.message]
+        named = [p.name for p in cases.optimizer_parameters(opt) if f" {p.name} " in refused.message]
         assert len(named) == 1, (named, refused.message)
         assert impl.stats["launched"] == 2 * len(impl.units), impl.stats
         assert impl.num_pending == 0

@@ -33,8 +33,7 @@ V2_HIDDEN = 256  # V2's model width (comm buffers of cases.V2_BUFFER_MB)
 
 def init_fleet():
     assert TOPOLOGY in ("pp2_sharding2", "dp2_sharding2", "mp2_sharding2")
-    degrees = {TOPOLOGY[:2] + "_degree": 2, "sharding_degree": 2}
-    cases.init_fleet(degrees, mp_sync_param=MP, micro_batch=BATCH // 2)
+    cases.init_fleet({TOPOLOGY[:2] + "_degree": 2, "sharding_degree": 2}, mp_sync_param=MP, micro_batch=BATCH // 2)
 
 
 def hcg():
@@ -124,9 +123,7 @@ class FlatLM(cases.TinyLM):
 
     def __init__(self, hidden=HIDDEN, blocks=1, widen=2, norm=False):
         paddle.nn.Layer.__init__(self)
-        mpu = fleet.meta_parallel
-        embedding = mpu.VocabParallelEmbedding if MP else paddle.nn.Embedding
-        self.embed = embedding(VOCAB, hidden)
+        self.embed = (fleet.meta_parallel.VocabParallelEmbedding if MP else paddle.nn.Embedding)(VOCAB, hidden)
         self.blocks = paddle.nn.LayerList([FlatBlock(hidden, widen, norm) for _ in range(blocks)])
         self.head = paddle.nn.Linear(hidden, VOCAB)
 

@@ -111,8 +111,7 @@ class SometimesSkipLM(cases.VariantLM):
     """Block 1 does not run on odd steps (deterministic, same on all ranks)."""
 
     def run_block(self, i, x):
-        skip = i == 1 and self.step % 2 == 1
-        return x if skip else self.blocks[i](x)
+        return x if i == 1 and self.step % 2 == 1 else self.blocks[i](x)
 
 
 class WeightNormLM(cases.VariantLM):
@@ -127,8 +126,7 @@ class ParameterListLM(cases.VariantLM):
     """Extra parameters in a ParameterList, read by the parent's forward (a ParameterList has no forward of its own)."""
 
     def build(self):
-        scales = [self.create_parameter([HIDDEN]) for _ in range(2)]
-        self.scales = paddle.nn.ParameterList(scales)
+        self.scales = paddle.nn.ParameterList([self.create_parameter([HIDDEN]) for _ in range(2)])
 
     def run_block(self, i, x):
         self.read_check([self.scales[i]])
@@ -263,8 +261,7 @@ def case_parameter_list_waited_by_parent():
     """A ParameterList read by its parent's forward is waited before the read (the wait checker checks it there)."""
 
     def run(build, overlap, checker=None, **kwargs):
-        check = checker and functools.partial(checker.check, where="scales")
-        model = functools.partial(ParameterListLM, check)
+        model = functools.partial(ParameterListLM, checker and functools.partial(checker.check, where="scales"))
         return train(model, overlap, checker=checker, **kwargs)
 
     compare_on_off(train=run)
@@ -330,8 +327,7 @@ class ExpertLM(cases.VariantLM):
     """Three experts; from step 1 on, each rank leaves a different expert unused (rank- and step-dependent routing)."""
 
     def build(self):
-        experts = [paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)]
-        self.experts = paddle.nn.LayerList(experts)
+        self.experts = paddle.nn.LayerList([paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)])
 
     def front(self, x):
         unused = (self.step + cases.rank()) % 3 if self.step > 0 else None
@@ -345,8 +341,7 @@ class RecomputeLM(cases.VariantLM):
 
     def run_block(self, i, x):
         # no dropout here; Paddle 2.6 cannot preserve RNG state on the CPU
-        kw = dict(use_reentrant=self.use_reentrant, preserve_rng_state=False)
-        return recompute(self.blocks[i], x, **kw)
+        return recompute(self.blocks[i], x, use_reentrant=self.use_reentrant, preserve_rng_state=False)
 
 
 class ReuseLM(cases.VariantLM):
@@ -529,8 +524,7 @@ def case_parameters_read_without_call():
     parameter (attribute access waits), with and without strict, checked at the F.linear; no warning (run_cases fails a
     case on one)."""
     for strict in (False, True):
-        enable = cases.v1(BUCKET_MB, strict)
-        checker, _ = compare_on_off(DirectReadLM, enable=enable)
+        checker, _ = compare_on_off(DirectReadLM, enable=cases.v1(BUCKET_MB, strict))
         assert checker.counts["checked"] > 0, checker.counts
 
 

@@ -116,8 +116,7 @@ def case_checker_catches_a_sync_started_by_a_hook():
             layer = run.raw.blocks[0].up
 
             def start(_layer, _inputs):
-                task = paddle.distributed.broadcast(layer.weight, src=0, sync_op=False)
-                task.wait()
+                paddle.distributed.broadcast(layer.weight, src=0, sync_op=False).wait()
 
             layer.register_forward_pre_hook(start)
 

@@ -81,8 +81,7 @@ def train(mode, overlap):
         def after_step(run):
             if overlap:
                 owner = cases.overlap_impl(run.opt)
-                due = sum(u.needs_sync() for u in owner.units)
-                pending.append((owner.num_pending, due))
+                pending.append((owner.num_pending, sum(u.needs_sync() for u in owner.units)))
 
         model = cases.WideLM if mode.v2 else cases.TinyLM
         run = cases.train(

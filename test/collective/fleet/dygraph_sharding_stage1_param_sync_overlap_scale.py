@@ -259,8 +259,7 @@ def case_pipeline_shared_weight_owners_differ_synced():
 def launch_cases():
     """The cases of this launch's topology."""
     found = cases.cases_of(globals())
-    pipeline = TOPOLOGY == "pp2_sharding4"
-    return {k: v for k, v in found.items() if k.startswith("pipeline") == pipeline}
+    return {k: v for k, v in found.items() if k.startswith("pipeline") == (TOPOLOGY == "pp2_sharding4")}
 
 
 if __name__ == "__main__":

@@ -558,8 +558,7 @@ def init_fleet(degrees=None, *, split_param=False, buffer_mb=None, mp_sync_param
     configs = dict(dp_degree=1, mp_degree=1, pp_degree=1, sharding_degree=1)
     configs.update(degrees or {"sharding_degree": world})
     if configs["pp_degree"] > 1:
-        pp_configs = strategy.strategy.hybrid_configs.pp_configs
-        if hasattr(pp_configs, "use_batch_p2p_comm"):
+        if hasattr(strategy.strategy.hybrid_configs.pp_configs, "use_batch_p2p_comm"):
             configs["pp_configs"] = {"use_batch_p2p_comm": False}
         strategy.pipeline_configs = {"accumulate_steps": 2, "micro_batch_size": micro_batch}
     if mp_sync_param:
