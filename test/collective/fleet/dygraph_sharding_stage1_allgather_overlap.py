@@ -12,7 +12,6 @@ Env ``ALLGATHER_OVERLAP_IMPL``: ``product`` (default; the overlay or a patched P
 import functools
 import os
 import sys
-import tempfile
 import zlib
 
 import sharding_cases as cases
@@ -55,7 +54,6 @@ class LM(cases.TinyLM):
 
     def __init__(self, tied=False, adapter=False, collective=False):
         super().__init__(num_blocks=3, vocab=VOCAB, hidden=HIDDEN)
-        self.tied = tied
         if tied:
             del self.head
         if adapter:
@@ -68,9 +66,9 @@ class LM(cases.TinyLM):
         return x + self.adapter(x) if "adapter" in self._sub_layers else x
 
     def logits(self, x):
-        if self.tied:
-            return paddle.matmul(x, self.embed.weight, transpose_y=True)
-        return self.head(x)
+        if "head" in self._sub_layers:
+            return self.head(x)
+        return paddle.matmul(x, self.embed.weight, transpose_y=True)
 
 
 class RootParamLM(LM):
@@ -92,8 +90,7 @@ class Tables(nn.Layer):
     def __init__(self, n=6):
         super().__init__()
         for i in range(n):
-            table = self.create_parameter([1024, HIDDEN])
-            self.add_parameter(f"table_{i}", table)
+            self.add_parameter(f"table_{i}", self.create_parameter([1024, HIDDEN]))
 
     def forward(self, tokens):
         return sum(F.embedding(tokens, t) for t in self.parameters())
@@ -105,7 +102,6 @@ class EncodeLM(LM):
 
     def __init__(self):
         nn.Layer.__init__(self)
-        self.tied = False
         self.encoder = Tables()  # first in parameters()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
         self.blocks = nn.LayerList([cases.Block(HIDDEN) for _ in range(3)])
@@ -123,8 +119,7 @@ class BF16Linear(nn.Linear):
         self.to(dtype="bfloat16")
 
     def forward(self, x):
-        w, b = self.weight.astype("float32"), self.bias.astype("float32")
-        return F.linear(x, w, b)
+        return F.linear(x, self.weight.astype("float32"), self.bias.astype("float32"))
 
 
 class MixedLM(LM):
@@ -177,11 +172,10 @@ def train(cls=LM, overlap=False, *, raw_layers=False, parameters=None, optimizer
 
     def on(run):
         run.opt._set_all_gather_overlap_forward(True, run.raw if raw_layers else run.model)
-        if IMPL == "product":
-            assert cases.overlap_impl(run.opt) is not None, (
-                "the product is not applied to V2: _set_all_gather_overlap_"
-                "forward left no overlap owner (Paddle's own method ran)"
-            )
+        assert IMPL != "product" or cases.overlap_impl(run.opt) is not None, (
+            "the product is not applied to V2: _set_all_gather_overlap_forward left no overlap owner (Paddle's own "
+            "method ran)"
+        )
 
     build = cases.Build(cls, parameters=parameters, optimizer=optimizer)
     build.around = cases.sharding_v2
@@ -234,30 +228,28 @@ COMPARES = {
         dict(after_step=lambda run: cases.snapshot(run.raw).values(), lost="iteration"),
     ),
     "layer_parameter_not_in_optimizer": (
-        "Item 5: a layer of ``layers`` whose parameters the optimizer does " "not hold.",
+        "Item 5: a layer of ``layers`` whose parameters the optimizer does not hold.",
         dict(cls=functools.partial(LM, adapter=True), parameters=not_held),
     ),
     "root_owned_parameter": (
-        "Item 6: a parameter owned by the root layer, read before any "
-        "sublayer runs; ``layers`` is the user's model.",
+        "Item 6: a parameter owned by the root layer, read before any sublayer runs; ``layers`` is the user's model.",
         dict(cls=RootParamLM, raw_layers=True),
     ),
     "root_owned_parameter_wrapped_layers": (
-        "Item 6 with fleet's wrapper as ``layers`` (as PaddleFormers passes " "it): the model is a sublayer.",
+        "Item 6 with fleet's wrapper as ``layers`` (as PaddleFormers passes it): the model is a sublayer.",
         dict(cls=RootParamLM),
     ),
     "tied_embedding_head": ("Tied embedding and head.", dict(cls=functools.partial(LM, tied=True))),
     "eval_between_steps": ("An eval forward under no_grad between steps.", dict(after_step=evaluate)),
     "gradient_accumulation": ("Two micro-batches per step.", dict(acc_steps=2)),
     "to_static": (
-        "The forward compiled by paddle.jit.to_static (AST, full_graph): its "
-        "programs read the parameters without the sublayers' Python hooks: "
-        "the program's call waits (the product's waited_in_program).",
+        "The forward compiled by paddle.jit.to_static (AST, full_graph): its programs read the parameters without the "
+        "sublayers' Python hooks: the program's call waits (the product's waited_in_program).",
         dict(prepare=compile_forward, waits=("waited_in_program",)),
     ),
     "forward_with_own_collective": (
-        "A block all-reduces over another group object in its forward while "
-        "all-gathers may be in flight: one collective order on every rank.",
+        "A block all-reduces over another group object in its forward while all-gathers may be in flight: one "
+        "collective order on every rank.",
         dict(cls=functools.partial(LM, collective=True)),
     ),
 }
@@ -311,7 +303,6 @@ def case_freeze_parameters_after_first_step():
             for p in groups[first]:
                 p.stop_gradient = True
             groups[(first + 1) % len(groups)][0].stop_gradient = True
-        return []
 
     compare(LM, after_step=freeze)
 
@@ -323,7 +314,6 @@ def case_hooks_constant_and_removed():
 
     def count(run):
         counts.append(cases.total_forward_pre_hooks(run.raw))
-        return []
 
     base = cases.total_forward_pre_hooks(LM())
     off = train(LM, steps=6)
@@ -333,8 +323,8 @@ def case_hooks_constant_and_removed():
     on.opt._set_all_gather_overlap_forward(False, on.model)
     after = cases.total_forward_pre_hooks(on.raw)
     assert after == base, (
-        f"_set_all_gather_overlap_forward(False) left {after - base} "
-        f"forward pre-hooks ({counts[0]} while on, {base} without)"
+        f"_set_all_gather_overlap_forward(False) left {after - base} forward pre-hooks ({counts[0]} while on, {base} "
+        "without)"
     )
     assert IMPL != "product" or cases.overlap_impl(on.opt) is None
     off2, on2 = (  # one more step without overlap
@@ -369,7 +359,7 @@ def case_gather_order_follows_forward():
     checker, on = compare(MixedLM, optimizer=cases.sgd, prepare=record_first_use)
     where = buffer_of(on.opt)
     launched = [min(where[p.name] for p in t.params) for t in checker.gather_log]
-    same_on_ranks = cases.all_ranks_equal([len(launched), zlib.crc32(repr(launched).encode())])
+    same_on_ranks = cases.equal_in_group([len(launched), zlib.crc32(repr(launched).encode())])
     n = len(first_use)
     # one gather per buffer per step (the last step's may be cut short by the final forward): check each full step
     per_step = [launched[i : i + n] for i in range(0, n * STEPS, n)]
@@ -399,8 +389,7 @@ def case_layer_spanning_two_buffers():
         split = [lin for lin, w, b in linears if where[w] != where[b]]
         assert split, "no Linear spans two buffers in this layout"
         layer = split[-1]  # two buffers of its 4 read: not a lost overlap
-        x = probe[:, : layer.weight.shape[0]]
-        return [F.linear(x, layer.weight, layer.bias).numpy()]
+        return [F.linear(probe[:, : layer.weight.shape[0]], layer.weight, layer.bias).numpy()]
 
     compare(LM, prepare=find_linears, after_step=read_split_layer)
 
@@ -408,8 +397,7 @@ def case_layer_spanning_two_buffers():
 def case_color_groups():
     """``param.color`` groups (Paddle 3.x builds each colour's buffers apart, on the colour's group, as MoE experts do; 2.6
     ignores it)."""
-    world = paddle.distributed.get_world_size()
-    group = paddle.distributed.new_group(list(range(world)))
+    group = paddle.distributed.new_group(list(range(paddle.distributed.get_world_size())))
 
     def colored(raw):
         for p in raw.blocks[1].parameters():
@@ -423,28 +411,18 @@ def case_color_groups():
 
 # ----------------------------------------------------------------------
 # cases: checkpoints, the schedule, arguments
-def saving(folder):
+def save_and_reload(run):
     """after_step: paddle.save(state_dict()) right after step(), loaded into a fresh model (rank 0 alone saving: the
     schedule script)."""
-    counter = [0]
-
-    def after_step(run):
-        counter[0] += 1
-        path = os.path.join(folder, f"model_{counter[0]}.pdparams")
-        paddle.save(run.raw.state_dict(), path)
-        fresh = LM()
-        fresh.set_state_dict(paddle.load(path))
-        return list(cases.snapshot(fresh).values())
-
-    return after_step
+    fresh = LM()
+    fresh.set_state_dict(cases.reloaded(run.raw.state_dict()))
+    return list(cases.snapshot(fresh).values())
 
 
 def case_save_right_after_step_and_reload():
     """paddle.save(model.state_dict()) right after step(), with no synchronize, and reload into a fresh model: equal to
     overlap off."""
-    prefix = f"allgather_overlap_r{cases.rank()}_"
-    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
-        compare(LM, after_step=saving(folder), lost="iteration")
+    compare(LM, after_step=save_and_reload, lost="iteration")
 
 
 def rebuild_after_step(clear, launched_current):

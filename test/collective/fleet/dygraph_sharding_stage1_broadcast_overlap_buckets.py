@@ -3,6 +3,7 @@
 breaking. Each case runs ``compare_on_off`` with buckets (the checker maps a bucket's broadcast to the parameters in its
 buffer) and checks the owner's bucket units (``buckets``); caps of a few KB give these tiny models several windows."""
 
+import functools
 import math
 import sys
 import types
@@ -50,8 +51,7 @@ def bucket_of(opt, param):
 def owner_rank(opt, param):
     """Global rank owning ``param`` (Paddle's V1 ``_rank2params``)."""
     hcg = fleet.get_hybrid_communicate_group()
-    owners = cases.sharding_optimizer(opt)._rank2params.items()
-    (r,) = [r for r, ps in owners if any(p is param for p in ps)]
+    (r,) = [r for r, ps in cases.sharding_optimizer(opt)._rank2params.items() if any(p is param for p in ps)]
     return hcg.get_sharding_parallel_group().ranks[r]
 
 
@@ -114,7 +114,7 @@ def assert_launched_per_bucket(checker, opt):
     launched = checker.counts["launched"]
     assert launched == STEPS * len(specs), (launched, len(specs))
     layout = [v for s in specs for v in (s.src, s.length, *s.offsets, *s.numels)]
-    assert cases.all_ranks_equal(layout), layout
+    assert cases.equal_in_group(layout), layout
     return specs
 
 
@@ -124,8 +124,7 @@ def check_per_parameter():
     checker, on = cases.compare_on_off(enable=cases.v1(0))
     params = cases.optimizer_parameters(on.opt)
     cases.assert_per_parameter(on.opt)
-    n = sum(1 for p in params if not p.stop_gradient)
-    assert checker.counts["launched"] == STEPS * n
+    assert checker.counts["launched"] == STEPS * sum(not p.stop_gradient for p in params)
 
 
 def head_wait_sabotaged(cap, keep_first=False):
@@ -183,11 +182,8 @@ class MixedDtypeLM(cases.TinyLM):
         super().__init__()
         self.gates = paddle.nn.LayerList([Gate() for _ in self.blocks])
 
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for block, gate in zip(self.blocks, self.gates):
-            x = gate(block(x))
-        return self.head(x)
+    def run_block(self, i, x):
+        return self.gates[i](self.blocks[i](x))
 
 
 class OddSizesLM(cases.TinyLM):
@@ -202,22 +198,16 @@ class OddSizesLM(cases.TinyLM):
             ("odd", [7], 0.1),
             ("col", [HIDDEN, 1], 0.2),
         ):
-            init = paddle.nn.initializer.Constant(value)
-            setattr(self, name, self.create_parameter(shape, default_initializer=init))
+            setattr(self, name, self.create_parameter(shape, default_initializer=paddle.nn.initializer.Constant(value)))
 
-    def forward(self, tokens):
+    def embedded(self, tokens):
         x = self.embed(tokens) * self.one * self.scalar
-        x = x + paddle.matmul(x, self.col) * self.odd.sum()
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+        return x + paddle.matmul(x, self.col) * self.odd.sum()
 
 
 def decay_by_name(params):
     """AdamW decaying only the parameters named ``*w_0*``."""
-    return paddle.optimizer.AdamW(
-        learning_rate=0.02, parameters=params, weight_decay=0.1, apply_decay_param_fun=lambda name: "w_0" in name
-    )
+    return cases.adamw(params, learning_rate=0.02, weight_decay=0.1, apply_decay_param_fun=lambda name: "w_0" in name)
 
 
 def head_learning_rate_3():
@@ -281,8 +271,7 @@ def case_tied_parameter_one_slot():
     inner, specs, impl = on.raw, buckets(opt), impl_of(opt)
     tied = inner.mix_a.weight
     assert tied is inner.mix_b.weight
-    params = cases.optimizer_parameters(opt)
-    (i,) = [i for i, p in enumerate(params) if p is tied]
+    (i,) = [i for i, p in enumerate(cases.optimizer_parameters(opt)) if p is tied]
     # one slot: in one bucket, once
     assert [j for s in specs for j in s.indices if j == i] == [i]
     spec = specs[bucket_of(opt, tied)]
@@ -297,9 +286,7 @@ def case_tied_parameter_one_slot():
 def case_frozen_and_trainable_share_windows_under_weight_decay():
     """Frozen parameters get no slot and stay bit-identical under weight decay; one frozen after planning keeps its slot
     and stays so too."""
-
-    def decaying(params):
-        return paddle.optimizer.AdamW(learning_rate=0.05, parameters=params, weight_decay=0.5)
+    decaying = functools.partial(cases.adamw, learning_rate=0.05, weight_decay=0.5)
 
     def frozen(model):
         return model.blocks[0].up.weight, model.blocks[1].norm.weight
@@ -334,8 +321,7 @@ def case_checkpoint_across_bucket_modes():
 
         def loads(run):
             if run.step == cut:  # by copy, right after a launch
-                state = run.raw.state_dict().items()
-                run.raw.set_state_dict({k: v.clone() for k, v in state})
+                run.raw.set_state_dict({k: v.clone() for k, v in run.raw.state_dict().items()})
             if run.step == cut + 1:  # by handing a new tensor
                 handed.append(new_memory(run.model)[0])
 
@@ -367,7 +353,7 @@ def case_checkpoint_across_bucket_modes():
         assert bucket_of(opt, handed[0]) is not None
         assert_views_of_buffers(opt)
         stats = [impl.stats["launched"], len(impl.units)]
-        assert cases.all_ranks_equal(stats), stats
+        assert cases.equal_in_group(stats), stats
     assert shapes[2 * KB] == shapes[None]
 
 
@@ -400,13 +386,12 @@ def case_memory_replaced_on_one_rank_or_every_rank_rebound_locally():
 
         _, _, opt = compare_buckets(after_step=replace)
         impl = impl_of(opt)
-        rebound = impl.stats["rebound"]
-        assert rebound == int(cases.rank() in ranks), (ranks, impl.stats)
+        assert impl.stats["rebound"] == int(cases.rank() in ranks), (ranks, impl.stats)
         if replaced:  # back in its slot: no longer the fresh memory
             p, fresh = replaced[0]
             assert p.data_ptr() != fresh.data_ptr()
         stats = [impl.stats["launched"], len(buckets(opt))]
-        assert cases.all_ranks_equal(stats), stats
+        assert cases.equal_in_group(stats), stats
         assert stats[0] == STEPS * len(impl.units), impl.stats
 
 
@@ -424,19 +409,17 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
             assert sent == impl.stats["launched"] == 2 * len(impl.units) > 0
             model._layers.to(dtype="float64")
             cases.lm_loss(model, 2).backward()
-            texts = ("_set_broadcast_overlap(False)", "float32", "float64")
-            with cases.raises(ValueError, *texts) as refused:
+            with cases.raises(ValueError, "_set_broadcast_overlap(False)", "float32", "float64") as refused:
                 opt.step()
             opt.clear_grad()
             assert checker.counts["launched"] == sent, checker.counts
         cases.assert_overlap_lost(lost, opt, "iteration")
-        params = cases.optimizer_parameters(opt)
-        named = [p.name for p in params if f" {p.name} " in refused.message]
+        named = [p.name for p in cases.optimizer_parameters(opt) if f" {p.name} " in refused.message]
         assert len(named) == 1, (named, refused.message)
         assert impl.stats["launched"] == 2 * len(impl.units), impl.stats
         assert impl.num_pending == 0
         # every rank refused it: the next collective still pairs up
-        assert cases.all_ranks_equal([1])
+        assert cases.equal_in_group([1])
         opt._set_broadcast_overlap(False)
         opt._set_broadcast_overlap(True, layers=model, bucket_size_mb=cap)
         with ParamSyncWaitChecker() as checker:
@@ -445,7 +428,7 @@ def case_dtype_change_refused_on_every_rank_then_retrained():
         assert checker.counts["launched"] > 0 and checker.num_unwaited() == 0
         for v in run.params.values():
             assert v.dtype == np.float64 and np.isfinite(v).all(), v.dtype
-        assert cases.all_ranks_equal(cases.digests(run.params))
+        assert cases.equal_in_group(cases.digests(run.params))
         assert {s.dtype for s in buckets(opt)} <= {"float64"}
         assert_views_of_buffers(opt)
         opt._set_broadcast_overlap(False)

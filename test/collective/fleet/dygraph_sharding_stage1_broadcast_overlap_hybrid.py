@@ -33,8 +33,7 @@ V2_HIDDEN = 256  # V2's model width (comm buffers of cases.V2_BUFFER_MB)
 
 def init_fleet():
     assert TOPOLOGY in ("pp2_sharding2", "dp2_sharding2", "mp2_sharding2")
-    degrees = {TOPOLOGY[:2] + "_degree": 2, "sharding_degree": 2}
-    cases.init_fleet(degrees, mp_sync_param=MP, micro_batch=BATCH // 2)
+    cases.init_fleet({TOPOLOGY[:2] + "_degree": 2, "sharding_degree": 2}, mp_sync_param=MP, micro_batch=BATCH // 2)
 
 
 def hcg():
@@ -88,9 +87,9 @@ def tied_head(emb, x):
     return paddle.matmul(x, emb.embedding_weight, transpose_y=True)
 
 
-def pipeline_model(tied, blocks=2):
-    """``blocks`` :class:`BlockPipe` s between the embedding and the head (``tied``: the embedding's weight,
-    :func:`tied_head`), 2 stages."""
+def pipeline_model(tied, blocks=2, last_block=BlockPipe):
+    """``blocks`` blocks, :class:`BlockPipe` s but the last, a ``last_block``, between the embedding and the head
+    (``tied``: the embedding's weight, :func:`tied_head`), 2 stages of as many layers (Paddle's "uniform" segments)."""
     from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
 
     if tied:
@@ -98,7 +97,7 @@ def pipeline_model(tied, blocks=2):
     else:
         first = LayerDesc(EmbPipe)
         last = LayerDesc(paddle.nn.Linear, HIDDEN, VOCAB)
-    descs = [first] + [LayerDesc(BlockPipe) for _ in range(blocks)] + [last]
+    descs = [first] + [LayerDesc(cls) for cls in [BlockPipe] * (blocks - 1) + [last_block]] + [last]
     paddle.seed(2026 + hcg().get_stage_id())
     return PipelineLayer(layers=descs, topology=hcg().topology(), loss_fn=cross_entropy)
 
@@ -124,9 +123,7 @@ class FlatLM(cases.TinyLM):
 
     def __init__(self, hidden=HIDDEN, blocks=1, widen=2, norm=False):
         paddle.nn.Layer.__init__(self)
-        mpu = fleet.meta_parallel
-        embedding = mpu.VocabParallelEmbedding if MP else paddle.nn.Embedding
-        self.embed = embedding(VOCAB, hidden)
+        self.embed = (fleet.meta_parallel.VocabParallelEmbedding if MP else paddle.nn.Embedding)(VOCAB, hidden)
         self.blocks = paddle.nn.LayerList([FlatBlock(hidden, widen, norm) for _ in range(blocks)])
         self.head = paddle.nn.Linear(hidden, VOCAB)
 
@@ -161,18 +158,17 @@ def build_same(build):
     return model
 
 
-def micro_step(run):
-    """This topology's micro-step: the pipeline's ``train_batch``, else a forward and backward of this topology's data."""
-    if PP:
-        return train_batch(run)
+def backward(run, data=data):
+    """A forward and backward of ``data(step)``'s tokens and labels (default this topology's)."""
     tokens, labels = data(run.step)
     loss = cross_entropy(run.model(tokens), labels)
     loss.backward()
     return loss
 
 
-def v2_adamw(parameters):
-    return paddle.optimizer.AdamW(learning_rate=0.001, parameters=parameters, weight_decay=0.01)
+def micro_step(run):
+    """This topology's micro-step: the pipeline's ``train_batch``, else :func:`backward`."""
+    return train_batch(run) if PP else backward(run)
 
 
 def train(model, overlap=False, *, v2=False, **kwargs):
@@ -181,7 +177,7 @@ def train(model, overlap=False, *, v2=False, **kwargs):
     its overlap on as PaddleFormers does."""
     build = cases.Build(model, init=build_same)
     if v2:
-        build.around, build.optimizer = cases.sharding_v2, v2_adamw
+        build.around, build.optimizer = cases.sharding_v2, functools.partial(cases.adamw, learning_rate=0.001)
         kwargs.setdefault("enable", cases.v2)
     update = cases.no_update if PP else None
     return cases.train(build, overlap, micro_step=micro_step, update=update, **{"steps": STEPS, **kwargs})
@@ -231,12 +227,8 @@ def case_pipeline_eval_batch_and_save_after_step():
     saved = []
 
     def after_step(run):
-        tokens, labels = data(100 + run.step)
-        loss = run.model.eval_batch([tokens, labels], compute_loss=True)
-        path = f"/tmp/overlap_hybrid_{os.getpid()}_{run.step}.pdparams"
-        paddle.save(run.model.state_dict(), path)
-        saved.append(paddle.load(path))
-        os.remove(path)
+        loss = run.model.eval_batch(list(data(100 + run.step)), compute_loss=True)
+        saved.append(cases.reloaded(run.model.state_dict()))
         return [loss.numpy() if loss is not None else np.zeros([1])]
 
     compare(lambda: pipeline_model(tied=True), after_step=after_step)
@@ -266,15 +258,11 @@ def compare_v2(**hooks):
     leaves the data-parallel replicas unequal, off and on alike: its first step all-reduces no data-parallel gradient).
     Returns the on run."""
 
-    def run(model, overlap, **kwargs):
-        r = train(model, overlap, v2=True, **kwargs)
-        if MP:  # the collective on every rank before any assertion
-            replicated = [p for p in r.raw.parameters() if not p.is_distributed]
-            digests = [zlib.crc32(p.numpy().tobytes()) for p in replicated]
-            r.replicated_equal = cases.all_ranks_equal(digests)
-        return r
+    def replicated_equal(run):  # the collective on every rank before any assertion
+        replicated = [p for p in run.raw.parameters() if not p.is_distributed]
+        run.replicated_equal = cases.equal_in_group([zlib.crc32(p.numpy().tobytes()) for p in replicated])
 
-    checker, on = compare(v2_model, train=run, **hooks)
+    checker, on = compare(v2_model, v2=True, final=replicated_equal if MP else None, **hooks)
     assert checker.counts["gathers"] > 0, checker.counts
     assert not MP or on.replicated_equal, "replicated parameters differ"
     cases.assert_v2(on.opt)
@@ -322,13 +310,7 @@ class OwnerShiftPipe(paddle.nn.Layer):
 def owner_shift_pipeline():
     """Embedding (shared, ``SharedLayerDesc``) and a block on stage 0; :class:`OwnerShiftPipe` and the tied head on stage
     1."""
-    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
-
-    tied = functools.partial(pipeline_shared_desc, forward_func=tied_head)
-    descs = [pipeline_shared_desc(), LayerDesc(BlockPipe)]
-    descs += [LayerDesc(OwnerShiftPipe), tied()]
-    paddle.seed(2026 + hcg().get_stage_id())
-    return PipelineLayer(layers=descs, topology=hcg().topology(), loss_fn=cross_entropy, seg_method="uniform")
+    return pipeline_model(tied=True, last_block=OwnerShiftPipe)
 
 
 def pipeline_shared_desc(**kwargs):
@@ -392,8 +374,10 @@ SHARED_SYNCED = (lambda run: shared_weights(run.raw), lambda p: p.color["broadca
 MP_SYNCED = (lambda run: mp_synced(run.opt, run.raw), lambda p: hcg().get_model_parallel_group())
 
 
-def pp_strategy():
-    return fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"]
+def pp_sync_missing(field="sync_param"):
+    """True on Paddle 2.6, whose pp_configs has no ``field`` (asserted there): a case of it has nothing to run."""
+    assert not (cases.PADDLE_2 and hasattr(fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"], field))
+    return cases.PADDLE_2
 
 
 def assert_owners_differ(opt, params, group):
@@ -454,8 +438,7 @@ def case_pipeline_shared_weight_owners_differ():
     """pp_configs.sync_param (broadcast, then average) with a tied embedding/head whose sharding owner differs between the
     stages; V1 per parameter and in 2 KB buckets (the shared weight planned into a bucket of its own, first). Paddle 2.6
     has no pp_configs.sync_param: asserted there."""
-    if cases.PADDLE_2:
-        assert not hasattr(pp_strategy(), "sync_param")
+    if pp_sync_missing():
         return
     for mode, bucket_mb in (("broadcast", 0.0), ("average", 0.002)):
         with cases.pp_configs(sync_param=True, sync_mode=mode):
@@ -466,8 +449,7 @@ def case_pipeline_v2_shared_weight():
     """V2 with pp_configs.sync_param and the tied embedding/head: Paddle colours the shared weight into a comm buffer of
     its own, so each rank holds the same slice of it on both stages (asserted); the order is value-safe because that
     buffer is gathered first and waited before the pipeline's sync reads it."""
-    if cases.PADDLE_2:
-        assert not hasattr(pp_strategy(), "sync_param")
+    if pp_sync_missing():
         return
     with cases.pp_configs(sync_param=True):
         on = compare_hybrid_synced(owner_shift_pipeline, *SHARED_SYNCED, v2=True)
@@ -481,8 +463,7 @@ def case_pipeline_sync_moment_equal_owners():
     """pp_configs.sync_param and sync_moment with the tied embedding/head of :func:`pipeline_model` (its sharding owner is
     rank 0 on both stages, asserted: Paddle's moment sync runs on the owners only, so with owners that differ Paddle's
     own step hangs, overlap off as on)."""
-    if cases.PADDLE_2:
-        assert not hasattr(pp_strategy(), "sync_moment")
+    if pp_sync_missing("sync_moment"):
         return
 
     def built(run):
@@ -512,7 +493,6 @@ def case_pipeline_set_state_dir_between_steps():
                 path = os.path.join(folder, f"layer_{idx + layers._start_pos:0>2d}")
                 paddle.save(layer.state_dict(), path + "-model_states.pdparams")
         layers.set_state_dir(folder)
-        return []
 
     settings = {} if cases.PADDLE_2 else {"sync_param": True}
     with cases.pp_configs(**settings):
@@ -562,8 +542,7 @@ def case_mp_trainer_replaces_insert_sync():
     waited before the update returns, so the replacement too sends and receives the values of overlap off."""
 
     def replace(run):
-        hybrid = run.opt
-        hybrid._insert_sync = types.MethodType(trainers_insert_sync, hybrid)
+        run.opt._insert_sync = types.MethodType(trainers_insert_sync, run.opt)
 
     compare_hybrid_synced(uneven_model, *MP_SYNCED, built_also=replace)
 
@@ -576,8 +555,7 @@ def slices_in_buffers(opt, params):
         for buffer in inner._comm_buffer_list:
             storage = buffer.param_storage
             if any(q is p for q in buffer._params):
-                offset = (p.data_ptr() - storage.data_ptr()) // 4
-                found += [offset, int(storage._numel())]
+                found += [(p.data_ptr() - storage.data_ptr()) // 4, int(storage._numel())]
     return found
 
 
@@ -607,10 +585,8 @@ def case_mp_v2_synced_params():
 def build_main_grad_pipeline(tied):
     raw = build_same(lambda: pipeline_model(tied))
     base = grad_comm.with_main_grad(raw, cases.adamw(raw.parameters()))
-    with hybrid_parallel_cpu_shim.cpu_tensor_fusion():  # item 6
-        with hybrid_parallel_cpu_shim.cpu_sharding_v2():  # item 8
-            model = fleet.distributed_model(raw)
-            return model, fleet.distributed_optimizer(base)
+    with hybrid_parallel_cpu_shim.cpu_tensor_fusion(), hybrid_parallel_cpu_shim.cpu_sharding_v2():  # items 6, 8
+        return fleet.distributed_model(raw), fleet.distributed_optimizer(base)
 
 
 def pipeline_buffers(on):
@@ -623,20 +599,17 @@ def check_comm_overlap(v2, tied):
     ``pp_configs.sharding_comm_overlap`` on (Paddle reads it and ``split_param`` when it builds the pipeline and the
     optimizer)."""
     for bucket_mb in (None,) if v2 else (None, 0):
-        enable = cases.v2 if v2 else cases.v1(bucket_mb)
-        pp = cases.pp_configs(sharding_comm_overlap=True)
-        with pp, cases.sharding_configs(split_param=v2):
+        with cases.pp_configs(sharding_comm_overlap=True), cases.sharding_configs(split_param=v2):
             on, checker, impl, buffers = grad_comm.compare(
                 functools.partial(build_main_grad_pipeline, tied),
-                enable,
+                cases.v2 if v2 else cases.v1(bucket_mb),
                 pipeline_buffers,
                 what=f"V{1 + v2} tied={tied} stage {hcg().get_stage_id()}",
                 replicas=hcg().get_sharding_parallel_group(),
                 train_batch=train_batch,
             )
         inner = cases.sharding_optimizer(on.opt)
-        name = "DygraphShardingOptimizer" + ("V2" if v2 else "")
-        assert type(inner).__name__ == name, inner
+        assert type(inner).__name__ == "DygraphShardingOptimizer" + ("V2" if v2 else ""), inner
         units = len(impl.units)
         if v2:  # V2 adopted the pipeline's buffers: one all-gather each
             assert [id(b) for b in inner._comm_buffer_list] == list(map(id, buffers))

@@ -10,9 +10,7 @@ import gc
 import inspect
 import itertools
 import operator
-import os
 import sys
-import tempfile
 import types
 from unittest import mock
 
@@ -113,8 +111,7 @@ class SometimesSkipLM(cases.VariantLM):
     """Block 1 does not run on odd steps (deterministic, same on all ranks)."""
 
     def run_block(self, i, x):
-        skip = i == 1 and self.step % 2 == 1
-        return x if skip else self.blocks[i](x)
+        return x if i == 1 and self.step % 2 == 1 else self.blocks[i](x)
 
 
 class WeightNormLM(cases.VariantLM):
@@ -129,8 +126,7 @@ class ParameterListLM(cases.VariantLM):
     """Extra parameters in a ParameterList, read by the parent's forward (a ParameterList has no forward of its own)."""
 
     def build(self):
-        scales = [self.create_parameter([HIDDEN]) for _ in range(2)]
-        self.scales = paddle.nn.ParameterList(scales)
+        self.scales = paddle.nn.ParameterList([self.create_parameter([HIDDEN]) for _ in range(2)])
 
     def run_block(self, i, x):
         self.read_check([self.scales[i]])
@@ -145,8 +141,7 @@ def check_order_ends(build, first, last=None):
     params = cases.optimizer_parameters(info.opt)  # (checks index_of)
     head, tail = params[impl.order[0]], params[impl.order[-1]]
     assert head is operator.attrgetter(first)(inner), head.name
-    ends = last is None or any(tail is p for p in getattr(inner, last).parameters())
-    assert ends, tail.name
+    assert last is None or any(tail is p for p in getattr(inner, last).parameters()), tail.name
 
 
 def case_root_owned_parameter():
@@ -194,10 +189,7 @@ def case_state_dict_and_save_without_synchronize():
         assert checker.num_unwaited() > 0  # launched, not yet waited
         state = run.model.state_dict()
         assert checker.num_unwaited() == 0
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, f"model_rank{cases.rank()}.pdparams")
-            paddle.save(state, path)
-            saved[run.step] = paddle.load(path)
+        saved[run.step] = cases.reloaded(state)
         impl = cases.overlap_impl(run.opt)
         waits = [run.opt.state_dict]  # the optimizer's waits too
         if "keep_vars" in impl_args:
@@ -269,8 +261,7 @@ def case_parameter_list_waited_by_parent():
     """A ParameterList read by its parent's forward is waited before the read (the wait checker checks it there)."""
 
     def run(build, overlap, checker=None, **kwargs):
-        check = checker and functools.partial(checker.check, where="scales")
-        model = functools.partial(ParameterListLM, check)
+        model = functools.partial(ParameterListLM, checker and functools.partial(checker.check, where="scales"))
         return train(model, overlap, checker=checker, **kwargs)
 
     compare_on_off(train=run)
@@ -336,8 +327,7 @@ class ExpertLM(cases.VariantLM):
     """Three experts; from step 1 on, each rank leaves a different expert unused (rank- and step-dependent routing)."""
 
     def build(self):
-        experts = [paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)]
-        self.experts = paddle.nn.LayerList(experts)
+        self.experts = paddle.nn.LayerList([paddle.nn.Linear(HIDDEN, HIDDEN) for _ in range(3)])
 
     def front(self, x):
         unused = (self.step + cases.rank()) % 3 if self.step > 0 else None
@@ -351,8 +341,7 @@ class RecomputeLM(cases.VariantLM):
 
     def run_block(self, i, x):
         # no dropout here; Paddle 2.6 cannot preserve RNG state on the CPU
-        kw = dict(use_reentrant=self.use_reentrant, preserve_rng_state=False)
-        return recompute(self.blocks[i], x, **kw)
+        return recompute(self.blocks[i], x, use_reentrant=self.use_reentrant, preserve_rng_state=False)
 
 
 class ReuseLM(cases.VariantLM):
@@ -489,8 +478,7 @@ def case_weights_replaced_between_steps():
             return model
 
         def after_step(run):
-            model, checker, step = run.model, run.checker, run.step
-            inner = run.raw
+            model, checker, step, inner = run.model, run.checker, run.step, run.raw
             targets = {"fleet": model, "inner": inner, "block": inner.blocks[1]}
             if step == 0:  # state_dict() waits: safe to copy
                 for name, layer in targets.items():
@@ -536,8 +524,7 @@ def case_parameters_read_without_call():
     parameter (attribute access waits), with and without strict, checked at the F.linear; no warning (run_cases fails a
     case on one)."""
     for strict in (False, True):
-        enable = cases.v1(BUCKET_MB, strict)
-        checker, _ = compare_on_off(DirectReadLM, enable=enable)
+        checker, _ = compare_on_off(DirectReadLM, enable=cases.v1(BUCKET_MB, strict))
         assert checker.counts["checked"] > 0, checker.counts
 
 
@@ -559,8 +546,7 @@ def case_two_optimizers_share_one_model():
     def run(overlap, off_order=()):
         model = cases.seeded(cases.TinyLM)
         body = [p for n, p in model.named_parameters() if n[:4] != "head"]
-        sgd = paddle.optimizer.SGD(0.05, parameters=model.head.parameters())
-        opts = [fleet.distributed_optimizer(o) for o in (cases.adamw(body), sgd)]
+        opts = [fleet.distributed_optimizer(o) for o in (cases.adamw(body), cases.sgd(model.head.parameters()))]
         model = fleet.distributed_model(model)
         base = cases.total_forward_pre_hooks(model)
         for opt in opts if overlap else ():
@@ -570,8 +556,7 @@ def case_two_optimizers_share_one_model():
             opts[i]._set_broadcast_overlap(False)
         if overlap:
             assert cases.total_forward_pre_hooks(model) == base
-            layers = model.sublayers(include_self=True)
-            assert not any("set_state_dict" in vars(l) for l in layers)
+            assert not any("set_state_dict" in vars(l) for l in model.sublayers(include_self=True))
         return done.losses, done.params
 
     off = run(False)
@@ -622,8 +607,7 @@ def case_deepcopy_loads_copy_and_collected_optimizer_closed():
     third = fleet.distributed_optimizer(cases.adamw(other_model.parameters()))
     third._set_broadcast_overlap(False)
     assert cases.total_forward_pre_hooks(other_model) == 0
-    up = other_model._layers.blocks[0].up
-    assert type(up._parameters).__name__ == "OrderedDict"  # unguarded
+    assert type(other_model._layers.blocks[0].up._parameters).__name__ == "OrderedDict"  # unguarded
     registry = cases.overlap_module("sync_registry")
     assert registry.open_owners() == [cases.overlap_impl(opt)]
 
@@ -665,10 +649,9 @@ def case_error_after_update_keeps_the_ranks_in_step():
         else:
             assert lost == [], lost
         assert len(calls) == 1 and errors == ["injected after the update"], errors
-        params = {k: v.numpy() for k, v in model.state_dict().items()}
-        results.append((losses, cases.digests(params)))
+        results.append((losses, cases.digests(cases.snapshot(model))))
     assert results[0] == results[1], "overlap on differs from off after the error"
-    assert cases.all_ranks_equal(results[1][1])
+    assert cases.equal_in_group(results[1][1])
 
 
 if __name__ == "__main__":

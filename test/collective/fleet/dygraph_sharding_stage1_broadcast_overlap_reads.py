@@ -31,11 +31,7 @@ PROBE = paddle.linspace(-1.0, 1.0, 2 * HIDDEN).reshape([2, HIDDEN])
 
 def train_reading(read, build=OneLinear, overlap=False, **kwargs):
     """``train`` of 3 steps, ``read(raw model)`` after each (its outputs in ``run.extras``)."""
-
-    def after(run):
-        return [read(run.raw)]
-
-    return cases.train(build, overlap, steps=3, after_step=after, **kwargs)
+    return cases.train(build, overlap, steps=3, after_step=lambda run: [read(run.raw)], **kwargs)
 
 
 def compare_reads(read=None, strict=False, reader=None):
@@ -44,11 +40,9 @@ def compare_reads(read=None, strict=False, reader=None):
     reader = reader or (lambda checker: read)
 
     def run(build, overlap, checker=None, **kwargs):
-        reading = reader(checker)
-        return train_reading(reading, build, overlap, checker=checker, **kwargs)
+        return train_reading(reader(checker), build, overlap, checker=checker, **kwargs)
 
-    enable = cases.v1(strict=strict)
-    checker, on = cases.compare_on_off(OneLinear, train=run, enable=enable)
+    checker, on = cases.compare_on_off(OneLinear, train=run, enable=cases.v1(strict=strict))
     assert len(on.extras) == 3, len(on.extras)
     assert checker.counts["checked"] > 0, checker.counts
     return cases.overlap_impl(on.opt)
@@ -122,8 +116,7 @@ def case_checker_catches_a_sync_started_by_a_hook():
             layer = run.raw.blocks[0].up
 
             def start(_layer, _inputs):
-                task = paddle.distributed.broadcast(layer.weight, src=0, sync_op=False)
-                task.wait()
+                paddle.distributed.broadcast(layer.weight, src=0, sync_op=False).wait()
 
             layer.register_forward_pre_hook(start)
 

@@ -54,11 +54,8 @@ def build_v2():
     """WideLM and V2 with :func:`with_main_grad`."""
     raw = cases.seeded(cases.WideLM)
     base = with_main_grad(raw, cases.adamw(raw.parameters()))
-    # items 8, 9
-    with hybrid_parallel_cpu_shim.cpu_sharding_v2(cases.V2_BUFFER_MB):
-        model = fleet.distributed_model(raw)
-        opt = fleet.distributed_optimizer(base)
-    return model, opt
+    with hybrid_parallel_cpu_shim.cpu_sharding_v2(cases.V2_BUFFER_MB):  # items 8, 9
+        return fleet.distributed_model(raw), fleet.distributed_optimizer(base)
 
 
 def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):
@@ -67,17 +64,11 @@ def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):
     ``FusedCommBuffer._comm_grads`` calls; ``reduce_scatter``: the CPU shim's item 7) before and after the split: the
     end of the last backward or, with ``train_batch`` (a pipeline's micro-step, which runs the update), the start of the
     sharding optimizer's ``step()``; ``run.launched``: per step, the parameter syncs the checker saw."""
-    calls, marks = [0], []
-
-    def counted(original):
-        def call(*args, **kwargs):
-            calls[0] += 1
-            return original(*args, **kwargs)
-
-        return call
+    dist, marks = paddle.distributed, []
+    spies = {n: mock.Mock(wraps=getattr(dist, n)) for n in ("reduce", "reduce_scatter")}
 
     def mark(*_):
-        marks.append(calls[0])
+        marks.append(sum(spy.call_count for spy in spies.values()))
 
     def micro_step(run):
         if run.micro == 0:
@@ -98,8 +89,7 @@ def train(build, overlap=False, *, acc=1, train_batch=None, **kwargs):
 
         inner.step = counted_step
 
-    dist = paddle.distributed
-    with mock.patch.multiple(dist, **{n: counted(getattr(dist, n)) for n in ("reduce", "reduce_scatter")}):
+    with mock.patch.multiple(dist, **spies):
         run = cases.train(
             cases.Build(made=build),
             overlap,
@@ -124,8 +114,7 @@ def compare(build, enable, grad_buffers, *, what="", **kwargs):
     ``bucket_size_mb``: one per fused buffer, 2 KB: one per slice of those, 0: one per parameter; V2: one all-gather per
     comm buffer) launched once, inside ``step()`` (its count and the checker's). Returns ``(on, checker, impl,
     buffers)``."""
-    kwargs.setdefault("replicas", "world")
-    checker, on = cases.compare_on_off(build, train=train, enable=enable, **kwargs)
+    checker, on = cases.compare_on_off(build, train=train, enable=enable, **{"replicas": "world", **kwargs})
     buffers = grad_buffers(on)
     n = len(buffers)
     assert n >= 1, n

@@ -31,9 +31,7 @@ Mode = collections.namedtuple("Mode", "v2 bucket_mb tensor_fusion")
 
 
 def make_optimizer(parameters):
-    return paddle.optimizer.AdamW(
-        learning_rate=0.01, parameters=parameters, weight_decay=0.01, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0)
-    )
+    return cases.adamw(parameters, grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
 
 
 def enable(mode):
@@ -83,8 +81,7 @@ def train(mode, overlap):
         def after_step(run):
             if overlap:
                 owner = cases.overlap_impl(run.opt)
-                due = sum(u.needs_sync() for u in owner.units)
-                pending.append((owner.num_pending, due))
+                pending.append((owner.num_pending, sum(u.needs_sync() for u in owner.units)))
 
         model = cases.WideLM if mode.v2 else cases.TinyLM
         run = cases.train(
@@ -96,8 +93,7 @@ def train(mode, overlap):
             micro_step=micro_step,
             after_step=after_step,
         )
-        run.steps = counter.regions["step"]
-        run.fwd_bwd = counter.regions["fwd_bwd"]
+        run.steps, run.fwd_bwd = counter.regions["step"], counter.regions["fwd_bwd"]
         run.owner, run.pending = cases.overlap_impl(run.opt), pending
     assert len(run.steps) == STEPS, len(run.steps)
     return run
@@ -212,9 +208,8 @@ def case_counter_sees_every_name():
 def check_mode(name, *mode):
     """The checks of the module docstring for ``Mode(*mode)``; returns ``(off, on, the owner's number of units)``."""
     mode = Mode(*mode)
-    off = train(mode, overlap=False)
-    on = train(mode, overlap=True)
-    same_on_ranks = cases.all_ranks_equal(cases.digests(on.params))
+    off, on = (train(mode, overlap) for overlap in (False, True))
+    same_on_ranks = cases.equal_in_group(cases.digests(on.params))
     cases.assert_bitwise_equal((off.losses, off.params), (on.losses, on.params), name)
     assert same_on_ranks, f"{name}: final parameters differ across ranks"
     units = len(on.owner.units)

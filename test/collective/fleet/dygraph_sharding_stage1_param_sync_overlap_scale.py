@@ -5,6 +5,7 @@ Env ``PARAM_SYNC_SCALE_TOPOLOGY`` (``fleet.init`` runs once per process): ``shar
 ``pp2_sharding4`` (the pipeline case). Every case is ``cases.compare_on_off`` (bitwise equal off and on, the waits
 checked), the final parameters equal on every rank of the sharding group, then the case's own checks."""
 
+import functools
 import os
 import sys
 
@@ -12,9 +13,7 @@ import dygraph_sharding_stage1_broadcast_overlap_hybrid as hybrid
 import sharding_cases as cases
 
 import paddle
-import paddle.nn.functional as F
 from paddle import nn
-from paddle.distributed import fleet
 
 TOPOLOGY = os.environ.get("PARAM_SYNC_SCALE_TOPOLOGY", "sharding8")
 DEGREES = {"sharding8": dict(sharding_degree=8), "pp2_sharding4": dict(pp_degree=2, sharding_degree=4)}
@@ -31,6 +30,7 @@ def init_fleet():
     world = paddle.distributed.get_world_size()
     assert world == 8, f"this script runs on 8 ranks, got {world}"
     cases.init_fleet(DEGREES[TOPOLOGY], micro_batch=BATCH // 2)
+    print(f"param sync scale: Paddle {paddle.__version__}, {TOPOLOGY}, {world} ranks", flush=True)
 
 
 def names_of(raw):
@@ -38,7 +38,7 @@ def names_of(raw):
 
 
 def sharding_group():
-    return fleet.get_hybrid_communicate_group().get_sharding_parallel_group()
+    return hybrid.hcg().get_sharding_parallel_group()
 
 
 # ----------------------------------------------------------------------
@@ -97,12 +97,7 @@ def compare_frozen(build, *, freeze, enable, data=batch, **kwargs):
         run.layout, run.frozen = freeze(run.raw, cases.sharding_optimizer(run.opt))
         run.initial = cases.snapshot(run.raw)
 
-    def micro_step(run):
-        tokens, labels = data(run.step)
-        loss = F.cross_entropy(run.model(tokens), labels).mean()
-        loss.backward()
-        return loss
-
+    micro_step = functools.partial(hybrid.backward, data=data)
     checker, on = cases.compare_on_off(
         build, replicas=sharding_group(), steps=STEPS, built=built, enable=enable, micro_step=micro_step, **kwargs
     )
@@ -195,8 +190,7 @@ def padding_per_rank(run):
             real += max(0, min(stop, begin + shard) - max(start, begin))
         pads.append(shard - real)
     gathered = []
-    mine = paddle.to_tensor(pads, dtype="int64")
-    paddle.distributed.all_gather(gathered, mine, group=group)
+    paddle.distributed.all_gather(gathered, paddle.to_tensor(pads, dtype="int64"), group=group)
     run.padding = [g.numpy().tolist() for g in gathered]
 
 
@@ -230,13 +224,11 @@ def case_v2_odd_sizes_frozen_buffer_uneven_padding():
 def case_pipeline_tied_embedding_head_buckets():
     """pp2 x sharding4 (4 blocks: every sharding rank owns parameters), V1 buckets, a tied embedding/head: the tied weight
     equal on both stages; the last stage's head waited on the attribute."""
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = hybrid.hcg()
 
     def tied_equal(run):  # collectives before compare_on_off's assertions
-        params = cases.snapshot(run.model)
-        run.tied = {k: v for k, v in params.items() if k.endswith("embedding_weight")}
-        group = hcg.get_pipe_parallel_group()
-        run.tied_equal = cases.equal_in_group(cases.digests(run.tied), group)
+        run.tied = {k: v for k, v in cases.snapshot(run.model).items() if k.endswith("embedding_weight")}
+        run.tied_equal = cases.equal_in_group(cases.digests(run.tied), hcg.get_pipe_parallel_group())
 
     checker, on = hybrid.compare(
         lambda: hybrid.pipeline_model(tied=True, blocks=4), enable=cases.v1(SMALL_BUCKET_MB / 8), final=tied_equal
@@ -257,32 +249,18 @@ def case_pipeline_shared_weight_owners_differ_synced():
     (asserted), V1 per parameter; bitwise equal to off with the same equality pattern, the shared weight's unit first
     and waited before Paddle's sync (the hybrid script's check). Paddle 2.6 has no pp_configs.sync_param: asserted
     there."""
-    if cases.PADDLE_2:
-        assert not hasattr(hybrid.pp_strategy(), "sync_param")
+    if hybrid.pp_sync_missing():
         return
     with cases.pp_configs(sync_param=True):
-        hybrid.compare_hybrid_synced(
-            hybrid.owner_shift_pipeline,
-            lambda run: hybrid.shared_weights(run.raw),
-            lambda p: p.color["broadcast_group"],
-        )
+        hybrid.compare_hybrid_synced(hybrid.owner_shift_pipeline, *hybrid.SHARED_SYNCED)
 
 
 # ----------------------------------------------------------------------
 def launch_cases():
     """The cases of this launch's topology."""
     found = cases.cases_of(globals())
-    pipeline = TOPOLOGY == "pp2_sharding4"
-    return {k: v for k, v in found.items() if k.startswith("pipeline") == pipeline}
-
-
-def init():
-    init_fleet()
-    print(
-        f"param sync scale: Paddle {paddle.__version__}, {TOPOLOGY}, " f"{paddle.distributed.get_world_size()} ranks",
-        flush=True,
-    )
+    return {k: v for k, v in found.items() if k.startswith("pipeline") == (TOPOLOGY == "pp2_sharding4")}
 
 
 if __name__ == "__main__":
-    sys.exit(cases.run_cases(launch_cases(), init))
+    sys.exit(cases.run_cases(launch_cases(), init_fleet))

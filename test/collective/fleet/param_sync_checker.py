@@ -32,21 +32,14 @@ READ_FUNCTIONS = (
 )
 
 
-# bytes per element, by the dtype's name (no paddle_overlay import here: the checker also runs against a patched Paddle
-# tree)
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-
-
 # process-group methods of an all-gather (wrapped on the class: pybind instances take no attributes)
 GATHER_METHODS = ("all_gather", "all_gather_into_tensor")
 
 
 def _memory_range(tensor):
     """[start, end) of ``tensor``'s elements in memory, in bytes."""
-    name = str(tensor.dtype).rsplit(".", 1)[-1].lower()
-    name = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}.get(name, name)
     start = tensor.data_ptr()
-    return start, start + int(tensor._numel()) * _ITEMSIZE.get(name, 1)
+    return start, start + int(tensor._numel()) * tensor.element_size()
 
 
 class _RecordingTask:
@@ -90,11 +83,9 @@ class ParamSyncWaitChecker:
     def __init__(self):
         self._latest = {}  # id(tensor) -> (tensor, _RecordingTask)
         self._watched = {}  # id(parameter) -> parameter, from watch()
-        self._patched = []  # (owner, attribute, original) of each function the checker wrapped
+        self._patched = []  # (owner, attribute, original or None: set on an instance) of each function it wrapped
         self._handles = []
         self._hooked = []  # (layer, handle) of each checker pre-hook
-        self._patched_optimizers = []
-        self._patched_steps = []  # (optimizer, method name)
         self._in_step = 0
         self.watching = False
         self.outside_step = []
@@ -105,11 +96,20 @@ class ParamSyncWaitChecker:
         self._last_report = dict(self.counts, violations=0)
 
     # -- broadcast instrumentation -------------------------------------
-    def __enter__(self):
-        original = paddle.distributed.broadcast
-        self._patched.append((paddle.distributed, "broadcast", original))
+    def _wrap(self, owner, name, wrapper, instance=False):
+        """``owner.name`` replaced by ``wrapper(original, *args, **kwargs)`` until the checker exits (``instance``: a
+        method of the object ``owner``, set on the object, then removed)."""
+        original = getattr(owner, name)
+        self._patched.append((owner, name, None if instance else original))
 
-        def recording_broadcast(tensor, *args, **kwargs):
+        @functools.wraps(original)
+        def wrapped(*args, **kwargs):
+            return wrapper(original, *args, **kwargs)
+
+        setattr(owner, name, wrapped)
+
+    def __enter__(self):
+        def recording_broadcast(original, tensor, *args, **kwargs):
             sync_op = kwargs.get("sync_op", args[2] if len(args) > 2 else True)
             if sync_op and id(tensor) in self._latest:
                 self.check([tensor], "collective:broadcast")
@@ -127,42 +127,30 @@ class ParamSyncWaitChecker:
             self.counts["launched"] += 1
             return proxy
 
-        paddle.distributed.broadcast = recording_broadcast
-        original_all_reduce = paddle.distributed.all_reduce
-        self._patched.append((paddle.distributed, "all_reduce", original_all_reduce))
-
-        @functools.wraps(original_all_reduce)
-        def checked_all_reduce(tensor, *args, **kwargs):
+        def checked_all_reduce(original, tensor, *args, **kwargs):
             if id(tensor) in self._latest:
                 self.check([tensor], "collective:all_reduce")
-            return original_all_reduce(tensor, *args, **kwargs)
+            return original(tensor, *args, **kwargs)
 
-        paddle.distributed.all_reduce = checked_all_reduce
-        self._wrap_gathers()
-        for module, name in READ_FUNCTIONS:
-            original_fn = getattr(module, name)
-            self._patched.append((module, name, original_fn))
-            setattr(module, name, self._checked_read(name, original_fn))
-        # writes: set_state_dict loads through Tensor.set_value
-        original_set_value = paddle.Tensor.set_value
-        self._patched.append((paddle.Tensor, "set_value", original_set_value))
-
-        @functools.wraps(original_set_value)
-        def checked_set_value(tensor, *args, **kwargs):
+        def checked_set_value(original, tensor, *args, **kwargs):
             if id(tensor) in self._latest:
                 self.counts["writes"] += 1
                 self.check([tensor], "write:set_value")
-            return original_set_value(tensor, *args, **kwargs)
+            return original(tensor, *args, **kwargs)
 
-        paddle.Tensor.set_value = checked_set_value
+        self._wrap(paddle.distributed, "broadcast", recording_broadcast)
+        self._wrap(paddle.distributed, "all_reduce", checked_all_reduce)
+        self._wrap_gathers()
+        for module, name in READ_FUNCTIONS:
+            self._wrap(module, name, functools.partial(self._checked_read, name))
+        # writes: set_state_dict loads through Tensor.set_value
+        self._wrap(paddle.Tensor, "set_value", checked_set_value)
         return self
 
     def _wrap_gathers(self):
         """Record each all-gather of a process group whose tensors hold watched parameters (sharding stage 1 V2's comm
         buffers)."""
         from paddle.base import core
-
-        checker = self
 
         def tensors_of(args):
             for a in args:
@@ -171,37 +159,31 @@ class ParamSyncWaitChecker:
                 elif isinstance(a, paddle.Tensor):
                     yield a
 
+        def recording_gather(original, group, *args, **kwargs):
+            task = original(group, *args, **kwargs)
+            if task is None:
+                return task
+            ranges = [_memory_range(t) for t in tensors_of(list(args) + list(kwargs.values())) if t._is_initialized()]
+            covered = [
+                p
+                for p in self._watched.values()
+                if p._is_initialized() and any(s <= p.data_ptr() < e for s, e in ranges)
+            ]
+            if not covered:
+                return task
+            proxy = _RecordingTask(task, self)
+            self._note_outside_step(f"all-gather of {covered[0].name}")
+            for p in covered:
+                self._latest[id(p)] = (p, proxy)
+            self.counts["launched"] += 1
+            self.counts["gathers"] += 1
+            self.gather_log.append(proxy)
+            proxy.params = covered
+            return proxy
+
         for name in GATHER_METHODS:
-            original = getattr(core.ProcessGroup, name, None)
-            if original is None:
-                continue
-            self._patched.append((core.ProcessGroup, name, original))
-
-            def recording_gather(group, *args, _original=original, **kwargs):
-                task = _original(group, *args, **kwargs)
-                if task is None:
-                    return task
-                ranges = [
-                    _memory_range(t) for t in tensors_of(list(args) + list(kwargs.values())) if t._is_initialized()
-                ]
-                covered = [
-                    p
-                    for p in checker._watched.values()
-                    if p._is_initialized() and any(s <= p.data_ptr() < e for s, e in ranges)
-                ]
-                if not covered:
-                    return task
-                proxy = _RecordingTask(task, checker)
-                checker._note_outside_step(f"all-gather of {covered[0].name}")
-                for p in covered:
-                    checker._latest[id(p)] = (p, proxy)
-                checker.counts["launched"] += 1
-                checker.counts["gathers"] += 1
-                checker.gather_log.append(proxy)
-                proxy.params = covered
-                return proxy
-
-            setattr(core.ProcessGroup, name, recording_gather)
+            if hasattr(core.ProcessGroup, name):
+                self._wrap(core.ProcessGroup, name, recording_gather)
 
     @contextlib.contextmanager
     def as_step(self):
@@ -217,30 +199,23 @@ class ParamSyncWaitChecker:
         if self.watching and not self._in_step:
             self.outside_step.append(what)
 
-    def _checked_read(self, name, fn):
-        @functools.wraps(fn)
-        def read(*args, **kwargs):
-            tensors = [a for a in list(args) + list(kwargs.values()) if id(a) in self._latest]
-            if tensors:
-                self.check(tensors, f"read:{name}")
-            return fn(*args, **kwargs)
-
-        return read
+    def _checked_read(self, name, fn, /, *args, **kwargs):
+        tensors = [a for a in list(args) + list(kwargs.values()) if id(a) in self._latest]
+        if tensors:
+            self.check(tensors, f"read:{name}")
+        return fn(*args, **kwargs)
 
     def __exit__(self, *exc):
         for owner, name, original in reversed(self._patched):
-            setattr(owner, name, original)
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
         self._patched.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         self._hooked.clear()
-        for opt in self._patched_optimizers:
-            del opt.__dict__["_apply_optimize"]
-        self._patched_optimizers.clear()
-        for opt, name in self._patched_steps:
-            del opt.__dict__[name]
-        self._patched_steps.clear()
         return False
 
     # -- points of use --------------------------------------------------
@@ -257,25 +232,19 @@ class ParamSyncWaitChecker:
         inner = optimizer
         while "_inner_opt" in vars(inner):
             inner = vars(inner)["_inner_opt"]
-        original = inner._apply_optimize
 
-        def checked_apply_optimize(*args, **kwargs):
-            self.check_all("update")
+        def checked_apply_optimize(original, *args, **kwargs):
+            self.check([t for t, _ in self._latest.values()], "update")  # every tensor ever synced asynchronously
             return original(*args, **kwargs)
 
-        inner.__dict__["_apply_optimize"] = checked_apply_optimize
-        self._patched_optimizers.append(inner)
+        def in_step(method, *args, **kwargs):
+            with self.as_step():
+                return method(*args, **kwargs)
+
+        self._wrap(inner, "_apply_optimize", checked_apply_optimize, instance=True)
         for name in ("step", "minimize"):  # where every sync must start
-            if name in vars(optimizer):
-                continue
-            method = getattr(optimizer, name)
-
-            def in_step(*args, _method=method, **kwargs):
-                with self.as_step():
-                    return _method(*args, **kwargs)
-
-            optimizer.__dict__[name] = in_step
-            self._patched_steps.append((optimizer, name))
+            if name not in vars(optimizer):
+                self._wrap(optimizer, name, in_step, instance=True)
         self.watching = True
 
     def owns_hook(self, layer, hook_id):
@@ -305,10 +274,6 @@ class ParamSyncWaitChecker:
             entry = self._latest.get(id(p))
             if entry is not None and not entry[1].waited:
                 self.violations.append((where, p.name))
-
-    def check_all(self, where):
-        """Check every parameter that was ever broadcast asynchronously."""
-        self.check([t for t, _ in self._latest.values()], where)
 
     def synced_ids(self):
         """``{id(tensor)}`` of every tensor (parameter or bucket member) a recorded broadcast or all-gather has written."""

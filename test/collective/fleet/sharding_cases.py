@@ -33,6 +33,7 @@ import types
 import warnings
 import zlib
 from collections import OrderedDict
+from unittest import mock
 
 import hybrid_parallel_cpu_shim
 import numpy as np
@@ -126,8 +127,7 @@ def snapshot(layer):
 
 def lm_loss(model, step, micro=0):
     tokens, labels = batch(step, micro)
-    logits = model(tokens)
-    return paddle.nn.functional.cross_entropy(logits, labels).mean()
+    return paddle.nn.functional.cross_entropy(model(tokens), labels).mean()
 
 
 def default_micro_step(run):
@@ -143,8 +143,9 @@ def step_aware_micro_step(run):
     return default_micro_step(run)
 
 
-def adamw(parameters):
-    return paddle.optimizer.AdamW(learning_rate=0.01, parameters=parameters, weight_decay=0.01)
+def adamw(parameters, **settings):
+    """AdamW of learning rate 0.01 and weight decay 0.01 (``settings``: other values, or more of AdamW's arguments)."""
+    return paddle.optimizer.AdamW(parameters=parameters, **{"learning_rate": 0.01, "weight_decay": 0.01, **settings})
 
 
 def sgd(parameters):
@@ -276,8 +277,7 @@ def train(
             run.reports.append(checker.step_report())
             print(f"rank {rank()} step {step} wait check: {run.reports[-1]}")
         if after_step is not None:
-            values = after_step(run) or ()
-            run.extras += [np.array(v).copy() for v in values]
+            run.extras += [np.array(v).copy() for v in after_step(run) or ()]
     if final is not None:
         final(run)
     run.params = snapshot(run.model)
@@ -310,17 +310,11 @@ def overlap_module(name="param_sync_overlap"):
     return importlib.import_module(f"{defined_in.rpartition('.')[0]}.{name}")
 
 
-@contextlib.contextmanager
 def read_guard_removed():
     """Negative controls: inside the block a layer's ``_parameters`` lookups (``[]``, ``get``) are plain ``OrderedDict``
     ones, so attribute reads of a parameter no longer wait for its sync."""
     guarded = overlap_module("read_interception").GuardedParameters
-    saved = (guarded.__getitem__, guarded.get)
-    guarded.__getitem__, guarded.get = OrderedDict.__getitem__, OrderedDict.get
-    try:
-        yield
-    finally:
-        guarded.__getitem__, guarded.get = saved
+    return mock.patch.multiple(guarded, __getitem__=OrderedDict.__getitem__, get=OrderedDict.get)
 
 
 def overlap_impl(opt):
@@ -373,8 +367,7 @@ def assert_v2(opt, buffers=3):
 
 def slot_offsets(unit):
     """Element offsets of a bucket unit's ``params`` in its buffer."""
-    size = unit.tensor.element_size()
-    start = unit.tensor.data_ptr()
+    size, start = unit.tensor.element_size(), unit.tensor.data_ptr()
     offsets = []
     for p in unit.params:
         delta = p.data_ptr() - start
@@ -445,16 +438,19 @@ def assert_slices_of_fused(opt, units):
         assert inside(spans, last), (unit.label, last)
 
 
-def save_and_load_fresh(model, opt, build=TinyLM):
-    """``model``'s layer and ``opt``'s state saved (paddle.save, per rank, no synchronize first) and loaded into a fresh
-    ``build()`` and fleet AdamW as a new process would (this process names the fresh parameters differently: the state's
-    keys renamed). Returns (fleet model, fleet optimizer, both overlap off; the loaded model state)."""
+def reloaded(state):
+    """``state`` saved with ``paddle.save`` (per rank, no synchronize first) and loaded back with ``paddle.load``."""
     with tempfile.TemporaryDirectory() as tmp:
-        mpath = os.path.join(tmp, f"m{rank()}.pdparams")
-        opath = os.path.join(tmp, f"o{rank()}.pdopt")
-        paddle.save(model._layers.state_dict(), mpath)
-        paddle.save(opt.state_dict(), opath)
-        model_state, opt_state = paddle.load(mpath), paddle.load(opath)
+        path = os.path.join(tmp, f"state_rank{rank()}.pdparams")
+        paddle.save(state, path)
+        return paddle.load(path)
+
+
+def save_and_load_fresh(model, opt, build=TinyLM):
+    """``model``'s layer and ``opt``'s state saved and loaded (:func:`reloaded`) into a fresh ``build()`` and fleet AdamW
+    as a new process would (this process names the fresh parameters differently: the state's keys renamed). Returns
+    (fleet model, fleet optimizer, both overlap off; the loaded model state)."""
+    model_state, opt_state = reloaded(model._layers.state_dict()), reloaded(opt.state_dict())
     paddle.distributed.barrier()
     names = {k: p.name for k, p in model._layers.named_parameters()}
     fresh = build()
@@ -511,14 +507,9 @@ def equal_in_group(values, group=None):
     must call it)."""
     if group is not None and group.nranks < 2:
         return True
-    mine = paddle.to_tensor(values, dtype="int64")
     gathered = []
-    paddle.distributed.all_gather(gathered, mine, group=group)
+    paddle.distributed.all_gather(gathered, paddle.to_tensor(values, dtype="int64"), group=group)
     return all(g.numpy().tolist() == list(values) for g in gathered)
-
-
-# True when the int list ``values`` is the same on every rank
-all_ranks_equal = equal_in_group
 
 
 @contextlib.contextmanager
@@ -547,8 +538,7 @@ pp_configs = functools.partial(hybrid_configs, "pp_configs")
 def sharding_v2(buffer_mb=V2_BUFFER_MB):
     """V2 for the optimizer built in the block: ``split_param`` on and, on Paddle 3.x, ``comm_buffer_size_MB`` (both
     restored on exit); the CPU shim's items 8 and 9 (a no-op on GPUs)."""
-    optional = ("comm_buffer_size_MB",)
-    with sharding_configs(optional, split_param=True, comm_buffer_size_MB=buffer_mb):
+    with sharding_configs(("comm_buffer_size_MB",), split_param=True, comm_buffer_size_MB=buffer_mb):
         with hybrid_parallel_cpu_shim.cpu_sharding_v2(buffer_mb):
             yield
 
@@ -568,8 +558,7 @@ def init_fleet(degrees=None, *, split_param=False, buffer_mb=None, mp_sync_param
     configs = dict(dp_degree=1, mp_degree=1, pp_degree=1, sharding_degree=1)
     configs.update(degrees or {"sharding_degree": world})
     if configs["pp_degree"] > 1:
-        pp_configs = strategy.strategy.hybrid_configs.pp_configs
-        if hasattr(pp_configs, "use_batch_p2p_comm"):
+        if hasattr(strategy.strategy.hybrid_configs.pp_configs, "use_batch_p2p_comm"):
             configs["pp_configs"] = {"use_batch_p2p_comm": False}
         strategy.pipeline_configs = {"accumulate_steps": 2, "micro_batch_size": micro_batch}
     if mp_sync_param:
@@ -608,7 +597,7 @@ class VariantLM(TinyLM):
 def assert_order_agreed(run):
     """The overlap of ``run`` (a :class:`Run`) agreed on one order, the same on every rank."""
     impl = overlap_impl(run.opt)
-    assert impl.order is not None and all_ranks_equal(impl.order)
+    assert impl.order is not None and equal_in_group(impl.order)
 
 
 # Warnings any case may raise without asserting on them: Paddle's own notices about its set-up, none about what the
