@@ -482,7 +482,6 @@ def case_pipeline_set_state_dir_between_steps():
     (``layer_NN-model_states.pdparams``, written from the first build's weights), then broadcasts the shared weight
     across its stages (``_synchronize_shared_weights``): its reads and writes wait for the step's syncs, equal to
     overlap off."""
-    folder = tempfile.mkdtemp(prefix=f"set_state_dir_{cases.rank()}_")
 
     def after_step(run):
         layers = run.raw
@@ -495,7 +494,7 @@ def case_pipeline_set_state_dir_between_steps():
         layers.set_state_dir(folder)
 
     settings = {} if cases.PADDLE_2 else {"sync_param": True}
-    with cases.pp_configs(**settings):
+    with tempfile.TemporaryDirectory(prefix=f"set_state_dir_{cases.rank()}_") as folder, cases.pp_configs(**settings):
         checker, _ = compare(owner_shift_pipeline, after_step=after_step)
     assert checker.counts["writes"] > 0, checker.counts
 
