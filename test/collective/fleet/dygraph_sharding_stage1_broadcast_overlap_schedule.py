@@ -7,9 +7,9 @@ start after ``step()`` would be started by the reading ranks alone (a hang or mi
 launch that the ranks' collectives form one schedule). Each case is :func:`compare`.
 
 Env ``SCHEDULE_SETUP``: ``v1`` (2 ranks, ``_set_broadcast_overlap`` with 2 KB buckets; a group of the catalogue's
-launch), ``v2`` (2 ranks, the all-gather script's V2 set-up), and on 4 ranks with the hybrid script's set-up (a group of
-its launch of the topology ``BROADCAST_OVERLAP_TOPOLOGY``) V1 ``dp2_sharding2`` and ``pp2_sharding2`` (one broadcast
-per parameter) and V2 ``v2_dp2_sharding2`` (1 MB comm buffers). ``BROADCAST_OVERLAP_CASES`` picks cases (default: the
+launch), ``v2`` (2 ranks, the all-gather script's V2 set-up; a group of its launch), and on 4 ranks with the hybrid
+script's set-up (a group of its launch of the topology ``BROADCAST_OVERLAP_TOPOLOGY``) V1 ``dp2_sharding2`` and
+``pp2_sharding2`` (one broadcast per parameter) and V2 ``v2_dp2_sharding2`` (1 MB comm buffers). ``BROADCAST_OVERLAP_CASES`` picks cases (default: the
 set-up's); the first case that fails ends the launch. Each case asserts its topology and the race checker on."""
 
 import contextlib
