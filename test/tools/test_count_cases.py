@@ -1,6 +1,8 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """tools/count_cases.py on a small made-up checkout, and on this one."""
 
+import glob
+import os
 import textwrap
 
 import count_cases
@@ -108,3 +110,17 @@ def test_dict_case_keys_come_from_constants_alone():
         D = {f"k{a}{b}": a for a in (1, 2) for b in ("x",)}
     '''))
     assert sorted(count_cases._dict_cases(module.body[0].value)) == ["k1x", "k2x"]
+
+
+def test_every_script_with_cases_is_launched_by_a_driver_of_its_folder():
+    """A script whose cases no driver names runs nowhere (e.g. a group dropped from a launch's list): each one's
+    file name is in some ``test_*.py`` of its folder (as a string: a driver's script or a group's)."""
+    root = count_cases.ROOT
+    scripts = {path for path, _, _ in count_cases.case_counts(root)}
+    unnamed = []
+    for path in sorted(scripts):
+        folder, name = os.path.split(os.path.join(root, path))
+        drivers = glob.glob(os.path.join(folder, "test_*.py"))
+        if not any(f'"{name}"' in open(d).read() for d in drivers):
+            unnamed.append(path)
+    assert len(scripts) > 10 and unnamed == [], unnamed
