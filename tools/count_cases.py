@@ -1,7 +1,7 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """The size of the collective tests' launched code, and every case with its assertion count.
 
-    python3 tools/count_cases.py [--root CHECKOUT]
+    python3 tools/count_cases.py [--root CHECKOUT] [--ran FOLDER ...]
 
 Prints, for the checkout at ``--root`` (default: this one):
 
@@ -11,6 +11,10 @@ Prints, for the checkout at ``--root`` (default: this one):
 2. one line per case, ``<script> <case> <assertions>``, for every per-rank script of ``test/collective/fleet``
    and ``test/launcher`` (``test/harness`` in a checkout before its rename; every ``.py`` but the drivers)
    that has cases, then the totals.
+
+With ``--ran``: instead, every case of (2) that no rank log (``workerlog.N``) below the ``FOLDER`` s shows
+passing (:func:`cases_ran`), less :data:`NOT_RUN_HERE`; exit code 1 if there is one (``tools/run_tests.sh``
+ends with it: a case dropped from every launch fails the suite).
 
 Read with ``ast`` only (nothing is imported, no Paddle needed). A script's cases are what
 ``sharding_cases.cases_of()`` and a script's ``launch_cases()`` find: module-level functions ``case_<name>``,
@@ -33,6 +37,7 @@ import argparse
 import ast
 import glob
 import os
+import re
 import runpy
 import sys
 
@@ -192,6 +197,45 @@ def case_counts(root):
     return found
 
 
+# (script, case) that no CPU launch of the suite runs, and why
+NOT_RUN_HERE = {
+    ("dygraph_sharding_stage1_broadcast_overlap.py", "bf16"): "GPU only: its driver skips on the CPU",
+    ("dygraph_sharding_stage1_v2_allgather_overlap.py", "bf16"): "GPU only: its driver skips on the CPU",
+    ("dygraph_sharding_stage1_broadcast_overlap_hybrid.py", "paddle_moment_sync_owners_differ_hangs"):
+        "Paddle's own hang, overlap off: its launch must time out, so it never passes",
+}
+
+
+def cases_ran(folders):
+    """{(script file name, case)} that the rank logs below ``folders`` show passing: ``CASE [<script>[<env>]/]<case>
+    PASS`` lines (``sharding_cases.run_named``; without a script, the launch folder's, ``<script stem>-<suffix>``) and
+    the patched tree's ``=== cases called case_<name>,...`` after ``=== chained script <script>``."""
+    ran = set()
+    for folder in folders:
+        for log in glob.glob(os.path.join(folder, "**", "workerlog.*"), recursive=True):
+            script = os.path.basename(os.path.dirname(log)).rsplit("-", 1)[0] + ".py"
+            with open(log, errors="replace") as f:
+                for line in f:
+                    chained = re.match(r"=== chained script (\S+)$", line)
+                    called = re.match(r"=== cases called (.*)$", line)
+                    passed = re.match(r"CASE (\S+) PASS\b", line)
+                    if chained:
+                        script = chained.group(1)
+                    elif called:
+                        ran |= {(script, c[len("case_"):]) for c in called.group(1).split(",") if c}
+                    elif passed:
+                        label, _, case = passed.group(1).rpartition("/")
+                        ran.add((re.sub(r"\[.*\]$", "", label) + ".py" if label else script, case))
+    return ran
+
+
+def not_ran(root, folders):
+    """[(script path, case)] of :func:`case_counts` that :func:`cases_ran` did not see, less :data:`NOT_RUN_HERE`."""
+    ran = cases_ran(folders)
+    return [(path, case) for path, case, _ in case_counts(root)
+            if (os.path.basename(path), case) not in ran and (os.path.basename(path), case) not in NOT_RUN_HERE]
+
+
 def report(root):
     """The printed lines."""
     files, found = counted_files(root), case_counts(root)
@@ -208,9 +252,20 @@ def report(root):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=ROOT, help="the checkout to count (default: this one)")
+    parser.add_argument("--ran", nargs="+", metavar="FOLDER", help="list the cases no rank log below these folders "
+                        "shows passing (exit code 1 if any)")
     args = parser.parse_args(argv)
-    print("\n".join(report(os.path.abspath(args.root))))
-    return 0
+    root = os.path.abspath(args.root)
+    if not args.ran:
+        print("\n".join(report(root)))
+        return 0
+    missing = not_ran(root, args.ran)
+    for path, case in missing:
+        print(f"not run: {path} {case}")
+    total = len(case_counts(root))
+    print(f"{total - len(missing) - len(NOT_RUN_HERE)} of {total} cases passed in some launch, {len(missing)} in "
+          f"none; not run here: {'; '.join(f'{s} {c} ({why})' for (s, c), why in NOT_RUN_HERE.items())}")
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

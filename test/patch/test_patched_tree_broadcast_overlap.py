@@ -141,7 +141,10 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         ran = re.search(r"^Ran (\d+) tests?", output, re.M)
         skipped = re.search(r"^OK \(skipped=(\d+)\)", output, re.M)
         self.assertTrue(ran and int(ran.group(1)) - int(skipped.group(1) if skipped else 0) >= len(drivers), output)
+        # unittest's own verdict too: a failed driver's test counts as run
+        self.assertRegex(output, r"(?m)^OK( \(skipped=\d+\))?$", f"{what}: the drivers fail:\n{output[-6000:]}")
         self.assertEqual(proc.returncode, 0, f"{what}: the drivers' scripts fail:\n{output[-6000:]}")
+        self.assertTrue(os.path.isfile(record), f"{what}: nothing was launched:\n{output[-6000:]}")
         with open(record) as f:
             launches = [json.loads(line) for line in f]
         script_runs = [r for r in launches if "script" in r]

@@ -124,3 +124,17 @@ def test_every_script_with_cases_is_launched_by_a_driver_of_its_folder():
         if not any(f'"{name}"' in open(d).read() for d in drivers):
             unnamed.append(path)
     assert len(scripts) > 10 and unnamed == [], unnamed
+
+
+def test_cases_ran_reads_each_log_format(tmp_path):
+    """The three ways a rank log says a case passed, and a case that ran nowhere."""
+    logs = {
+        "runs/row/groups_script-ab12cd/workerlog.0": "CASE fleet_script[SETUP=v1]/grouped PASS (rank 0, 0.1 s)\n",
+        "runs/row/own_script-x9/workerlog.1": "CASE plain PASS\nCASE failed FAIL (rank 1) boom\n",
+        "patched/runs/chained_scripts-q1/workerlog.0": "=== chained script carried.py\n=== cases called case_a,case_b\n",
+    }
+    for rel, text in logs.items():
+        (tmp_path / rel).parent.mkdir(parents=True)
+        (tmp_path / rel).write_text(text)
+    ran = count_cases.cases_ran([str(tmp_path / "runs"), str(tmp_path / "patched")])
+    assert ran == {("fleet_script.py", "grouped"), ("own_script.py", "plain"), ("carried.py", "a"), ("carried.py", "b")}
