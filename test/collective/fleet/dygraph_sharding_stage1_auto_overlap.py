@@ -133,14 +133,11 @@ class Case:
             base = self.run(built)
         with applied_as("overlap") as built:
             on = self.run(built)
-        assert sorted(base) == sorted(on), (sorted(base), sorted(on))
-        for key, a in base.items():
-            b = on[key]
-            assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), key
+        cases.assert_bitwise_equal(base, on, "PADDLE_OVERLAY=1 vs PADDLE_OVERLAY=overlap")
 
     def run(self, built):
         """One training run with the overlay as it is applied now, its optimizer appended to ``built``; returns
-        {"losses" or "param/<name>": array}."""
+        (losses, {parameter name: array}) as :func:`cases.assert_bitwise_equal` compares them."""
         printed = io.StringIO()
         with contextlib.ExitStack() as stack:
             stack.enter_context(contextlib.redirect_stderr(Tee(printed)))
@@ -155,7 +152,7 @@ class Case:
             stats = None if impl is None else dict(impl.stats)  # before the final read waits
             params = {k: v.numpy().copy() for k, v in model.state_dict().items()}
         lines = [l for l in printed.getvalue().splitlines() if l.startswith("paddle_overlay: rank")]
-        results = {"losses": np.stack(losses), **{"param/" + k: v for k, v in params.items()}}
+        results = losses, params
         if not AUTO:
             assert (impl is not None) == self.baseline_on and lines == [], (impl, lines)
             return results
