@@ -7,9 +7,10 @@ Two ways, chosen by the environment:
 
 - ``$PATCHED_TREE_COLLECT`` set (a file): the driver's call is recorded there (its test, the script, the
   launch settings) and nothing is launched; ``python stand_in_launch.py`` then launches every recorded
-  script of one setting in one 2-rank launch (``python stand_in_launch.py DRIVER...`` runs the drivers
-  that record them first, in the same process: one Paddle import for both) (:mod:`chained_scripts`: the scripts one after the other in
+  script of one setting in one 2-rank launch (:mod:`chained_scripts`: the scripts one after the other in
   each rank's process), so a PR's drivers cost one Paddle start-up per rank instead of one per driver;
+  ``python stand_in_launch.py DRIVER...`` runs the drivers that record them first, in the same process
+  (:func:`collect_and_launch`: one Paddle import for both);
   with ``$PATCHED_TREE_PROBE_MODULES`` each such launch also records what its ranks imported
   (``{"probe": [rank 0's, rank 1's]}``, :func:`chained_scripts.probe`);
 - otherwise each call launches its script at once.

@@ -37,7 +37,6 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 import checkout_tree  # test/patch, on pytest's pythonpath (pyproject.toml)
-import stand_in_launch
 from checkout_tree import FLEET, make_patch
 
 STUB = '''raise ImportError(
@@ -137,12 +136,11 @@ class TestPatchedTreeBroadcastOverlap(unittest.TestCase):
         proc = subprocess.run([sys.executable, os.path.join(HERE, "stand_in_launch.py"), *drivers],
                               cwd=os.path.join(tree, FLEET), env=env, capture_output=True, text=True, timeout=1200)
         output = proc.stdout + proc.stderr
-        self.assertNotEqual(proc.returncode, stand_in_launch.DRIVERS_FAILED, f"{what}: the drivers fail:\n{output[-6000:]}")
+        # unittest's own verdict (a failed driver's test counts as run), then how many ran
+        self.assertRegex(output, r"(?m)^OK( \(skipped=\d+\))?$", f"{what}: the drivers fail:\n{output[-6000:]}")
         ran = re.search(r"^Ran (\d+) tests?", output, re.M)
         skipped = re.search(r"^OK \(skipped=(\d+)\)", output, re.M)
         self.assertTrue(ran and int(ran.group(1)) - int(skipped.group(1) if skipped else 0) >= len(drivers), output)
-        # unittest's own verdict too: a failed driver's test counts as run
-        self.assertRegex(output, r"(?m)^OK( \(skipped=\d+\))?$", f"{what}: the drivers fail:\n{output[-6000:]}")
         self.assertEqual(proc.returncode, 0, f"{what}: the drivers' scripts fail:\n{output[-6000:]}")
         self.assertTrue(os.path.isfile(record), f"{what}: nothing was launched:\n{output[-6000:]}")
         with open(record) as f:
