@@ -233,6 +233,8 @@ def _checkout_text_at(text, path, upto):
     # text_at of this checkout's files, memoized (a pure function of its arguments and of the manifest, which
     # is fixed within a process): the states of the series ask for each file many times
     return text_at(text, path, upto)
+
+
 # --------------------------------------------------------------------------- release flags
 
 def _has_prepend(tree):
@@ -1013,12 +1015,8 @@ def format_many(file_sets, formatter):
                 first.setdefault((rel, text), k)
     python = {f"{k}/{rel}": text for (rel, text), k in first.items()}
     formatted = _formatted(formatter, tuple(sorted(python.items()))) if python else {}
-    out = [dict(files) for files in file_sets]
-    for files in out:
-        for rel, text in files.items():
-            if rel.endswith(".py"):
-                files[rel] = formatted[f"{first[rel, text]}/{rel}"]
-    return out
+    return [{rel: formatted[f"{first[rel, text]}/{rel}"] if rel.endswith(".py") else text
+             for rel, text in files.items()} for files in file_sets]
 
 
 @functools.lru_cache(maxsize=64)
