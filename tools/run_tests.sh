@@ -99,10 +99,6 @@ unit_tests() {
     -m pytest -q -rfEs -p no:cacheprovider --junit-xml "$REPORTS/junit-unit.xml" test/unit
 }
 
-# Disjoint PORT_RANGEs (Paddle's launcher picks its master port there; default 35100:64000): side-by-side
-# launches never share a port; and all below Linux's ephemeral range (32768-60999 by default), from which every
-# connection of the side-by-side ranks takes its local port (one took a launch's chosen port before it was
-# bound: "Bind network on IP_ANY:48078 failed").
 # test/collective/fleet's rows but the 8-rank one (newest release only, no coverage)
 overlay_rows='^test_dygraph_sharding_stage1_(?!param_sync_overlap_scale$)'
 harness='^test_collective_launch_fault_injection$'
@@ -115,6 +111,10 @@ print("|".join(sorted(n[:-3] for n in make_patch.TEST_FILES if n.startswith("tes
 # installs, the race checker's operator entry points); docs/harness.md, "Which rows run where"
 oldest='^test_dygraph_sharding_stage1_(broadcast_overlap_catalogue|broadcast_overlap_hybrid|v2_allgather_overlap|auto_overlap)$|^test_race_check_launch$'
 cov=(--nproc 4 --coverage)
+# Disjoint PORT_RANGEs (Paddle's launcher picks its master port there; default 35100:64000): side-by-side
+# launches never share a port; and all below Linux's ephemeral range (32768-60999 by default), from which every
+# connection of the side-by-side ranks takes its local port (one took a launch's chosen port before it was
+# bound: "Bind network on IP_ANY:48078 failed").
 start "venv $NEWEST" "$REPORTS/venv-$NEWEST.log" bash tools/run_collective_tests.sh --paddle "$NEWEST" --venv-only
 venv_newest=$!
 start "venv $OLDEST" "$REPORTS/venv-$OLDEST.log" bash tools/run_collective_tests.sh --paddle "$OLDEST" --venv-only
