@@ -27,8 +27,7 @@ import time
 import unittest
 import uuid
 
-import psutil
-from collective_launch import kill_marked, launch_collective
+from collective_launch import kill_marked, launch_collective, marked
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -198,16 +197,9 @@ class TestCollectiveLaunchMultinode(unittest.TestCase):
         self.assertEqual(verdict, "ok", message)
         for n in nodes:  # each runner ran its node (PASS), not skipped it
             self.assertRegex(tail(n.output, 10**6), r"::test_node PASS", message)
-        left = [p for p in psutil.process_iter() if p.pid != os.getpid() and _carries(p, marker)]
+        left = marked(MARKER_ENV, marker)
         self.assertEqual(left, [], f"processes left behind: {left}")
         print(f"two nodes through the runner: {seconds:.1f}s, logs {run_root}")
-
-
-def _carries(p, marker):
-    try:
-        return p.environ().get(MARKER_ENV) == marker
-    except psutil.Error:
-        return False
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
-"""The per-rank hooks of tools/collective without Paddle: readiness once ``paddle`` is
-imported, exit records, and the legacy_test stand-in's choices."""
+"""tools/collective without Paddle: the per-rank hooks (readiness once ``paddle`` is imported, exit
+records), the legacy_test stand-in's choices, and how the launcher reads and ends a launch's processes."""
 
 import os
 import subprocess
@@ -135,3 +135,35 @@ def test_ranks_the_launcher_reports_killed_by_a_signal_are_named():
            "Container rank 1 status failed cmd ['python', '-u', 'x.py'] code 1 log /logs/workerlog.1\n")
     assert collective_launch.killed_ranks(log) == [(2, "SIGSEGV"), (3, "signal 99")]
     assert collective_launch.killed_ranks("LAUNCH INFO Pod failed\n") == []
+
+
+def test_kill_marked_ends_a_process_started_while_the_others_end(tmp_path):
+    """A marked process that starts another when SIGTERM reaches it, as Paddle's launcher does when the
+    signal comes while it forks a rank: the late one is in no earlier scan, and is ended too."""
+    import collective_launch
+    import psutil
+
+    name, marker, late = "KILL_MARKED_TEST", f"{os.getpid()}-{time.monotonic_ns()}", tmp_path / "late.pid"
+    forks_on_sigterm = textwrap.dedent(f"""
+        import signal, subprocess, sys, time
+        def fork_then_exit(*_):
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+            open({str(late)!r}, "w").write(str(child.pid))
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, fork_then_exit)
+        print("ready", flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", forks_on_sigterm], env={**os.environ, name: marker},
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline() == "ready\n"
+        assert [p.pid for p in collective_launch.marked(name, marker)] == [parent.pid]
+        assert collective_launch.kill_marked(name, marker, grace=10) == []
+        child = int(late.read_text())  # the late process was started, after the first scan
+        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    finally:
+        for p in collective_launch.marked(name, marker):
+            p.kill()
+        parent.kill()
+        parent.wait()

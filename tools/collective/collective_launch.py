@@ -66,23 +66,41 @@ def _seconds(value, name):
     raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
 
 
-def kill_marked(name, value, grace=5.0, spare=()):
-    """SIGTERM, then SIGKILL ``grace`` seconds later, every process (but this one and the pids in ``spare``:
-    children whose exit status their ``Popen`` must collect) whose environment has ``name=value``."""
-    procs = []
+def marked(name, value, spare=()):
+    """The processes (but this one and the pids in ``spare``) whose environment has ``name=value``."""
+    found = []
     for p in psutil.process_iter():
         try:
             if p.pid != os.getpid() and p.pid not in spare and p.environ().get(name) == value:
-                procs.append(p)
-                p.terminate()
+                found.append(p)
         except psutil.Error:
             continue
-    for p in psutil.wait_procs(procs, timeout=grace)[1]:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=grace)
+    return found
+
+
+def kill_marked(name, value, grace=5.0, spare=(), rounds=10):
+    """SIGTERM, then SIGKILL ``grace`` seconds later, every :func:`marked` process; ``spare``: children
+    whose exit status their ``Popen`` must collect.
+
+    Scans again after each round until a scan finds none (at most ``rounds`` rounds): a process started
+    while the others were ending, such as a rank that Paddle's launcher was forking when its SIGTERM came,
+    is not in the round's scan. Returns the marked processes left after the last round (normally none)."""
+    for _ in range(rounds):
+        procs = marked(name, value, spare)
+        if not procs:
+            return []
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        for p in psutil.wait_procs(procs, timeout=grace)[1]:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=grace)
+    return marked(name, value, spare)
 
 
 def launch_collective(script, *, nproc=2, timeout=None, env=None, log_dir=None, startup_timeout=None):
