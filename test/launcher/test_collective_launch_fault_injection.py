@@ -1,17 +1,23 @@
 # Copyright (c) 2026 paddle_overlay authors. Licensed under the Apache License, Version 2.0.
 """Fault injection for collective_launch: a rank that hangs or dies mid-run fails the launch,
-names that rank with its log tail, and leaves no process behind; rank start-up, however slow,
-is charged neither to the launch's timeout nor to the test's own (pytest-timeout).
+names that rank with its log tail, and leaves no process behind, even a rank Paddle's launcher was
+forking when it was told to end; rank start-up, however slow, is charged neither to the launch's
+timeout nor to the test's own (pytest-timeout).
 
 Run once per suite (not per Paddle release): it tests the launcher, not the overlay.
 """
 
 import os
+import subprocess
+import sys
+import tempfile
+import time
 import unittest
 
 import psutil
 import pytest
-from collective_launch import CollectiveLaunchError, launch_collective
+import rank_signals
+from collective_launch import CollectiveLaunchError, kill_marked, launch_collective, marked
 from parameterized import parameterized
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,6 +78,36 @@ class TestCollectiveLaunchFaultInjection(unittest.TestCase):
                               startup_timeout=5, env={"SLOW_START_SECONDS": "600"})
         self.assert_in_message("start-up timeout after 5s: rank(s) [0, 1] had not finished importing Paddle",
                                str(ctx.exception))
+        left = survivors("collective_slow_start.py")
+        self.assertEqual(left, [], f"processes left behind: {[p.info['cmdline'] for p in left]}")
+
+    def test_sigterm_while_paddles_launcher_forks_a_rank_leaves_nothing(self):
+        # The rank is forked after the SIGTERM, so after the scan that sent it; Paddle's handler does not
+        # end it (its Container has no handle on it): only a second scan finds it. Before the kill scanned
+        # again, such a rank outlived the start-up limit test in CI.
+        log_dir = tempfile.mkdtemp(prefix="sigterm-while-forking-", dir=os.environ.get("PADDLE_OVERLAY_RUN_DIR"))
+        signal_dir = os.path.join(log_dir, "rank-signals")
+        os.makedirs(signal_dir)
+        cmd = [sys.executable, os.path.join(HERE, "paddle_launch_sigterm_while_forking.py"), "--nproc_per_node",
+               "2", "--log_dir", log_dir, os.path.join(HERE, "collective_slow_start.py")]
+        env = {**os.environ, rank_signals.DIR_ENV: signal_dir, "SLOW_START_SECONDS": "600"}
+        with open(os.path.join(log_dir, "launcher.log"), "wb") as out:
+            launcher = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+        try:
+            while not os.path.exists(os.path.join(signal_dir, "forking")):  # Paddle imported, the pod deploying
+                self.assertIsNone(launcher.poll(), f"the launcher exited before it forked a rank: {log_dir}")
+                time.sleep(0.05)
+            self.assertEqual([p.pid for p in marked(rank_signals.DIR_ENV, signal_dir)], [launcher.pid])
+            self.assertEqual(kill_marked(rank_signals.DIR_ENV, signal_dir), [])
+        finally:
+            kill_marked(rank_signals.DIR_ENV, signal_dir)
+            launcher.wait()
+        with open(os.path.join(log_dir, "launcher.log"), errors="replace") as f:
+            self.assertIn("Terminating with signal 15", f.read())  # Paddle's handler ran, after the fork
+        with open(os.path.join(signal_dir, "forked")) as f:
+            rank = int(f.read())
+        self.assertFalse(psutil.pid_exists(rank) and psutil.Process(rank).status() != psutil.STATUS_ZOMBIE)
         left = survivors("collective_slow_start.py")
         self.assertEqual(left, [], f"processes left behind: {[p.info['cmdline'] for p in left]}")
 
