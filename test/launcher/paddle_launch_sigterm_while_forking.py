@@ -12,6 +12,7 @@ SIGTERM, so after the scan of the processes that sent it. Used by
 test_collective_launch_fault_injection.py.
 """
 
+import _posixsubprocess
 import os
 import runpy
 import signal
@@ -19,7 +20,11 @@ import subprocess
 import sys
 import time
 
-fork_exec = subprocess._fork_exec  # CPython 3.11: what Popen._execute_child calls to fork and exec
+# What Popen._execute_child calls to fork and exec: subprocess._fork_exec from CPython 3.11 on, before it
+# _posixsubprocess.fork_exec.
+OWNER = subprocess if hasattr(subprocess, "_fork_exec") else _posixsubprocess
+NAME = "_fork_exec" if OWNER is subprocess else "fork_exec"
+fork_exec = getattr(OWNER, NAME)
 held = []
 
 
@@ -39,6 +44,6 @@ def fork_exec_after_sigterm(args, *rest):
     return pid
 
 
-subprocess._fork_exec = fork_exec_after_sigterm
+setattr(OWNER, NAME, fork_exec_after_sigterm)
 sys.argv[0] = "paddle.distributed.launch"
 runpy.run_module("paddle.distributed.launch", run_name="__main__")
