@@ -229,10 +229,11 @@ def cases_ran(folders):
     return ran
 
 
-def not_ran(root, folders):
-    """[(script path, case)] of :func:`case_counts` that :func:`cases_ran` did not see, less :data:`NOT_RUN_HERE`."""
+def not_ran(counts, folders):
+    """[(script path, case)] of ``counts`` (:func:`case_counts`) that :func:`cases_ran` did not see, less
+    :data:`NOT_RUN_HERE`."""
     ran = cases_ran(folders)
-    return [(path, case) for path, case, _ in case_counts(root)
+    return [(path, case) for path, case, _ in counts
             if (os.path.basename(path), case) not in ran and (os.path.basename(path), case) not in NOT_RUN_HERE]
 
 
@@ -259,10 +260,11 @@ def main(argv=None):
     if not args.ran:
         print("\n".join(report(root)))
         return 0
-    missing = not_ran(root, args.ran)
+    counts = case_counts(root)
+    missing = not_ran(counts, args.ran)
     for path, case in missing:
         print(f"not run: {path} {case}")
-    total = len(case_counts(root))
+    total = len(counts)
     print(f"{total - len(missing) - len(NOT_RUN_HERE)} of {total} cases passed in some launch, {len(missing)} in "
           f"none; not run here: {'; '.join(f'{s} {c} ({why})' for (s, c), why in NOT_RUN_HERE.items())}")
     return 1 if missing else 0
