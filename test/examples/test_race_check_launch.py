@@ -36,6 +36,5 @@ class TestRaceCheckLaunch(unittest.TestCase):
             self.assertEqual(details, [f"2  {param}  in HeldModel({layer})  via matmul"])
 
 
-
 if __name__ == "__main__":
     unittest.main()

@@ -7,8 +7,7 @@ has returned; Paddle's handler then raises SystemExit out of ``Popen``, so the r
 gets a handle on it and ``pod.stop()`` does not end it. That moment lasts milliseconds; here the first
 rank's fork+exec waits for the SIGTERM (writing ``forking`` in the launch's signal folder when it starts
 to wait), then runs (writing the rank's pid in ``forked``), and only then gives the signal to Paddle's
-handler. The rank is forked after the
-SIGTERM, so after the scan of the processes that sent it. Used by
+handler. The rank is forked after the SIGTERM, so after the scan of the processes that sent it. Used by
 test_collective_launch_fault_injection.py.
 """
 

@@ -3,6 +3,7 @@
 
 import glob
 import os
+import pathlib
 import textwrap
 
 import count_cases
@@ -121,7 +122,7 @@ def test_every_script_with_cases_is_launched_by_a_driver_of_its_folder():
     for path in sorted(scripts):
         folder, name = os.path.split(os.path.join(root, path))
         drivers = glob.glob(os.path.join(folder, "test_*.py"))
-        if not any(f'"{name}"' in open(d).read() for d in drivers):
+        if not any(f'"{name}"' in pathlib.Path(d).read_text() for d in drivers):
             unnamed.append(path)
     assert len(scripts) > 10 and unnamed == [], unnamed
 
